@@ -1,0 +1,36 @@
+# Every target creates (once) and uses the virtual environment in $(VENV).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP_LIB := $(VENV)/.installed-lib
+STAMP_TEST := $(VENV)/.installed-test
+PYTEST_ARGS ?=
+
+.PHONY: install install-test test demo bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP_LIB): requirements.txt | $(PY)
+	$(PIP) install -q -r requirements.txt
+	touch $@
+
+$(STAMP_TEST): requirements-test.txt $(STAMP_LIB)
+	$(PIP) install -q -r requirements-test.txt
+	touch $@
+
+install: $(STAMP_LIB)
+install-test: $(STAMP_TEST)
+
+test: $(STAMP_TEST)
+	$(PY) -m pytest -n 2 --dist loadfile -q $(PYTEST_ARGS) tests
+
+demo: $(STAMP_LIB)
+	$(PY) experiments/quickstart.py
+
+bench: $(STAMP_TEST)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf runs/ .pytest_cache
