@@ -12,6 +12,8 @@ from hypothesis.extra import numpy as hnp
 
 from grpo_jax import advantages as adv
 
+GAE_JIT = jax.jit(adv.gae, static_argnames=("gamma", "lam"))
+PROCESS_JIT = jax.jit(adv.process_advantages, static_argnames="num_tokens")
 HYP = settings(max_examples=30, deadline=None, derandomize=True)
 
 
@@ -158,7 +160,7 @@ def test_process_matches_reference():
     step_rewards, step_end, step_mask = random_steps(rng, 4, 3, 4, 10)
     step_mask[1] = False  # a group with no steps at all
     step_rewards[2] = 0.5  # zero-variance group
-    got = adv.process_advantages(step_rewards, step_end, step_mask, 10)
+    got = PROCESS_JIT(step_rewards, step_end, step_mask, 10)
     chex.assert_shape(got, (4, 3, 10))
     want = ref_process(step_rewards, step_end, step_mask, 10)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -172,7 +174,7 @@ def test_process_hand_example():
     step_rewards = np.array([[[1.0, 0.0], [1.0, 9.0]]], np.float32)
     step_end = np.array([[[1, 4], [2, 0]]], np.int32)
     step_mask = np.array([[[True, True], [True, False]]])
-    got = np.asarray(adv.process_advantages(step_rewards, step_end, step_mask, 5, eps=0.0))
+    got = np.asarray(PROCESS_JIT(step_rewards, step_end, step_mask, 5, eps=0.0))
     hi, lo = (1 - 2 / 3) / (2**0.5 / 3), (0 - 2 / 3) / (2**0.5 / 3)
     np.testing.assert_allclose(got[0, 0], [hi + lo, hi + lo, lo, lo, lo], rtol=1e-5)
     np.testing.assert_allclose(got[0, 1], [hi, hi, hi, 0, 0], rtol=1e-5, atol=1e-6)
@@ -202,7 +204,7 @@ def test_process_last_token_sum_of_steps_equals_outcome_like():
     # With one step per output ending at the last token, process supervision reduces to
     # outcome supervision's normalised reward on every token.
     rewards = np.array([[0.0, 1.0, 1.0, 0.5]], np.float32)
-    got = adv.process_advantages(
+    got = PROCESS_JIT(
         rewards[..., None], np.full((1, 4, 1), 7, np.int32), np.ones((1, 4, 1), bool), 8
     )
     outcome = adv.group_relative_advantages(rewards)
@@ -218,7 +220,7 @@ def test_gae_right_padded_matches_reference(gamma, lam):
     mask[1] = True  # full row
     rewards = rng.normal(size=(6, 9)).astype(np.float32)
     values = rng.normal(size=(6, 9)).astype(np.float32)
-    got_a, got_r = adv.gae(rewards, values, mask, gamma=gamma, lam=lam)
+    got_a, got_r = GAE_JIT(rewards, values, mask, gamma=gamma, lam=lam)
     want_a, want_r = ref_gae(rewards, values, mask, gamma, lam)
     np.testing.assert_allclose(got_a, want_a, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_r, want_r, rtol=1e-5, atol=1e-5)
@@ -281,7 +283,7 @@ def test_gae_jit_and_vmap():
 )
 def test_gae_lambda_one_gamma_one_is_reward_to_go_minus_value(rewards, values, lengths):
     mask = np.arange(6)[None, :] < np.array(lengths)[:, None]
-    got_a, got_r = adv.gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    got_a, got_r = map(np.asarray, GAE_JIT(rewards, values, mask, gamma=1.0, lam=1.0))
     for b in range(2):
         for t in range(6):
             if mask[b, t]:
