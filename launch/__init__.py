@@ -1,0 +1,1 @@
+"""Cloud TPU launch scripts (create, setup, run, delete); shared code in `launch.common`."""

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Run an experiment on every worker of a TPU VM at once, stream its log, stop it.
+
+    python launch/run.py quickstart --name grpo-jax --zone Z --project P
+    python launch/run.py grpo_gsm8k --slice v5litepod-16 --bucket my-bucket --spot \\
+        --max-restarts 20 -- --preset deepseekmath-rl-7b rl.group_size=64
+    python launch/run.py grpo_gsm8k --logs      # re-attach to the log
+    python launch/run.py grpo_gsm8k --stop      # kill it on all workers
+
+The experiment (`experiments/NAME.py`) starts detached under `nohup` on every worker
+(multi-host JAX needs the same program on all hosts), writing ~/grpo_jax/logs/RUN.log;
+then worker 0's log is streamed with `tail -f` until the run ends. Closing the terminal
+does not stop the run; re-invoking the same command re-attaches instead of starting a
+second copy.
+
+Preemption: with --bucket (or --run-dir gs://...) the run's checkpoints live in GCS via
+the `run.run_dir=` override, and the trainer resumes from the latest one. With
+--max-restarts N, when the run dies because the Spot/preemptible TPU was preempted,
+run.py deletes and re-creates the TPU (same flags as create.py), re-runs setup and
+starts the run again, up to N times. Without it, just invoke run.py again after
+re-creating the TPU yourself.
+
+Arguments after the experiment name go to the experiment; put `--` before them if any
+starts with a dash (e.g. `-- --preset deepseekmath-rl-7b`).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from grpo_jax.slices import get_slice  # noqa: E402
+from launch import common  # noqa: E402
+from launch.common import Job, LaunchError, Runner, note  # noqa: E402
+
+_OVERRIDE_RE = re.compile(r"[A-Za-z_][\w]*\.[\w.]+=.*")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiment",
+                        help="experiments/NAME.py, given as NAME or as the path")
+    parser.add_argument("experiment_args", nargs="*", metavar="ARG",
+                        help="passed to the experiment, e.g. section.field=value overrides")
+    g = parser.add_argument_group("run")
+    g.add_argument("--run-name", default="",
+                   help="names the log files and the run dir (default: the experiment name)")
+    g.add_argument("--bucket", default="",
+                   help="GCS bucket: adds run.run_dir=gs://BUCKET/grpo_jax/RUN_NAME")
+    g.add_argument("--run-dir", default="",
+                   help="explicit run.run_dir (use gs://... on multi-host or Spot TPUs)")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--detach", action="store_true",
+                      help="start the run and return without streaming the log")
+    mode.add_argument("--logs", action="store_true",
+                      help="only stream the log of a run that was started before")
+    mode.add_argument("--stop", action="store_true",
+                      help="kill the run on all workers (SIGTERM, then SIGKILL)")
+    g.add_argument("--grace", type=int, default=30,
+                   help="--stop: seconds between SIGTERM and SIGKILL (default %(default)s)")
+    g.add_argument("--max-restarts", type=int, default=0,
+                   help="re-create the TPU and resume up to N times after a preemption")
+    common.add_tpu_arguments(parser)
+    common.add_source_arguments(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` belongs to the experiment verbatim; before it, options and
+    # overrides may be mixed in any order.
+    passthrough: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, passthrough = argv[:at], argv[at + 1:]
+    args = parser.parse_intermixed_args(argv)
+    args.experiment_args = list(args.experiment_args) + passthrough
+    return args
+
+
+def script_path(experiment: str) -> str:
+    """`quickstart` -> `experiments/quickstart.py`; a path is kept as given."""
+    if "/" in experiment or experiment.endswith(".py"):
+        return experiment
+    return f"experiments/{experiment}.py"
+
+
+def run_dir(args: argparse.Namespace, run_name: str) -> str:
+    if args.run_dir:
+        return args.run_dir
+    if args.bucket:
+        bucket = args.bucket.removeprefix("gs://").rstrip("/")
+        return f"gs://{bucket}/grpo_jax/{run_name}"
+    return ""
+
+
+def with_overrides(user_args: list[str], extra: dict[str, str]) -> tuple[str, ...]:
+    """Add ``key=value`` overrides the user did not set themselves.
+
+    They go right after the user's last override: experiments take overrides as one
+    positional list, so they must not be split by an option such as ``--preset X``.
+    """
+    given = {a.split("=", 1)[0] for a in user_args if _OVERRIDE_RE.fullmatch(a)}
+    new = [f"{k}={v}" for k, v in extra.items() if v and k not in given]
+    last = max((i for i, a in enumerate(user_args) if _OVERRIDE_RE.fullmatch(a)), default=None)
+    at = len(user_args) if last is None else last + 1
+    return tuple(user_args[:at] + new + user_args[at:])
+
+
+def make_job(args: argparse.Namespace) -> Job:
+    script = script_path(args.experiment)
+    run_name = args.run_name or Path(script).stem
+    directory = run_dir(args, run_name)
+    if args.max_restarts and not directory.startswith("gs://"):
+        raise LaunchError("--max-restarts needs checkpoints that outlive the TPU: pass "
+                          "--bucket or --run-dir gs://...")
+    if args.slice and get_slice(args.slice).multi_host and not directory.startswith("gs://"):
+        note(f"{args.slice} has several hosts: without --bucket each worker checkpoints "
+             "to its own disk")
+    if not (common.REPO_ROOT / script).exists():
+        note(f"{script} does not exist in this checkout")
+    extra = {common.RUN_DIR_KEY: directory, common.SLICE_KEY: args.slice or ""}
+    return Job(script=script, args=with_overrides(args.experiment_args, extra),
+               run_name=run_name)
+
+
+def start_and_follow(runner: Runner, s: common.TpuSettings, job: Job, follow: bool) -> int:
+    code = runner.run(common.ssh_command(s, common.start_remote_command(job)))
+    if code or not follow:
+        return code
+    return runner.run(common.ssh_command(s, common.follow_remote_command(job), worker="0"))
+
+
+def recreate(runner: Runner, s: common.TpuSettings, src: common.SourceSettings) -> None:
+    """Replace a preempted TPU with a fresh one and set it up again."""
+    runner.run(common.delete_command(s))  # may already be gone: ignore the exit code
+    runner.check(common.create_command(s))
+    if s.queued:
+        common.wait_until_healthy(runner, s)
+    for step in common.setup_commands(s, src):
+        runner.check(step)
+
+
+def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceSettings,
+                      job: Job, max_restarts: int) -> int:
+    """Start + follow; on failure, tell preemption (TPU not healthy) from a real error
+    (TPU fine, job exited non-zero: stop and show the code) and from a dropped ssh
+    connection (exit 255 with a healthy TPU: re-attach)."""
+    restarts = 0
+    while True:
+        code = start_and_follow(runner, s, job, follow=True)
+        if code == 0 or runner.dry_run:
+            if runner.dry_run and max_restarts:
+                note("on failure, the state would be read with: "
+                     + shlex.join(common.state_command(s)))
+            return code
+        state = runner.query(common.state_command(s), dry_run_answer="")
+        if state == common.healthy_state(s) and code != 255:
+            note(f"run {job.run_name} exited with code {code}; the TPU is fine, so not "
+                 f"restarting (log: ~/{common.REMOTE_DIR}/{job.path('log')} on the workers)")
+            return code
+        if restarts >= max_restarts:
+            note(f"run {job.run_name} stopped (exit {code}, TPU {state or 'gone'}); "
+                 f"{restarts} restart(s) used of --max-restarts {max_restarts}")
+            return code
+        restarts += 1
+        if state == common.healthy_state(s):
+            note(f"lost the ssh connection; re-attaching ({restarts}/{max_restarts})")
+            time.sleep(10)
+            continue
+        note(f"TPU {s.name} is {state or 'gone'} (preempted?); re-creating it and resuming "
+             f"({restarts}/{max_restarts})")
+        recreate(runner, s, src)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    settings = common.settings_from_args(args)
+    if args.max_restarts:
+        settings.require_shape()  # re-creating needs the accelerator type and runtime
+    job = make_job(args)
+    runner = Runner(args.dry_run)
+    if args.stop:
+        return runner.run(common.ssh_command(settings,
+                                             common.stop_remote_command(job, args.grace)))
+    if args.logs:
+        return runner.run(common.ssh_command(settings, common.follow_remote_command(job),
+                                             worker="0"))
+    if args.detach:
+        return start_and_follow(runner, settings, job, follow=False)
+    return run_with_restarts(runner, settings, common.source_from_args(args), job,
+                             args.max_restarts)
+
+
+if __name__ == "__main__":
+    common.main_guard(main)
