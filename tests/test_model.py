@@ -1,0 +1,137 @@
+"""Model: shapes, causality, padding, GQA, KV cache, scan/remat equivalence."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import model
+from grpo_jax.config import ModelConfig
+
+TINY = ModelConfig(vocab_size=97, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=8, mlp_dim=64, max_seq_len=64)
+
+
+def _params(cfg, seed=0, **kw):
+    return model.init_params(cfg, jax.random.key(seed), **kw)
+
+
+@pytest.mark.parametrize("cfg", [
+    TINY,
+    dataclasses.replace(TINY, num_kv_heads=4),  # multi-head
+    dataclasses.replace(TINY, num_kv_heads=1),  # multi-query
+    dataclasses.replace(TINY, tie_embeddings=False, attention_bias=True, num_layers=3),
+])
+def test_output_shapes(cfg):
+    params = _params(cfg)
+    tokens = jax.random.randint(jax.random.key(1), (3, 7), 0, cfg.vocab_size)
+    logits = model.forward_logits(cfg, params, tokens)
+    assert logits.shape == (3, 7, cfg.vocab_size) and logits.dtype == jnp.float32
+    assert params["layers"]["attn"]["k"].shape == (cfg.num_layers, cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim)
+    assert ("lm_head" in params) == (not cfg.tie_embeddings)
+
+
+def test_causal_mask():
+    params = _params(TINY)
+    tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, TINY.vocab_size)
+    changed = tokens.at[:, 6].set((tokens[:, 6] + 1) % TINY.vocab_size)
+    a = model.forward_logits(TINY, params, tokens)
+    b = model.forward_logits(TINY, params, changed)
+    np.testing.assert_array_equal(a[:, :6], b[:, :6])
+    assert np.abs(a[:, 6:] - b[:, 6:]).max() > 1e-4
+
+
+def test_padding_invariance_left_and_right():
+    params = _params(TINY)
+    seq = jax.random.randint(jax.random.key(2), (1, 6), 1, TINY.vocab_size)
+    ref = model.forward_logits(TINY, params, seq)[0]
+    pad = jnp.full((1, 3), 5, jnp.int32)  # pad tokens with arbitrary ids
+    left = jnp.concatenate([pad, seq], 1)
+    left_mask = jnp.concatenate([jnp.zeros((1, 3), bool), jnp.ones((1, 6), bool)], 1)
+    right = jnp.concatenate([seq, pad], 1)
+    right_mask = left_mask[:, ::-1]
+    np.testing.assert_allclose(model.forward_logits(TINY, params, left, left_mask)[0, 3:], ref, atol=1e-5)
+    np.testing.assert_allclose(model.forward_logits(TINY, params, right, right_mask)[0, :6], ref, atol=1e-5)
+
+
+def test_gqa_equals_mha_with_repeated_kv_heads():
+    """GQA with kv_heads < heads is MHA whose k/v heads are repeated per group."""
+    gqa = TINY
+    mha = dataclasses.replace(TINY, num_kv_heads=TINY.num_heads)
+    p = _params(gqa)
+    groups = gqa.num_heads // gqa.num_kv_heads
+    p_mha = jax.tree.map(lambda x: x, p)
+    p_mha["layers"]["attn"]["k"] = jnp.repeat(p["layers"]["attn"]["k"], groups, axis=2)
+    p_mha["layers"]["attn"]["v"] = jnp.repeat(p["layers"]["attn"]["v"], groups, axis=2)
+    tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, TINY.vocab_size)
+    np.testing.assert_allclose(model.forward_logits(gqa, p, tokens), model.forward_logits(mha, p_mha, tokens), atol=1e-5)
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_cached_decoding_matches_full_forward(unroll):
+    params = _params(TINY)
+    b, t = 2, 12
+    tokens = jax.random.randint(jax.random.key(4), (b, t), 0, TINY.vocab_size)
+    # row 0 left-padded by 3
+    mask = jnp.ones((b, t), bool).at[0, :3].set(False)
+    full = model.forward_logits(TINY, params, tokens, mask)
+    cache = model.init_cache(TINY, b, 16)
+    positions = model.default_positions(mask)
+    prefix = 5
+    hidden, cache = model.forward_hidden(TINY, params, tokens[:, :prefix], mask[:, :prefix],
+                                         positions[:, :prefix], cache, unroll=unroll)
+    outs = [hidden]
+    for i in range(prefix, t):
+        h, cache = model.forward_hidden(TINY, params, tokens[:, i:i + 1], mask[:, i:i + 1],
+                                        positions[:, i:i + 1], cache, unroll=unroll)
+        outs.append(h)
+    logits = jnp.concatenate(outs, 1) @ model.unembed_matrix(TINY, params)
+    np.testing.assert_allclose(logits[0, 3:], full[0, 3:], atol=1e-5)
+    np.testing.assert_allclose(logits[1], full[1], atol=1e-5)
+    assert int(cache.index) == t
+
+
+def _loss_and_grads(cfg, params, tokens):
+    def loss(p):
+        logits = model.forward_logits(cfg, p, tokens[:, :-1])
+        lp = jax.nn.log_softmax(logits)
+        return -jnp.take_along_axis(lp, tokens[:, 1:, None], -1).mean()
+
+    return jax.value_and_grad(loss)(params)
+
+
+@pytest.mark.parametrize("variant", [dict(scan_layers=False), dict(remat="full"), dict(remat="dots")])
+def test_scan_and_remat_do_not_change_loss_or_grads(variant):
+    params = _params(TINY)
+    tokens = jax.random.randint(jax.random.key(5), (2, 10), 0, TINY.vocab_size)
+    l0, g0 = _loss_and_grads(TINY, params, tokens)
+    l1, g1 = _loss_and_grads(dataclasses.replace(TINY, **variant), params, tokens)
+    np.testing.assert_allclose(l0, l1, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
+
+
+def test_value_head_and_bfloat16_compute():
+    cfg = dataclasses.replace(TINY, dtype="bfloat16")
+    params = _params(cfg, value_head=True)
+    assert params["value_head"].shape == (cfg.embed_dim,) and params["embedding"].dtype == jnp.float32
+    tokens = jax.random.randint(jax.random.key(6), (2, 5), 0, cfg.vocab_size)
+    hidden, _ = model.forward_hidden(cfg, params, tokens)
+    assert hidden.dtype == jnp.bfloat16
+    values = model.value_outputs(params, hidden)
+    assert values.shape == (2, 5) and values.dtype == jnp.float32
+    f32 = model.forward_logits(TINY, params, tokens)
+    bf16 = model.forward_logits(cfg, params, tokens)
+    assert np.abs(np.asarray(f32) - np.asarray(bf16)).max() < 0.05  # same model, lower precision
+
+
+def test_rope_is_relative():
+    """Shifting every position by a constant leaves attention (hence logits) unchanged."""
+    params = _params(TINY)
+    tokens = jax.random.randint(jax.random.key(7), (1, 8), 0, TINY.vocab_size)
+    mask = jnp.ones_like(tokens, bool)
+    pos = jnp.arange(8)[None]
+    h0, _ = model.forward_hidden(TINY, params, tokens, mask, pos)
+    h1, _ = model.forward_hidden(TINY, params, tokens, mask, pos + 17)
+    np.testing.assert_allclose(h0, h1, atol=1e-4)
