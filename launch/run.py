@@ -66,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="--stop: seconds between SIGTERM and SIGKILL (default %(default)s)")
     g.add_argument("--max-restarts", type=int, default=0,
                    help="re-create the TPU and resume up to N times after a preemption")
+    g.add_argument("--retry-delay", type=float, default=10.0,
+                   help="seconds to wait before re-attaching after a dropped ssh connection")
     common.add_tpu_arguments(parser)
     common.add_source_arguments(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -144,7 +146,7 @@ def recreate(runner: Runner, s: common.TpuSettings, src: common.SourceSettings) 
 
 
 def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceSettings,
-                      job: Job, max_restarts: int) -> int:
+                      job: Job, max_restarts: int, retry_delay: float) -> int:
     """Start + follow; on failure, tell preemption (TPU not healthy) from a real error
     (TPU fine, job exited non-zero: stop and show the code) and from a dropped ssh
     connection (exit 255 with a healthy TPU: re-attach)."""
@@ -168,7 +170,7 @@ def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceS
         restarts += 1
         if state == common.healthy_state(s):
             note(f"lost the ssh connection; re-attaching ({restarts}/{max_restarts})")
-            time.sleep(10)
+            time.sleep(retry_delay)
             continue
         note(f"TPU {s.name} is {state or 'gone'} (preempted?); re-creating it and resuming "
              f"({restarts}/{max_restarts})")
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
     if args.detach:
         return start_and_follow(runner, settings, job, follow=False)
     return run_with_restarts(runner, settings, common.source_from_args(args), job,
-                             args.max_restarts)
+                             args.max_restarts, args.retry_delay)
 
 
 if __name__ == "__main__":
