@@ -127,19 +127,37 @@ def parse_number(token: str) -> Fraction | None:
         return None
 
 
+_NUMBER_CHARS = frozenset("0123456789,.$-")
+
+
+def _last_number(text: str) -> Fraction | None:
+    """The last number, found from the end so the cost does not grow with the text:
+    locate the last digit, back up over the run of number characters around it (a
+    run longer than 4 * MAX_NUMBER_CHARS is not a number), and tokenize only that."""
+    end = max(text.rfind(digit) for digit in "0123456789") + 1
+    if end == 0:
+        return None
+    start, limit = end, max(0, end - 4 * MAX_NUMBER_CHARS)
+    while start > limit and text[start - 1] in _NUMBER_CHARS:
+        start -= 1
+    if start == limit and start > 0 and text[start - 1] in _NUMBER_CHARS:
+        return None
+    last = None
+    for last in _NUMBER_RE.finditer(text, start, end):
+        pass
+    return None if last is None else parse_number(last.group())
+
+
 def gsm8k_extract(text: str) -> Fraction | None:
     """The number after the last ``####`` if there is one, else the last number."""
     if _too_long(text):
         return None
     marker = text.rfind("####")
     if marker >= 0:
-        match = _NUMBER_RE.search(text, marker + 4, marker + 4 + 64)
-        if match is not None:
-            return parse_number(match.group())
-    last = None
-    for last in _NUMBER_RE.finditer(text):
-        pass
-    return None if last is None else parse_number(last.group())
+        found = _NUMBER_RE.search(text, marker + 4, marker + 4 + 64)
+        if found is not None:  # re-match without the window's end, which could cut it
+            return parse_number(_NUMBER_RE.match(text, found.start()).group())
+    return _last_number(text)
 
 
 def format_number(value: Fraction) -> str:

@@ -20,11 +20,12 @@ whitespace, it is one or more step lines followed by exactly one ``A: <n>`` line
 nothing else. Then 1.0 if ``n`` is the right answer, else ``format_reward`` (0.1 by
 default); a malformed completion gets 0.0.
 
-Step rewards (``step_rewards``): every non-blank line is a step. A step line scores 1.0
-if it is the j-th line, ``op``/``b`` are the question's j-th operator/operand, ``a`` is
-the value written as the result of the line before (the first operand on the first
-line), and ``c = a op b``; otherwise 0.0. So an arithmetic slip costs exactly the step
-where it happens; later steps that carry the wrong value on correctly still score 1.
+Step rewards (``step_rewards``): every non-blank line is a step. The j-th step-shaped
+line scores 1.0 if ``op``/``b`` are the question's j-th operator/operand, ``a`` is the
+result written on the previous step-shaped line (the first operand for the first), and
+``c = a op b``; otherwise 0.0. Lines of any other shape score 0.0 (without shifting
+j). So an arithmetic slip costs exactly the step where it happens; later steps that
+carry the wrong value on correctly still score 1.
 The ``A:`` line scores 1.0 if its value is the right final answer. Lines beyond
 ``MAX_STEPS`` are merged into one last step scoring 0.0 that ends at the last
 non-whitespace character.
@@ -265,8 +266,8 @@ class ArithmeticTask(Task):
         if not lines:
             return [(len(completion), 0.0)]
         out: list[tuple[int, float]] = []
-        previous = operands[0]
-        for j, (end, line) in enumerate(lines[:MAX_STEPS]):
+        previous, j = operands[0], 0  # j counts step-shaped lines only
+        for end, line in lines[:MAX_STEPS]:
             step, answer = _STEP_RE.fullmatch(line), _ANSWER_RE.fullmatch(line)
             ok = False
             if step is not None:
@@ -278,7 +279,7 @@ class ArithmeticTask(Task):
                     and a == previous
                     and apply_op(a, op, b) == c
                 )
-                previous = c
+                previous, j = c, j + 1
             elif answer is not None:
                 ok = str(int(answer.group(1))) == example.answer
             out.append((end, 1.0 if ok else 0.0))

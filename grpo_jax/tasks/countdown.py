@@ -127,12 +127,13 @@ class CountdownTask(Task):
         return rewards.countdown_reward(completion, example.meta["numbers"], example.meta["target"])
 
     def extract_answer(self, completion: str) -> str | None:
-        """The last ``<answer>`` expression with spaces removed (None if absent/empty)."""
+        """The last ``<answer>`` expression with spaces removed (None if absent, empty or
+        longer than ``rewards.MAX_ANSWER_CHARS``)."""
         if not isinstance(completion, str) or len(completion) > rewards.MAX_COMPLETION_CHARS:
             return None
         answer = rewards.countdown_answer(completion)
         answer = None if answer is None else "".join(answer.split())
-        return answer or None
+        return answer if answer and len(answer) <= rewards.MAX_ANSWER_CHARS else None
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
         return answer is not None and rewards.countdown_answer_correct(

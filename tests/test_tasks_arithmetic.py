@@ -1,0 +1,183 @@
+"""The synthetic arithmetic task: generation, format, rewards, step offsets, SFT text."""
+import ast
+import operator
+import random
+import re
+from fractions import Fraction
+
+import pytest
+
+from grpo_jax.tasks import Example, available_tasks, get_task
+from grpo_jax.tasks.arithmetic import ArithmeticTask, expression_text, tokenizer_corpus
+
+
+def test_registry():
+    assert {"arithmetic", "countdown", "gsm8k", "math"} <= set(available_tasks())
+    task = get_task("arithmetic", num_operands=4, max_digits=1)
+    assert isinstance(task, ArithmeticTask) and task.num_operands == (4, 4)
+    with pytest.raises(KeyError):
+        get_task("no-such-task")
+
+
+def test_examples_deterministic_and_disjoint_splits():
+    task = ArithmeticTask(num_operands=(2, 4), operations="+-*/")
+    a = task.examples("train", 50, seed=3)
+    assert a == task.examples("train", 50, seed=3)
+    assert a != task.examples("train", 50, seed=4)
+    test = task.examples("test", 50, seed=3)
+    assert not {e.prompt for e in a} & {e.prompt for e in test}
+    with pytest.raises(ValueError):
+        task.examples("dev", 1, 0)
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def python_value(expression: str) -> Fraction:
+    def walk(node):
+        if isinstance(node, ast.Constant):
+            return Fraction(node.value)
+        if isinstance(node, ast.BinOp):
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        raise AssertionError(ast.dump(node))
+
+    return walk(ast.parse(expression, mode="eval").body)
+
+
+@pytest.mark.parametrize("operations", ["+-", "*", "+-*/", "/"])
+def test_examples_are_correct_and_well_formed(operations):
+    task = ArithmeticTask(num_operands=(2, 4), max_digits=2, operations=operations)
+    for ex in task.examples("train", 40, seed=0):
+        m = re.fullmatch(r"Q: ([-+*/()0-9]+)=\?\n", ex.prompt)
+        assert m, ex.prompt
+        # The question means what ordinary precedence says: an independent check
+        # with Python's grammar (ast) and exact rationals.
+        assert Fraction(int(ex.answer)) == python_value(m.group(1))
+        assert 2 <= len(ex.meta["operands"]) <= 4
+        assert all(0 <= x < 100 for x in ex.meta["operands"])
+        assert set(ex.meta["ops"]) <= set(operations)
+        if "-" in operations:  # negative intermediates are off by default
+            assert all(not line.split("=")[1].startswith("-") for line in task.sft_text(ex).splitlines()[:-1])
+
+
+def test_expression_parentheses():
+    assert expression_text([23, 45, 12], ["+", "-"]) == "23+45-12"
+    assert expression_text([7, 5, 3], ["+", "*"]) == "(7+5)*3"
+    assert expression_text([7, 5, 3], ["*", "+"]) == "7*5+3"
+    assert expression_text([8, 2, 3, 4], ["-", "/", "*"]) == "(8-2)/3*4"
+
+
+EX = ArithmeticTask().make_example([23, 45, 12], ["+", "-"])
+
+
+def test_prompt_and_solution_format():
+    assert EX.prompt == "Q: 23+45-12=?\n"
+    assert EX.answer == "56"
+    assert ArithmeticTask().sft_text(EX) == "23+45=68\n68-12=56\nA: 56\n"
+
+
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("23+45=68\n68-12=56\nA: 56\n", 1.0),
+        ("23+45=68\n68-12=56\nA: 56", 1.0),  # final newline optional
+        ("23+45=68\n68-12=56\nA: 56\n\n  ", 1.0),  # trailing whitespace ignored
+        ("23+45=68\n68-12=55\nA: 55\n", 0.1),  # well-formed, wrong
+        ("23+45=99\n99-12=87\nA: 56\n", 1.0),  # outcome only looks at the answer
+        ("A: 56\n", 0.0),  # no steps
+        ("23+45=68\n68-12=56\n", 0.0),  # no answer line
+        ("23 + 45 = 68\n68-12=56\nA: 56\n", 0.0),  # spaces are not the format
+        ("23+45=68\n\n68-12=56\nA: 56\n", 0.0),  # blank line inside
+        ("23+45=68\n68-12=56\nA: 56\nQ: 1+1=?\n", 0.0),  # text after the answer
+        ("23+45=68\n68-12=56\nA:56\n", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_outcome_reward(completion, reward):
+    assert ArithmeticTask().reward(completion, EX) == reward
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        # Hand-counted: "23+45=68\n" is 9 characters, "68-12=56\n" 9, "A: 56\n" 6.
+        ("23+45=68\n68-12=56\nA: 56\n", [(9, 1.0), (18, 1.0), (24, 1.0)]),
+        # A slip in step 1; step 2 carries the wrong value on correctly; answer wrong.
+        ("23+45=67\n67-12=55\nA: 55\n", [(9, 0.0), (18, 1.0), (24, 0.0)]),
+        # Step 2 does not chain from step 1's written result.
+        ("23+45=68\n69-12=57\nA: 56\n", [(9, 1.0), (18, 0.0), (24, 1.0)]),
+        # Wrong operand / operator for the step.
+        ("23+44=67\n67+12=79\nA: 79", [(9, 0.0), (18, 0.0), (23, 0.0)]),
+        # No trailing newline: the last step ends at len(completion).
+        ("23+45=68\n68-12=56", [(9, 1.0), (17, 1.0)]),
+        # Blank lines are not steps; other lines score 0 without shifting the step
+        # count; steps beyond the question's score 0.
+        ("\n23+45=68\n\nhmm\n68-12=56\n56-0=56\n", [(10, 1.0), (15, 0.0), (24, 1.0), (32, 0.0)]),
+        ("", [(0, 0.0)]),
+        ("   \n", [(4, 0.0)]),
+    ],
+)
+def test_step_rewards_and_offsets(completion, expected):
+    steps = ArithmeticTask().step_rewards(completion, EX)
+    assert steps == expected
+    # Each step's text is completion[previous_end:end], ending with its newline if any.
+    previous = 0
+    for end, _ in steps:
+        piece = completion[previous:end]
+        assert end == len(completion) or piece.endswith("\n")
+        previous = end
+
+
+def test_step_rewards_cap_long_completions():
+    completion = "1+1=2\n" * 100
+    steps = ArithmeticTask().step_rewards(completion, EX)
+    assert len(steps) == 65  # MAX_STEPS lines + one merged remainder
+    assert steps[-1] == (len(completion.rstrip()), 0.0)
+
+
+def test_extract_answer():
+    task = ArithmeticTask()
+    assert task.extract_answer("23+45=68\nA: 0056\n") == "56"
+    assert task.extract_answer("A: -3") == "-3"
+    assert task.extract_answer("x\nA: 5\nA: 7\n") == "7"
+    assert task.extract_answer("no answer") is None
+    assert task.extract_answer("xA: 5") is None
+    assert task.is_correct("56", EX) and not task.is_correct("57", EX) and not task.is_correct(None, EX)
+
+
+def test_sft_wrong_step_fraction():
+    task = ArithmeticTask(num_operands=4)
+    examples = task.examples("train", 300, seed=1)
+    rng = random.Random(0)
+    for p, low, high in [(0.0, 0.0, 0.0), (0.3, 0.2, 0.4), (1.0, 1.0, 1.0)]:
+        wrong = total = 0
+        for ex in examples:
+            text = task.sft_text(ex, rng, wrong_step_prob=p)
+            rewards = [r for _, r in task.step_rewards(text, ex)][:-1]  # step lines only
+            wrong += rewards.count(0.0)
+            total += len(rewards)
+            assert task.reward(text, ex) in (0.1, 1.0)  # always well-formed
+        assert low <= wrong / total <= high, (p, wrong / total)
+
+
+def test_sft_text_accepts_numpy_rng_and_seed():
+    import numpy as np
+
+    a = ArithmeticTask().sft_text(EX, np.random.default_rng(0), 0.5)
+    b = ArithmeticTask().sft_text(EX, np.random.default_rng(0), 0.5)
+    assert a == b and ArithmeticTask().sft_text(EX, 7) == "23+45=68\n68-12=56\nA: 56\n"
+
+
+def test_tokenizer_corpus():
+    docs = list(tokenizer_corpus(20, seed=2, operations="+-*"))
+    assert len(docs) == 20 and docs == list(tokenizer_corpus(20, seed=2, operations="+-*"))
+    task = ArithmeticTask(operations="+-*")
+    for doc, ex in zip(docs, task.examples("train", 20, 2)):
+        assert doc.startswith(ex.prompt)
+        assert task.reward(doc[len(ex.prompt) :], ex) == 1.0
+
+
+def test_invalid_knobs():
+    for kwargs in [dict(num_operands=1), dict(operations="%"), dict(operations=""), dict(max_digits=0)]:
+        with pytest.raises(ValueError):
+            ArithmeticTask(**kwargs)
