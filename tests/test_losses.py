@@ -97,7 +97,8 @@ def test_kl_penalty_vmap_and_jit():
         fn = jax.jit(functools.partial(losses.kl_penalty, kind=kind))
         got = jax.vmap(fn)(logp, ref_logp)
         for k in range(3):
-            np.testing.assert_allclose(got[k], ref_kl(logp[k], ref_logp[k], kind), rtol=1e-5, atol=1e-6)
+            want = ref_kl(logp[k], ref_logp[k], kind)
+            np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6)
 
 
 @HYP
@@ -257,14 +258,20 @@ def test_aggregate_parts_micro_batches_equal_full_batch(mode):
     def per_token(w, xs):  # a toy per-token loss depending on parameters w
         return jnp.tanh(xs * w[None, :]) ** 2
 
-    full = losses.aggregate(per_token(params, x), mask, mode)
-    full_grad = jax.grad(lambda w: losses.aggregate(per_token(w, x), mask, mode))(params)
+    full, full_grad = jax.jit(
+        jax.value_and_grad(lambda w: losses.aggregate(per_token(w, x), mask, mode))
+    )(params)
+
+    @jax.jit
+    def micro_step(w, xs, ms):
+        # Gradient accumulation: grad of each numerator, one division at the end.
+        parts = losses.aggregate_parts(per_token(w, xs), ms, mode)
+        grad = jax.grad(lambda w_: losses.aggregate_parts(per_token(w_, xs), ms, mode)[0])(w)
+        return parts, grad
 
     num_sum, den_sum, grad_sum = 0.0, 0.0, jnp.zeros_like(params)
     for xs, ms in zip(np.split(x, 4), np.split(mask, 4)):
-        # Gradient accumulation: grad of each numerator, one division at the end.
-        num, den = losses.aggregate_parts(per_token(params, xs), ms, mode)
-        g = jax.grad(lambda w: losses.aggregate_parts(per_token(w, xs), ms, mode)[0])(params)
+        (num, den), g = micro_step(params, xs, ms)
         num_sum, den_sum, grad_sum = num_sum + num, den_sum + den, grad_sum + g
     one_num, one_den = losses.aggregate_parts(per_token(params, x), mask, mode)
     assert float(one_den) == pytest.approx(float(den_sum))
@@ -362,7 +369,8 @@ def test_entropy_from_logits():
         p = np.exp(z - z.max())
         p /= p.sum()
         want[idx] = -sum(pi * math.log(pi) for pi in p if pi > 0)
-    np.testing.assert_allclose(losses.entropy_from_logits(logits), want, rtol=1e-5, atol=1e-6)
+    got = jax.jit(losses.entropy_from_logits)(logits)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert float(losses.entropy_from_logits(jnp.zeros(7))) == pytest.approx(math.log(7))
     masked = jnp.array([0.0, -jnp.inf, 0.0, 1e4 * 0])
     assert float(losses.entropy_from_logits(masked)) == pytest.approx(math.log(3))
@@ -404,7 +412,7 @@ def test_grpo_gradient_coefficient_eq21():
         ) - beta * losses.kl_penalty(lp, ref_logp, "k3")
         return -losses.aggregate(objective, mask, "sequence_mean")
 
-    grad = np.asarray(jax.grad(grpo_loss)(logp))
+    grad = np.asarray(jax.jit(jax.grad(grpo_loss))(logp))
     num_outputs = 3  # the empty output is not counted
     for b in range(num_b):
         length = int(mask[b].sum())
@@ -428,6 +436,6 @@ def test_ppo_gradient_coefficient_eq18():
         obj = losses.clipped_surrogate(lp, jax.lax.stop_gradient(lp), a, eps_low=0.2, eps_high=0.2)
         return -losses.aggregate(obj, mask, "sequence_mean")
 
-    grad = jax.grad(ppo_loss)(logp)
+    grad = jax.jit(jax.grad(ppo_loss))(logp)
     lengths = mask.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(grad, np.where(mask, -a / (2 * lengths), 0.0), rtol=1e-5)
