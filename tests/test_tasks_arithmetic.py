@@ -168,6 +168,16 @@ def test_sft_text_accepts_numpy_rng_and_seed():
     assert a == b and ArithmeticTask().sft_text(EX, 7) == "23+45=68\n68-12=56\nA: 56\n"
 
 
+def test_sft_examples():
+    task = ArithmeticTask()
+    pairs = task.sft_examples("train", 50, seed=4, wrong_step_prob=0.5)
+    assert pairs == task.sft_examples("train", 50, seed=4, wrong_step_prob=0.5)
+    assert [ex for ex, _ in pairs] == task.examples("train", 50, seed=4)
+    rewards = [task.reward(text, ex) for ex, text in pairs]
+    assert 0.1 in rewards and 1.0 in rewards and set(rewards) <= {0.1, 1.0}
+    assert {task.reward(t, ex) for ex, t in task.sft_examples("train", 20, seed=4)} == {1.0}
+
+
 def test_tokenizer_corpus():
     docs = list(tokenizer_corpus(20, seed=2, operations="+-*"))
     assert len(docs) == 20 and docs == list(tokenizer_corpus(20, seed=2, operations="+-*"))

@@ -7,11 +7,13 @@ the original would have yielded next.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
-import grain.python as grain
-
 from grpo_jax.data.builders import BUILDERS
+
+# Grain (which imports JAX) is imported only when a loader is made, so random access
+# through ``data_source`` (e.g. ``Task.examples``) stays light.
 
 
 def build(name: str, data_dir: str | None = None, manual_dir: str | None = None):
@@ -20,7 +22,7 @@ def build(name: str, data_dir: str | None = None, manual_dir: str | None = None)
     Building reads the official files from ``manual_dir`` (no network) and writes
     array_record files under ``data_dir``; an already prepared dataset is reused.
     """
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # already imported by builders; local for clarity
 
     if name not in BUILDERS:
         raise KeyError(f"unknown dataset {name!r}; available: {sorted(BUILDERS)}")
@@ -44,15 +46,21 @@ def decode_record(record: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-class _Apply(grain.MapTransform):
-    """Decode a record, then apply the caller's transform (e.g. record -> Example)."""
+@functools.cache
+def _apply_class():
+    import grain.python as grain
 
-    def __init__(self, fn: Callable[[dict], Any] | None):
-        self.fn = fn
+    class Apply(grain.MapTransform):
+        """Decode a record, then apply the caller's transform (e.g. record -> Example)."""
 
-    def map(self, record):
-        record = decode_record(record)
-        return record if self.fn is None else self.fn(record)
+        def __init__(self, fn: Callable[[dict], Any] | None):
+            self.fn = fn
+
+        def map(self, record):
+            record = decode_record(record)
+            return record if self.fn is None else self.fn(record)
+
+    return Apply
 
 
 def _default_shard(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
@@ -77,7 +85,7 @@ def make_loader(
     shard_count: int | None = None,
     drop_remainder: bool = True,
     transform: Callable[[dict], Any] | None = None,
-) -> grain.DataLoader:
+) -> "grain.DataLoader":
     """A Grain loader yielding lists of ``batch_size`` decoded (and transformed) records.
 
     Each host reads its own shard ``shard_index`` of ``shard_count`` (default: this JAX
@@ -87,6 +95,8 @@ def make_loader(
     last incomplete batch. Batches are Python lists (records hold strings, which do not
     stack into arrays usefully).
     """
+    import grain.python as grain
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     shard_index, shard_count = _default_shard(shard_index, shard_count)
@@ -100,7 +110,7 @@ def make_loader(
         seed=seed,
     )
     operations = [
-        _Apply(transform),
+        _apply_class()(transform),
         grain.Batch(batch_size=batch_size, drop_remainder=drop_remainder, batch_fn=list),
     ]
     # worker_count=0: records are tiny strings; worker processes would only add latency.

@@ -80,6 +80,14 @@ class Task:
     def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0) -> str:
         raise NotImplementedError(f"task {self.name!r} has no worked solutions")
 
+    def sft_examples(
+        self, split: str, n: int, seed: int, wrong_step_prob: float = 0.0
+    ) -> list[tuple[Example, str]]:
+        """``n`` pairs ``(example, worked solution)`` for SFT, deterministic per seed;
+        ``wrong_step_prob`` > 0 makes the SFT model start imperfect (where supported)."""
+        rng = random.Random(f"sft/{seed}")
+        return [(ex, self.sft_text(ex, rng, wrong_step_prob)) for ex in self.examples(split, n, seed)]
+
     def text_corpus(self, n: int, seed: int = 0) -> Iterator[str]:
         """``n`` full documents (prompt + worked solution), e.g. to train a tokenizer."""
         rng = random.Random(seed)
