@@ -322,13 +322,8 @@ def normalize_math_answer(answer: str) -> str:
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
 
 
-def _split_top_level(s: str) -> tuple[str, list[str], str] | None:
-    """``(a,b]`` -> ('(', ['a', 'b'], ']'); bare ``a,b`` -> ('', ['a','b'], ''); None if unbalanced."""
-    opener = closer = ""
-    if s[:2] == "\\{" and s[-2:] == "\\}":
-        opener, closer, s = "\\{", "\\}", s[2:-2]
-    elif s[:1] in "([" and s[-1:] in ")]" and len(s) >= 2:
-        opener, closer, s = s[0], s[-1], s[1:-1]
+def _split_commas(s: str) -> list[str] | None:
+    """Split on commas outside brackets; None if the brackets do not balance."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(s):
         if ch in "([{":
@@ -343,7 +338,25 @@ def _split_top_level(s: str) -> tuple[str, list[str], str] | None:
     if depth != 0:
         return None
     parts.append(s[start:])
-    return opener, parts, closer
+    return parts
+
+
+def _split_top_level(s: str) -> tuple[str, list[str], str] | None:
+    """``(a,b]`` -> ('(', ['a', 'b'], ']'); bare ``a,b`` -> ('', ['a', 'b'], '').
+
+    Outer brackets count as delimiters only if what they enclose balances, so
+    ``(x+1)(x-1)`` stays one part. None if the brackets do not balance at all.
+    """
+    if s[:2] == "\\{" and s[-2:] == "\\}":
+        inner = _split_commas(s[2:-2])
+        if inner is not None:
+            return "\\{", inner, "\\}"
+    elif len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
+        inner = _split_commas(s[1:-1])
+        if inner is not None:
+            return s[0], inner, s[-1]
+    parts = _split_commas(s)
+    return None if parts is None else ("", parts, "")
 
 
 # Fixed positive rationals at which expressions with variables are compared (identity

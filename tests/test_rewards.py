@@ -120,6 +120,10 @@ def boxed(s):
         (r"\frac{3}{\sqrt{3}}", r"\sqrt{3}"),
         (r"\sqrt[3]{8}", "2"),
         (".5", "0.5"),
+        ("(x+1)(x-1)", "x^2-1"),  # outer brackets that are not delimiters
+        ("(1)+(2)", "3"),
+        (r"\{1,2\}", r"\{1, 2\}"),
+        (r"(1,\frac{1}{2})", "(1,0.5)"),
     ],
 )
 def test_math_equivalent_answers(answer, reference):
