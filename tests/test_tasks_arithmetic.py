@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from grpo_jax.tasks import Example, available_tasks, get_task
+from grpo_jax.tasks import available_tasks, get_task
 from grpo_jax.tasks.arithmetic import ArithmeticTask, expression_text, tokenizer_corpus
 
 
