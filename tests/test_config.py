@@ -1,0 +1,65 @@
+"""Presets validate; bad keys, types and values fail with messages that name them."""
+
+import argparse
+
+import pytest
+
+from grpo_jax import config
+from grpo_jax.config import ConfigError
+
+
+@pytest.mark.parametrize("name", sorted(config.PRESETS))
+def test_every_preset_validates(name):
+    cfg = config.load_config(name)
+    assert isinstance(cfg, config.Config)
+
+
+def test_paper_recipe_preset_holds_the_paper_numbers():
+    cfg = config.load_config("deepseekmath-rl-7b")
+    assert (cfg.optimizer.peak_lr, cfg.rl.beta, cfg.rl.group_size, cfg.rl.max_new_tokens,
+            cfg.data.batch_size, cfg.rl.num_updates, cfg.rl.kl_estimator) == (1e-6, 0.04, 64, 1024, 1024, 1, "k3")
+    assert (cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.weight_decay) == (0.9, 0.95, 0.1)
+
+
+def test_overrides_are_typed_and_applied_in_order():
+    cfg = config.load_config("cpu-tiny", ["model.num_layers=4", "rl.group_size=8", "rl.beta=0",
+                                          "rl.scale_by_std=false", "run.run_dir=/tmp/x", "rl.group_size=4"])
+    assert cfg.model.num_layers == 4 and cfg.rl.group_size == 4 and cfg.rl.beta == 0.0
+    assert cfg.rl.scale_by_std is False and cfg.run.run_dir == "/tmp/x"
+    assert isinstance(cfg.rl.beta, float)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.nmu_layers=4", "unknown config key 'model.nmu_layers'"),
+    ("modle.num_layers=4", "unknown config key 'modle.num_layers'"),
+    ("model.num_layers=four", "model.num_layers expects int, got 'four'"),
+    ("rl.scale_by_std=maybe", "rl.scale_by_std expects bool"),
+    ("rl.algorithm=reinforce", "rl.algorithm='reinforce' is not one of"),
+    ("model.num_heads=5", "multiple of model.num_kv_heads=2"),
+    ("rl.temperature=-1", "rl.temperature must be >= 0"),
+    ("rl.group_size=0", "rl.group_size must be >= 1"),
+    ("rl.group_size=1", "group_size=1 with rl.scale_by_std=true"),
+    ("mesh.ici_data=-1", "at most one ICI axis may be -1"),
+    ("rl.max_new_tokens=1000", "leaves no room"),
+    ("num_layers", "not of the form section.field=value"),
+])
+def test_bad_overrides_fail_clearly(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        config.load_config("cpu-tiny", [override])
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ConfigError, match="cpu-tiny"):
+        config.load_config("gpt-5")
+
+
+def test_json_round_trip_and_argparse():
+    cfg = config.load_config("smollm2-135m", ["rl.beta=0.1"])
+    again = config.Config.from_dict(cfg.to_dict()).validate()
+    assert again == cfg
+    parser = argparse.ArgumentParser()
+    config.add_config_args(parser)
+    args = parser.parse_args(["--preset", "cpu-tiny", "rl.group_size=16"])
+    assert config.config_from_args(args).rl.group_size == 16
+    with pytest.raises(ConfigError, match="expects int"):
+        config.Config.from_dict({"model": {"num_layers": "x"}})
