@@ -567,13 +567,14 @@ def read_gguf(path: str | os.PathLike):
 
 
 def load_gguf(path: str | os.PathLike, *, mesh: Mesh | None = None,
-              overrides: Mapping[str, Any] | None = None) -> tuple[ModelConfig, Params, BPETokenizer]:
-    """A GGUF file (llama or qwen2 architecture), dequantised to float32."""
+              overrides: Mapping[str, Any] | None = None) -> tuple[ModelConfig, Params, BPETokenizer | None]:
+    """A GGUF file (llama or qwen2 architecture), dequantised to float32. The tokenizer
+    comes from the file's metadata (None if it has none)."""
     reader, meta, cfg = read_gguf(path)
     cfg = apply_runtime_overrides(cfg, overrides)
     source = GGUFSource(reader, cfg, meta["general.architecture"], description=str(path))
     params = params_from_source(cfg, source, mesh)
-    tokenizer = BPETokenizer.from_gguf(reader)
+    tokenizer = BPETokenizer.from_gguf(reader) if "tokenizer.ggml.model" in reader.fields else None
     return cfg, params, tokenizer
 
 
