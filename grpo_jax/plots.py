@@ -1,0 +1,61 @@
+"""PNG plots of training curves (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_history(history: Sequence[Mapping], keys: Sequence[str], path: str, *, title: str = "") -> str:
+    """One panel per key, x = step; points only where a record has the key (eval every N)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        pts = [(h["step"], h[key]) for h in history if isinstance(h.get(key), (int, float))]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_runs(curves: Mapping[str, Sequence[Sequence[float]]], steps: Sequence[float], path: str, *,
+              ylabel: str, title: str = "", xlabel: str = "step", logx: bool = False) -> str:
+    """Mean over seeds with a min–max band, one line per method. curves[name] = [seed][point]."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, runs in curves.items():
+        arr = np.asarray(runs, dtype=float)
+        mean = arr.mean(0)
+        ax.plot(steps, mean, label=f"{name} (n={arr.shape[0]})")
+        if arr.shape[0] > 1:
+            ax.fill_between(steps, arr.min(0), arr.max(0), alpha=0.2)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
