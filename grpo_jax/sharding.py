@@ -134,19 +134,40 @@ def batch_sharding(mesh: Mesh, ndim: int, batch_size: int) -> NamedSharding:
     return logical_to_sharding(("batch",) + (None,) * (ndim - 1), (batch_size,) + (1,) * (ndim - 1), mesh)
 
 
+def to_global(x: Any, sharding: NamedSharding) -> jax.Array:
+    """A host array that every process holds in full → a global array on `sharding`.
+
+    Each process materialises only its addressable shards, so the same call works on one
+    host and on a multi-host pod slice (where `jax.device_put` cannot reach remote devices).
+    """
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """A global array → numpy on every process (gathers shards held by other hosts)."""
+    if getattr(x, "is_fully_addressable", True) or x.is_fully_replicated:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def shard_batch(batch: Any, mesh: Mesh) -> Any:
     """Place every array of a pytree on the mesh, batch-sharded along its first dimension.
-    Raises if leaves disagree on the batch size."""
+    Every process passes the same global batch. Raises if leaves disagree on the batch size."""
     leaves = jax.tree.leaves(batch)
     sizes = {np.shape(x)[0] for x in leaves if np.ndim(x) > 0}
     if len(sizes) > 1:
         raise ValueError(f"batch leaves have different leading sizes {sorted(sizes)}")
 
     def put(x):
-        x = np.asarray(x) if not isinstance(x, jax.Array) else x
+        if isinstance(x, jax.Array) and not getattr(x, "is_fully_addressable", True):
+            return x
+        x = np.asarray(x)
         if x.ndim == 0:
-            return jax.device_put(x, replicated(mesh))
-        return jax.device_put(x, batch_sharding(mesh, x.ndim, x.shape[0]))
+            return to_global(x, replicated(mesh))
+        return to_global(x, batch_sharding(mesh, x.ndim, x.shape[0]))
 
     return jax.tree.map(put, batch)
 
