@@ -437,25 +437,30 @@ def test_smollm2_logits_parity(smollm2, smollm2_hf, record_property):
 
 
 def test_smollm2_greedy_generation(smollm2, smollm2_hf):
+    """~20 greedy tokens of a chat prompt: our argmax loop over `forward_logits` (one
+    fixed shape, right padding) against transformers' `generate`."""
     cfg, params, tok, _ = smollm2
-    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
-    steps, total = 20, len(prompt) + 20
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Write a short poem about the moon."}]))
+    steps = 20
+    total = len(prompt) + steps
     step = jax.jit(lambda p, t, m: model_lib.forward_logits(cfg, p, t, m))
     tokens = np.zeros((1, total), np.int32)
     tokens[0, : len(prompt)] = prompt
     n = len(prompt)
-    for _ in range(steps):  # right padding: positions after n do not affect position n-1
+    while n < total:  # right padding: positions after n do not affect position n-1
         mask = np.arange(total)[None] < n
-        logits = step(params, tokens, mask)
-        tokens[0, n] = int(np.argmax(np.asarray(logits[0, n - 1])))
+        tokens[0, n] = int(np.argmax(np.asarray(step(params, tokens, mask)[0, n - 1])))
         n += 1
-    ours = tokens[0, len(prompt):].tolist()
+        if tokens[0, n - 1] in tok.stop_ids:
+            break
+    ours = tokens[0, len(prompt):n].tolist()
     with torch.no_grad():
         ref = smollm2_hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                  max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                                  pad_token_id=tok.pad_id)
+                                  max_new_tokens=steps, do_sample=False, pad_token_id=tok.pad_id,
+                                  eos_token_id=tok.stop_ids)
     theirs = ref[0, len(prompt):].tolist()
     print("SmolLM2 greedy:", repr(tok.decode(ours)))
+    assert len(ours) >= 12
     assert ours == theirs
 
 
