@@ -302,8 +302,6 @@ class GGUFSource(_Source):
             raise PretrainedError(
                 f"tensor {t.name!r} has quantisation type {t.tensor_type.name}, which the gguf "
                 f"package cannot dequantise") from None
-        if t.tensor_type.name.startswith("I"):  # integer tensors are not weights
-            raise PretrainedError(f"tensor {t.name!r} has integer type {t.tensor_type.name}")
         w = np.asarray(w, dtype=np.float32).reshape(self.shape(name))
         if self.arch == "llama":
             if ".q_proj." in name:

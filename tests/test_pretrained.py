@@ -19,7 +19,7 @@ import pytest
 
 from grpo_jax import model as model_lib
 from grpo_jax import pretrained
-from grpo_jax.config import ModelConfig
+from grpo_jax.config import smollm2_135m
 from grpo_jax.sharding import mesh_from_shape, per_device_bytes
 
 torch = pytest.importorskip("torch")
@@ -409,7 +409,7 @@ SMOL_PROMPTS = [
 
 def test_smollm2_config(smollm2):
     cfg = smollm2[0]
-    preset = __import__("grpo_jax.config", fromlist=["smollm2_135m"]).smollm2_135m().model
+    preset = smollm2_135m().model
     for field in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                   "mlp_dim", "rope_theta", "tie_embeddings", "attention_bias"):
         assert getattr(cfg, field) == getattr(preset, field), field
