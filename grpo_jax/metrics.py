@@ -50,7 +50,7 @@ class MetricsWriter:
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
-        record = {"step": int(step), **to_python(metrics)}
+        record = {**to_python({k: v for k, v in metrics.items() if k != "step"}), "step": int(step)}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
