@@ -1,0 +1,199 @@
+"""Chunked log-probs: equal to the direct log_softmax (values, grads, entropy), never a
+[B, T, V] float32 array in the loss path, and the completion alignment of the model."""
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import logprobs, losses, model
+from grpo_jax.config import ModelConfig
+from grpo_jax.train_step import make_batch
+
+TINY = ModelConfig(vocab_size=64, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=8, mlp_dim=64, max_seq_len=64)
+
+
+def _direct(hidden, unembed, targets, temperature):
+    t = temperature if temperature > 0 else 1.0
+    logits = hidden.astype(jnp.float32) @ unembed.astype(jnp.float32) / t
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)[..., 0]
+    return logp, losses.entropy_from_logits(logits)
+
+
+def _inputs(b=3, t=11, e=16, v=40, seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    return (jax.random.normal(k1, (b, t, e)), jax.random.normal(k2, (e, v)) * 0.5,
+            jax.random.randint(k3, (b, t), 0, v))
+
+
+@pytest.mark.parametrize("chunk_size,temperature", [(4, 1.0), (1, 0.7), (64, 0.0), (5, 1.3)])
+def test_chunked_equals_direct_values_grads_entropy(chunk_size, temperature):
+    hidden, unembed, targets = _inputs()
+    w = jax.random.normal(jax.random.key(9), targets.shape)  # arbitrary cotangent
+
+    def chunked(h, u):
+        logp, ent = logprobs.token_logprobs(h, u, targets, temperature=temperature,
+                                            chunk_size=chunk_size, with_entropy=True)
+        return jnp.sum(w * logp), (logp, ent)
+
+    def direct(h, u):
+        logp, ent = _direct(h, u, targets, temperature)
+        return jnp.sum(w * logp), (logp, ent)
+
+    (_, (lp1, e1)), g1 = jax.jit(jax.value_and_grad(chunked, (0, 1), has_aux=True))(hidden, unembed)
+    (_, (lp2, e2)), g2 = jax.jit(jax.value_and_grad(direct, (0, 1), has_aux=True))(hidden, unembed)
+    np.testing.assert_allclose(lp1, lp2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(e1, e2, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g2):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_temperature_zero_is_one_and_traced_temperature_matches():
+    hidden, unembed, targets = _inputs()
+    at0 = logprobs.token_logprobs(hidden, unembed, targets, temperature=0.0)
+    at1 = logprobs.token_logprobs(hidden, unembed, targets, temperature=1.0)
+    np.testing.assert_array_equal(at0, at1)
+    traced = jax.jit(lambda t: logprobs.token_logprobs(hidden, unembed, targets, temperature=t))
+    np.testing.assert_allclose(traced(jnp.float32(0.0)), at1, atol=1e-6)
+    np.testing.assert_allclose(traced(jnp.float32(0.7)),
+                               logprobs.token_logprobs(hidden, unembed, targets, temperature=0.7),
+                               atol=1e-6)
+
+
+def _vocab_arrays(jaxpr, vocab):
+    """Shapes of every intermediate (at any nesting depth) with a trailing vocab axis,
+    other than the [E, V] matrix itself."""
+    found = []
+
+    def walk(jx):
+        for eqn in jx.eqns:
+            for var in eqn.outvars:
+                shape = getattr(var.aval, "shape", ())
+                if len(shape) >= 3 and shape[-1] == vocab:
+                    found.append(shape)
+            for sub in _subjaxprs(eqn):
+                walk(sub)
+
+    walk(jaxpr.jaxpr)
+    return found
+
+
+def _subjaxprs(eqn):
+    for p in eqn.params.values():
+        for q in (p if isinstance(p, (list, tuple)) else [p]):
+            if isinstance(q, jax.extend.core.ClosedJaxpr):
+                yield q.jaxpr
+            elif isinstance(q, jax.extend.core.Jaxpr):
+                yield q
+
+
+def test_loss_path_never_materialises_full_logits():
+    """Forward and backward of the chunked path hold at most [B, chunk, V] logits
+    (the direct path shows [B, T, V], so the check can see it)."""
+    b, t, e, v, chunk = 2, 32, 16, 512, 8
+    hidden, unembed, targets = _inputs(b, t, e, v)
+    loss = lambda h, u: jnp.sum(logprobs.token_logprobs(h, u, targets, chunk_size=chunk,
+                                                        with_entropy=True)[0])
+    shapes = _vocab_arrays(jax.make_jaxpr(jax.grad(loss, (0, 1)))(hidden, unembed), v)
+    assert shapes, "expected per-chunk logits in the jaxpr"
+    assert max(int(np.prod(s)) for s in shapes) <= b * chunk * v, shapes
+    direct = lambda h, u: jnp.sum(_direct(h, u, targets, 1.0)[0])
+    shapes = _vocab_arrays(jax.make_jaxpr(jax.grad(direct, (0, 1)))(hidden, unembed), v)
+    assert max(int(np.prod(s)) for s in shapes) >= b * t * v
+
+
+def test_compiled_memory_is_bounded_by_the_chunk():
+    """Large vocab: the chunked gradient's temporaries stay well below one [B,T,V] f32."""
+    b, t, e, v, chunk = 2, 512, 32, 8192, 16
+    hidden, unembed, targets = _inputs(b, t, e, v)
+    full_bytes = b * t * v * 4  # 32 MiB; one chunk is 1 MiB, and so is the [E, V] matrix
+
+    def temp_bytes(fn):
+        grad = jax.jit(jax.grad(fn, (0, 1)))
+        return grad.lower(hidden, unembed).compile().memory_analysis().temp_size_in_bytes
+
+    chunked = temp_bytes(lambda h, u: jnp.sum(logprobs.token_logprobs(h, u, targets, chunk_size=chunk)))
+    direct = temp_bytes(lambda h, u: jnp.sum(_direct(h, u, targets, 1.0)[0]))
+    print(f"grad temp bytes: chunked {chunked}, direct {direct}, one [B,T,V] f32 {full_bytes}")
+    assert direct >= full_bytes
+    assert chunked < full_bytes / 4
+
+
+# ----------------------------------------------------------------- model alignment
+
+@pytest.fixture(scope="module")
+def params():
+    """A policy with a value head: N(0, 0.02) weights shaped by model.param_shapes (as
+    model.init_params draws them, without compiling the model's init)."""
+    rng = np.random.default_rng(0)
+
+    def fill(path, s):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        if "norm" in name:
+            return jnp.ones(s.shape, jnp.float32)
+        return jnp.asarray(0.02 * rng.standard_normal(s.shape), jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(fill, model.param_shapes(TINY, value_head=True))
+
+
+def _ragged_batch(seed=0, b=4, tp=6, tc=5):
+    rng = np.random.default_rng(seed)
+    plen = rng.integers(1, tp + 1, b)
+    pmask = np.arange(tp)[None] >= (tp - plen)[:, None]  # left-padded
+    clen = rng.integers(1, tc + 1, b)
+    cmask = np.arange(tc)[None] < clen[:, None]  # right-padded
+    ptok = np.where(pmask, rng.integers(1, TINY.vocab_size, (b, tp)), 0)
+    ctok = np.where(cmask, rng.integers(1, TINY.vocab_size, (b, tc)), 0)
+    return make_batch(ptok, pmask, ctok, cmask), plen, clen
+
+
+def _right_padded_rows(batch, plen, clen):
+    """Each row as prompt + completion starting at column 0 (no left padding), right-padded."""
+    tp = batch.prompt_tokens.shape[1]
+    length = tp + batch.tokens.shape[1]
+    tokens = np.zeros((len(plen), length), np.int32)
+    for i in range(len(plen)):
+        row = np.concatenate([batch.prompt_tokens[i, tp - plen[i]:], batch.tokens[i, : clen[i]]])
+        tokens[i, : len(row)] = row
+    return tokens, np.arange(length)[None] < (plen + clen)[:, None]
+
+
+def test_sequence_logprobs_match_an_independent_layout(params):
+    """log_softmax(logits / T) of the same rows laid out without left padding: position
+    plen-1+t predicts completion token t; padded entries are 0; entropy likewise."""
+    batch, plen, clen = _ragged_batch()
+    tokens, mask = _right_padded_rows(batch, plen, clen)
+    logits_all = jax.jit(lambda p: model.forward_logits(TINY, p, tokens, mask))(params)
+    ours = jax.jit(lambda p, t: logprobs.sequence_logprobs(
+        TINY, p, batch, temperature=t, chunk_size=2, with_entropy=True))
+    for temperature in (1.0, 0.6):
+        logp, ent = ours(params, jnp.float32(temperature))
+        for i in range(len(plen)):
+            logits = logits_all[i, plen[i] - 1: plen[i] - 1 + clen[i]] / temperature
+            comp = batch.tokens[i, : clen[i]]
+            want = jax.nn.log_softmax(logits)[np.arange(clen[i]), comp]
+            np.testing.assert_allclose(logp[i, : clen[i]], want, atol=2e-5)
+            np.testing.assert_allclose(ent[i, : clen[i]], losses.entropy_from_logits(logits), atol=2e-5)
+            np.testing.assert_array_equal(logp[i, clen[i]:], 0.0)
+
+
+def test_sequence_values_read_the_predicting_positions(params):
+    """V(t) comes from the hidden state that predicts token t (the state before o_t)."""
+    batch, plen, clen = _ragged_batch(1)
+    tokens, mask = _right_padded_rows(batch, plen, clen)
+
+    def both(p):
+        hidden, _ = model.forward_hidden(TINY, p, jnp.asarray(tokens), jnp.asarray(mask))
+        return logprobs.sequence_values(TINY, p, batch), model.value_outputs(p, hidden)
+
+
+    values, per_position = jax.jit(both)(params)
+    for i in range(len(plen)):
+        np.testing.assert_allclose(values[i, : clen[i]],
+                                   per_position[i, plen[i] - 1: plen[i] - 1 + clen[i]], atol=1e-5)
+        np.testing.assert_array_equal(values[i, clen[i]:], 0.0)
+    with pytest.raises(ValueError, match="value head"):
+        policy_only = {k: v for k, v in params.items() if k not in ("value_head", "value_bias")}
+        logprobs.sequence_values(TINY, policy_only, batch)
