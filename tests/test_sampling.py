@@ -1,0 +1,299 @@
+"""Sampler: greedy = step-by-step argmax, frequencies = softmax(logits/T), top-k/top-p sets,
+log-probs = a full forward pass, stop tokens, group sharing, meshes, compile counts, errors.
+
+Every test uses the same tiny model and, where it can, the same static shapes (3 prompts
+× G=2 in the 16-token buckets), so the whole file compiles only a handful of programs.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from grpo_jax import model, sampling
+from grpo_jax.config import cpu_tiny
+from jax.sharding import PartitionSpec as P
+
+from grpo_jax.sharding import mesh_from_shape
+
+# cpu-tiny with an untied head (a tied head makes a random model repeat its input token)
+# and max_seq_len 64 so the length checks are easy to hit.
+CFG = dataclasses.replace(cpu_tiny().model, tie_embeddings=False, max_seq_len=64)
+PROMPTS = [[5, 17, 300], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [42]]  # 3, 11, 1 tokens
+G = 2
+LOGIT_SCALE = 8.0  # final-norm gain: logits std ~1.8 instead of ~0.2, so choices are clear-cut
+
+
+def _peaky(params):
+    params = dict(params)
+    params["final_norm"] = {"scale": params["final_norm"]["scale"] * LOGIT_SCALE}
+    return params
+
+
+@pytest.fixture(scope="module")
+def params():
+    return _peaky(model.init_params(CFG, jax.random.key(0)))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_logits():
+    return jax.jit(functools.partial(model.forward_logits, CFG))
+
+
+def _training_logits(params, r: sampling.Rollout):
+    """What the train step computes: logits predicting each completion token, from the
+    forward pass over [prompt, completion] with default positions. [B, Tc, V]."""
+    tokens = jnp.concatenate([r.prompt_tokens, r.tokens], axis=1)
+    mask = jnp.concatenate([r.prompt_mask, r.mask], axis=1)
+    logits = _jitted_logits()(params, tokens, mask)
+    tp = r.prompt_tokens.shape[1]
+    return np.asarray(logits[:, tp - 1:-1])
+
+
+def _sample(params, prompts=PROMPTS, **kw):
+    kw = {"key": jax.random.key(7), "group_size": G, "max_new_tokens": 12, **kw}
+    return sampling.sample(CFG, params, prompts, **kw)
+
+
+def test_bucket_length():
+    assert [sampling.bucket_length(n) for n in (1, 15, 16, 17, 100, 128, 129)] == [16, 16, 16, 32, 128, 128, 256]
+
+
+def test_rollout_layout(params):
+    r = _sample(params, max_new_tokens=12)
+    assert r.prompt_tokens.shape == r.prompt_mask.shape == (6, 16)
+    assert r.tokens.shape == r.mask.shape == r.logprobs.shape == (6, 12)  # max_new_tokens, not the bucket
+    assert r.tokens.dtype == jnp.int32 and r.logprobs.dtype == jnp.float32 and r.lengths.dtype == jnp.int32
+    # Row = prompt_index * G + g; prompts are left-padded with pad_id 0.
+    for i, p in enumerate(PROMPTS):
+        for g in range(G):
+            row = i * G + g
+            np.testing.assert_array_equal(r.prompt_tokens[row, 16 - len(p):], p)
+            assert not r.prompt_mask[row, : 16 - len(p)].any() and r.prompt_mask[row, 16 - len(p):].all()
+            assert (np.asarray(r.prompt_tokens[row, : 16 - len(p)]) == 0).all()
+
+
+def test_greedy_equals_stepwise_argmax_of_full_forward(params):
+    n = 12
+    r = _sample(params, temperature=0.0, max_new_tokens=n)
+    # Reference: no cache, no left padding; each prompt alone, right-padded to a fixed
+    # width (causal, so padding after the last token cannot change its logits).
+    width = 32
+    seqs = [list(p) for p in PROMPTS]
+    for _ in range(n):
+        buf = np.zeros((len(seqs), width), np.int32)
+        for i, s in enumerate(seqs):
+            buf[i, : len(s)] = s
+        logits = np.asarray(_jitted_logits()(params, jnp.asarray(buf)))
+        for i, s in enumerate(seqs):
+            s.append(int(np.argmax(logits[i, len(s) - 1])))
+    ref = np.array([s[len(p):] for s, p in zip(seqs, PROMPTS)])
+    np.testing.assert_array_equal(np.asarray(r.tokens), np.repeat(ref, G, axis=0))
+    assert len(set(ref.ravel().tolist())) > 5  # the reference is not a constant sequence
+    assert r.mask.all() and (np.asarray(r.lengths) == n).all() and not r.finished.any()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_logprobs_match_full_forward_pass(params, temperature):
+    r = _sample(params, temperature=temperature, key=jax.random.key(3))
+    t = temperature if temperature > 0 else 1.0  # documented convention: greedy reports T=1
+    logp = jax.nn.log_softmax(_training_logits(params, r) / t, axis=-1)
+    ref = np.take_along_axis(np.asarray(logp), np.asarray(r.tokens)[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(np.asarray(r.logprobs), ref, atol=1e-5)
+
+
+def _allowed(scaled, top_k, top_p, slack=1e-4):
+    """Reference filter on one row of tempered logits (numpy, float64). `slack` widens both
+    cut-offs a little: the sampler's cached logits differ from these by ~1e-6, so a token
+    lying exactly on a cut-off must not count as a violation."""
+    scaled = scaled.astype(np.float64)
+    allowed = np.ones(scaled.shape, bool)
+    if top_k:
+        kth = np.sort(scaled)[::-1][top_k - 1]
+        allowed &= scaled >= kth - slack
+    if top_p < 1:
+        order = np.argsort(-scaled)
+        order = order[: top_k] if top_k else order
+        p = np.exp(scaled[order] - scaled[order].max())
+        p /= p.sum()
+        n_keep = 1 + int(np.sum(np.cumsum(p) < top_p - slack))
+        allowed &= scaled >= scaled[order[n_keep - 1]] - slack
+    return allowed
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.6), (8, 0.7)])
+def test_top_k_top_p_never_leave_the_allowed_set(params, top_k, top_p):
+    temperature = 1.0
+    r = _sample(params, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=16,
+                key=jax.random.key(11))
+    scaled = _training_logits(params, r) / temperature
+    tokens = np.asarray(r.tokens)
+    sizes = []
+    for b in range(tokens.shape[0]):
+        for t in range(tokens.shape[1]):
+            allowed = _allowed(scaled[b, t], top_k, top_p)
+            sizes.append(allowed.sum())
+            assert allowed[tokens[b, t]], (b, t, tokens[b, t])
+    # The filter really restricts the choice (so the check above has teeth) ...
+    assert np.mean(sizes) < 0.1 * CFG.vocab_size
+    # ... and the log-probs are those of the untruncated tempered distribution.
+    ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(scaled, -1)), tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(r.logprobs), ref, atol=1e-5)
+
+
+def test_sampled_frequencies_match_softmax(params):
+    """4096 draws of one next token at T=0.8 against p = softmax(logits / 0.8).
+
+    Pearson's chi-square over the tokens with expected count >= 5 (the rest pooled in one
+    bin, so the chi-square approximation holds). With a correct sampler the statistic is
+    chi2(df); p-value < 1e-3 would happen by chance once in a thousand seeds (the seed is
+    fixed, so the test is deterministic). The same statistic against softmax(logits) (the
+    wrong temperature) must be rejected, which shows the test can tell the difference.
+    """
+    n, temperature = 4096, 0.8
+    prompt = [9, 8, 7, 6]
+    r = sampling.sample(CFG, params, [prompt], key=jax.random.key(123), group_size=n,
+                        max_new_tokens=1, temperature=temperature)
+    counts = np.bincount(np.asarray(r.tokens[:, 0]), minlength=CFG.vocab_size)
+    buf = np.zeros((len(PROMPTS), 32), np.int32)  # the greedy test's shape: no new compile
+    buf[0, : len(prompt)] = prompt
+    logits = np.asarray(_jitted_logits()(params, jnp.asarray(buf)))[0, len(prompt) - 1].astype(np.float64)
+
+    def p_value(p):
+        expected = n * p
+        big = expected >= 5
+        obs = np.append(counts[big], counts[~big].sum())
+        exp = np.append(expected[big], expected[~big].sum())
+        chi2 = np.sum((obs - exp) ** 2 / exp)
+        return stats.chi2.sf(chi2, df=len(obs) - 1)
+
+    softmax = lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    assert p_value(softmax(logits / temperature)) > 1e-3
+    assert p_value(softmax(logits)) < 1e-6
+    # Log-probs of the draws are log_softmax(logits / T) at the drawn token.
+    ref = np.log(softmax(logits / temperature))[np.asarray(r.tokens[:, 0])]
+    np.testing.assert_allclose(np.asarray(r.logprobs[:, 0]), ref, atol=1e-5)
+
+
+def test_stop_tokens_end_completions(params):
+    n, pad = 12, 3
+    base = _sample(params, temperature=1.0, max_new_tokens=n, pad_id=pad)
+    tokens = np.asarray(base.tokens)
+    # Two stop tokens: one from row 0, and one from row 2 chosen so that some row has neither.
+    s1 = int(tokens[0, 4])
+    s2 = next(int(t) for t in tokens[2, 2:]
+              if any(not np.isin(row, [s1, int(t)]).any() for row in tokens))
+    stops = (s1, s2)
+    r, info = sampling.sample_with_info(CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
+                                        max_new_tokens=n, temperature=1.0, pad_id=pad, stop_tokens=stops)
+    seen = set()
+    for b, row in enumerate(tokens):
+        hits = np.flatnonzero(np.isin(row, stops))
+        length = int(hits[0]) + 1 if len(hits) else n
+        seen.add(bool(len(hits)))
+        assert int(r.lengths[b]) == length and bool(r.finished[b]) == bool(len(hits))
+        np.testing.assert_array_equal(r.tokens[b, :length], row[:length])  # same key, same draws
+        np.testing.assert_array_equal(r.logprobs[b, :length], base.logprobs[b, :length])
+        assert r.mask[b, :length].all() and not r.mask[b, length:].any()
+        assert (np.asarray(r.tokens[b, length:]) == pad).all()
+        assert (np.asarray(r.logprobs[b, length:]) == 0).all()
+    assert seen == {True, False}  # both finish reasons occur
+    assert info.decode_steps == n  # an unfinished row keeps the loop going to the end
+
+    # When every row has stopped, the loop stops: all tokens of the first two columns stop.
+    early = tuple(sorted(set(tokens[:, :2].ravel().tolist())))
+    r, info = sampling.sample_with_info(CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
+                                        max_new_tokens=n, temperature=1.0, pad_id=pad, stop_tokens=early)
+    assert r.finished.all() and (np.asarray(r.lengths) <= 2).all()
+    assert info.decode_steps == int(np.max(r.lengths)) < n
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefill_equals_repeated_prompts(params, temperature):
+    """Row r draws from fold_in(fold_in(key, step), r) whichever way the batch is built."""
+    shared = _sample(params, temperature=temperature)
+    repeated = [p for p in PROMPTS for _ in range(G)]
+    alone = _sample(params, prompts=repeated, group_size=1, temperature=temperature)
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(alone.tokens))
+    np.testing.assert_array_equal(np.asarray(shared.prompt_tokens), np.asarray(alone.prompt_tokens))
+    np.testing.assert_array_equal(np.asarray(shared.mask), np.asarray(alone.mask))
+    # Different prefill batch shapes may round differently in the last bits.
+    np.testing.assert_allclose(np.asarray(shared.logprobs), np.asarray(alone.logprobs), atol=1e-5)
+    if temperature > 0:  # sampling, and the group's samples differ from one another
+        assert (np.asarray(shared.tokens[0]) != np.asarray(shared.tokens[1])).any()
+
+
+def test_rolled_layers_equal_unrolled(params):
+    a = _sample(params, temperature=1.0, unroll=True)
+    b = _sample(params, temperature=1.0, unroll=False)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+
+
+def test_same_results_on_meshes(params):
+    """(1,1,1) and (2,2,2): batch sharded 4 ways (3 prompts × G=2 = 6 rows padded to 8 with
+    dummy rows), heads and vocab over 'tensor', embed over 'fsdp' — same samples."""
+    kw = dict(key=jax.random.key(5), group_size=G, max_new_tokens=12, temperature=1.0, top_k=50)
+    mesh1, mesh8 = mesh_from_shape((1, 1, 1)), mesh_from_shape((2, 2, 2))
+    # `params` is init_params(CFG, key(0)); the same key on the 8-device mesh gives the same
+    # values, created directly in their shards.
+    p8 = _peaky(model.init_params(CFG, jax.random.key(0), mesh8))
+    assert p8["layers"]["mlp"]["up"].sharding.spec == P(None, "fsdp", "tensor")
+    a, ia = sampling.sample_with_info(CFG, params, PROMPTS, mesh=mesh1, **kw)
+    b, ib = sampling.sample_with_info(CFG, p8, PROMPTS, mesh=mesh8, **kw)
+    assert (ia.prompt_rows, ia.sample_rows) == (3, 6) and (ib.prompt_rows, ib.sample_rows) == (4, 8)
+    assert b.tokens.shape == (6, 12)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+    assert p8["layers"]["mlp"]["up"].sharding.spec == P(None, "fsdp", "tensor")  # untouched
+
+    # Dummy rows start finished: when every real row stops early the loop stops early.
+    # (mesh omitted: the sampler takes the mesh the params live on)
+    stops = tuple(sorted(set(np.asarray(a.tokens[:, 0]).tolist())))
+    r, info = sampling.sample_with_info(CFG, p8, PROMPTS, stop_tokens=stops, **kw)
+    assert info.sample_rows == 8 and r.finished.all() and info.decode_steps == 1
+
+
+def test_one_compilation_per_bucket(params):
+    """Prompt lengths, max_new_tokens (within its bucket), temperature, top_p's value, stop
+    tokens, pad id and key are all traced: a new batch in the same buckets never retraces."""
+    rng = np.random.default_rng(0)
+
+    def batch(max_len):
+        return [rng.integers(0, CFG.vocab_size, rng.integers(1, max_len + 1)).tolist() for _ in PROMPTS]
+
+    _sample(params, prompts=batch(16), top_p=0.9)
+    before = dict(sampling.TRACE_COUNTS)
+    for i, (max_new, temp) in enumerate([(5, 0.0), (16, 1.3), (9, 0.5)]):
+        r = _sample(params, prompts=batch(16), max_new_tokens=max_new, temperature=temp, top_p=0.5 + 0.1 * i,
+                    stop_tokens=tuple(range(i)), pad_id=i, key=jax.random.key(i))
+        assert r.tokens.shape == (6, max_new)
+    assert dict(sampling.TRACE_COUNTS) == before
+    # A longer prompt moves to the next prompt bucket: exactly one new trace of each.
+    _sample(params, prompts=[list(range(20)), [1], [2, 3]], top_p=0.9)
+    after = dict(sampling.TRACE_COUNTS)
+    assert (after["prefill"] - before["prefill"], after["decode"] - before["decode"]) == (1, 1)
+
+
+@pytest.mark.parametrize("prompts,kwargs,error,match", [
+    ([], {}, ValueError, "prompts is empty"),
+    ([[1, 2], []], {}, ValueError, "prompt 1 is empty"),
+    ([[1] * 57], {"max_new_tokens": 8}, ValueError, "at most cfg.max_seq_len - max_new_tokens = 56"),
+    ([[1, 600]], {}, ValueError, "outside the vocabulary"),
+    (["hello"], {}, TypeError, "tokenize it first"),
+    ([[1]], {"group_size": 0}, ValueError, "group_size must be"),
+    ([[1]], {"max_new_tokens": 0}, ValueError, "max_new_tokens must be"),
+    ([[1]], {"temperature": -0.5}, ValueError, "temperature must be >= 0"),
+    ([[1]], {"top_p": 0.0}, ValueError, r"top_p must be in \(0, 1\]"),
+    ([[1]], {"top_p": 1.5}, ValueError, r"top_p must be in \(0, 1\]"),
+    ([[1]], {"top_k": -1}, ValueError, "top_k must be"),
+    ([[1]], {"stop_tokens": (2, 512)}, ValueError, r"stop_tokens \[512\] outside"),
+])
+def test_bad_input_raises_clear_errors(params, prompts, kwargs, error, match):
+    kwargs = {"key": jax.random.key(0), "max_new_tokens": 4, **kwargs}
+    with pytest.raises(error, match=match):
+        sampling.sample(CFG, params, prompts, **kwargs)
