@@ -146,6 +146,45 @@ def test_metrics_and_state_layout(params):
     assert metrics["groups_kept_fraction"] == 1.0
 
 
+def test_empty_loss_leaves_the_state_unchanged(params):
+    """Every group has zero reward variance and is skipped: nothing to learn from, so the
+    update is skipped (params and optimiser state unchanged), the loss is 0, not NaN."""
+    cfg = _cfg(skip_zero_variance_groups=True)
+    batch = BATCH.replace(rewards=np.ones(B, np.float32))
+    state, (m,) = _run(cfg, params, batch=batch)
+    assert m["groups_kept_fraction"] == 0.0 and m["loss"] == 0.0
+    np.testing.assert_array_equal(_flat(state.params), _flat(params["policy"]))
+    assert int(state.step) == 1
+
+
+def test_reset_reference_copies_the_policy(params):
+    state = _state(_cfg(), params)
+    state = ts.reset_reference(state)
+    np.testing.assert_array_equal(_flat(state.ref_params), _flat(state.params))
+    leaves = zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(state.params))
+    assert all(a.unsafe_buffer_pointer() != b.unsafe_buffer_pointer() for a, b in leaves)
+    assert ts.reset_reference(_state(_cfg(beta=0.0), params)).ref_params is None
+
+
+def test_batch_from_rollout_fields():
+    @dataclasses.dataclass
+    class FakeRollout:
+        prompt_tokens: np.ndarray
+        prompt_mask: np.ndarray
+        tokens: np.ndarray
+        mask: np.ndarray
+        logprobs: np.ndarray
+        finished: np.ndarray
+
+    rollout = FakeRollout(BATCH.prompt_tokens, BATCH.prompt_mask, BATCH.tokens, BATCH.mask,
+                          np.full((B, TC), -1.0, np.float32), ~BATCH.truncated)
+    batch = ts.batch_from_rollout(rollout, rewards=list(range(B)), correct=[True] * B)
+    np.testing.assert_array_equal(batch.truncated, BATCH.truncated)
+    assert batch.rewards.dtype == np.float32 and batch.correct.all()
+    assert batch.step_rewards.shape == (B, 1) and not batch.step_mask.any()
+    np.testing.assert_array_equal(batch.sample_logprobs, -1.0)
+
+
 def test_beta_zero_keeps_no_reference_and_runs_the_model_fewer_times(params):
     with_ref, no_ref = _cfg(beta=0.04), _cfg(beta=0.0)
     assert _state(no_ref, params).ref_params is None
