@@ -1,0 +1,122 @@
+"""Shared set-up for the CPU experiments: the arithmetic task, its tokenizer and an SFT start.
+
+Every ablation starts RL from the same imperfect SFT model, as the paper starts every RL
+method from DeepSeekMath-Instruct. The SFT run is cached in `<root>/sft` (an Orbax
+checkpoint plus the tokenizer), so the second ablation reuses the first one's start.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+from grpo_jax import config as config_lib  # noqa: E402
+from grpo_jax.model import init_params  # noqa: E402
+from grpo_jax.tasks import get_task  # noqa: E402
+from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece  # noqa: E402
+from grpo_jax.trainer import Trainer  # noqa: E402
+
+# The CPU setting every experiment shares (the quickstart's): 1-digit, 3-operand arithmetic,
+# a 2-layer model, SFT on solutions with 30% wrong steps.
+CPU_DEFAULTS = [
+    "run.steps=200", "run.eval_every=25", "run.checkpoint_every=100",
+    "rl.group_size=16", "rl.max_new_tokens=32", "rl.beta=0.04", "rl.temperature=1.0",
+    "data.batch_size=16", "data.eval_size=128", "data.num_operands=3", "data.max_digits=1",
+    "optimizer.peak_lr=1e-4", "optimizer.warmup_steps=5", "optimizer.schedule=constant",
+    "model.embed_dim=128", "model.num_layers=2", "model.mlp_dim=384", "model.max_seq_len=64",
+]
+
+
+def add_sft_args(parser) -> None:
+    parser.add_argument("--sft-steps", type=int, default=120, help="SFT steps before RL")
+    parser.add_argument("--sft-lr", type=float, default=2e-3, help="SFT peak learning rate")
+    parser.add_argument("--sft-batch", type=int, default=32, help="SFT sequences per step")
+    parser.add_argument("--tokenizer-vocab", type=int, default=64, help="sentencepiece vocabulary size")
+    parser.add_argument("--no-progress", action="store_true", help="disable progress bars")
+
+
+def load_cfg(args, extra_defaults=()) -> config_lib.Config:
+    return config_lib.apply_overrides(config_lib.get_preset(args.preset),
+                                      CPU_DEFAULTS + list(extra_defaults) + list(args.overrides))
+
+
+def make_task(cfg):
+    return get_task("arithmetic", num_operands=cfg.data.num_operands, max_digits=cfg.data.max_digits)
+
+
+def tokenizer_for(task, cfg, root: str, vocab: int):
+    path = os.path.join(root, "tokenizer.model")
+    if os.path.exists(path):
+        tok = SentencePieceTokenizer.load(path)
+    else:
+        os.makedirs(root, exist_ok=True)
+        tok = train_sentencepiece(task.text_corpus(2000, seed=cfg.data.seed), vocab_size=vocab)
+        tok.save(path)
+    cfg.model.vocab_size = tok.vocab_size
+    cfg.validate()
+    return tok
+
+
+def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
+    """Params of the SFT model (trained once, then restored from `<root>/sft`) and its mesh."""
+    sft_cfg = copy.deepcopy(cfg)
+    sft_cfg.rl.algorithm = "sft"
+    sft_cfg.run.run_dir = os.path.join(root, "sft")
+    sft_cfg.run.steps = args.sft_steps
+    sft_cfg.run.eval_every = 0
+    sft_cfg.run.checkpoint_every = args.sft_steps
+    sft_cfg.optimizer.peak_lr = args.sft_lr
+    sft_cfg.optimizer.schedule = "multistep"
+    sft_cfg.optimizer.warmup_steps = 20
+    sft_cfg.data.batch_size = args.sft_batch
+    sft_cfg.validate()
+    pairs = task.sft_examples("train", args.sft_steps * args.sft_batch, cfg.data.seed,
+                              wrong_step_prob=cfg.data.wrong_step_prob)
+
+    def sft_data(step):
+        chunk = pairs[step * args.sft_batch:(step + 1) * args.sft_batch]
+        return [ex.prompt for ex, _ in chunk], [sol for _, sol in chunk]
+
+    params = init_params(cfg.model, jax.random.key(cfg.run.seed))
+    trainer = Trainer(sft_cfg, task=task, tokenizer=tokenizer, params=params, sft_data=sft_data,
+                      mesh=mesh, eval_examples=[], progress=not args.no_progress)
+    trainer.train()  # a no-op when the cached run already finished
+    params, mesh = trainer.params, trainer.mesh
+    trainer.close()
+    return params, mesh
+
+
+def rl_config(cfg, root: str, name: str, overrides=()) -> config_lib.Config:
+    out = copy.deepcopy(cfg)
+    out.run.run_dir = os.path.join(root, name)
+    return config_lib.apply_overrides(out, list(overrides)).validate()
+
+
+def run_rl(cfg, task, tokenizer, params, mesh, root: str, name: str, overrides, *, seed: int,
+           eval_examples, progress: bool, reward_model=None):
+    """One RL run from `params`; returns its history (a list of metric dicts) and the trainer."""
+    run_cfg = rl_config(cfg, root, f"{name}/seed{seed}", list(overrides) + [f"run.seed={seed}"])
+    trainer = Trainer(run_cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
+                      eval_examples=eval_examples, progress=progress, reward_model=reward_model)
+    history = trainer.train()
+    trainer.close()
+    return history, trainer
+
+
+def curve(history, key: str, steps) -> list[float]:
+    """Values of `key` at `steps` (step 0 is filled by the caller's starting value)."""
+    by_step = {h["step"]: h[key] for h in history if key in h}
+    return [by_step[s] for s in steps]
+
+
+def write_json(path: str, obj) -> str:
+    import json
+
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+    return path
