@@ -19,8 +19,16 @@ branches on algorithm names) plus two device-side functions used by the one trai
   ``losses.aggregate_parts``'s contract (sum numerators and denominators over
   micro-batches, divide once).
 
-Because the loss is written as a function of per-token log-probs, the tests check the
-table below by autodiff: d loss / d logp_t = −GC_t / (|o| · #outputs) at ρ = 1.
+    | algorithm  | data_source      | reward | gradient coefficient GC                    |
+    | SFT        | dataset          | none   | 1                                          |
+    | RFT        | sft_policy       | rule   | 1 if o correct else 0                      |
+    | OnlineRFT  | policy           | rule   | 1 if o correct else 0                      |
+    | DPO        | sft_policy_pairs | rule   | ±β σ(β ℓ(o−) − β ℓ(o+)), ℓ = mean log π/π_ref |
+    | PPO        | policy           | model  | A_t (GAE)                                  |
+    | GRPO       | policy           | model  | Â_i,t + β(π_ref/π_θ − 1)                   |
+
+Because the loss is written as a function of per-token log-probs, the tests check this
+table by autodiff: d loss / d logp_t = −GC_t / (|o| · #outputs) at ρ = 1.
 
 Hyperparameters are data: ``RLHParams`` carries every rl.* value that does not change
 which arrays exist (β's value, ε, γ, λ, temperature, the aggregation mode, the KL
@@ -50,7 +58,7 @@ import numpy as np
 from grpo_jax import advantages as adv_lib
 from grpo_jax import losses
 from grpo_jax.config import Config, RLConfig
-from grpo_jax.logprobs import effective_temperature, sequence_logprobs, sequence_values
+from grpo_jax.logprobs import sequence_logprobs, sequence_values
 
 __all__ = [
     "RLHParams", "Algorithm", "SFT", "RFT", "OnlineRFT", "DPO", "PPO", "GRPO",

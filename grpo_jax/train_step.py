@@ -33,7 +33,7 @@ program per batch shape.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -165,12 +165,9 @@ def _shapes(tree):
 
 
 def _copy(tree):
-    """A fresh copy (own buffers, same shardings): the reference must survive donation."""
-    mesh = _mesh_of(tree)
-    if mesh is None:
-        return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
-    return jax.jit(lambda t: jax.tree.map(jnp.copy, t),
-                   out_shardings=jax.tree.map(lambda x: x.sharding, tree))(tree)
+    """A fresh copy with its own buffers and the same shardings (eager per-leaf copies):
+    the reference must survive the donation of the policy."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
 
 
 def _init_opt(tx, params):
@@ -187,7 +184,8 @@ def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
     """The state for ``cfg.rl.algorithm``: optimiser state(s), and a copy of ``params`` as
     the frozen reference only when the algorithm needs one (GRPO/PPO with β > 0, DPO);
     β = 0 and SFT/RFT keep no reference at all. PPO needs ``value_params`` (e.g.
-    ``model.add_value_head(cfg.model, params, key, mesh)``) and ``value_tx``."""
+    ``model.add_value_head(cfg.model, params, key, mesh)``, copied here) and ``value_tx``.
+    The state takes ownership of ``params``: the step donates them."""
     algo = get_algorithm(cfg.rl.algorithm)
     params = jax.tree.map(jnp.asarray, params)
     mesh = _mesh_of(params)
