@@ -184,10 +184,11 @@ def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
     """The state for ``cfg.rl.algorithm``: optimiser state(s), and a copy of ``params`` as
     the frozen reference only when the algorithm needs one (GRPO/PPO with β > 0, DPO);
     β = 0 and SFT/RFT keep no reference at all. PPO needs ``value_params`` (e.g.
-    ``model.add_value_head(cfg.model, params, key, mesh)``, copied here) and ``value_tx``.
-    The state takes ownership of ``params``: the step donates them."""
+    ``model.add_value_head(cfg.model, params, key, mesh)``) and ``value_tx``.
+    ``params`` and ``value_params`` are copied (the step donates the state's buffers, so
+    the caller's arrays, e.g. a frozen π_sft used for sampling, stay valid)."""
     algo = get_algorithm(cfg.rl.algorithm)
-    params = jax.tree.map(jnp.asarray, params)
+    params = _copy(jax.tree.map(jnp.asarray, params))
     mesh = _mesh_of(params)
     step = jnp.zeros((), jnp.int32)
     if mesh is not None:
@@ -198,7 +199,7 @@ def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
         if value_params is None or value_tx is None:
             raise ValueError(f"{algo.name} trains a value model: pass value_params "
                              "(model.add_value_head) and value_tx")
-        # Own buffers: add_value_head shares the trunk arrays with the policy, and both are donated.
+        # Own buffers: add_value_head shares the trunk arrays with the policy.
         value_params = _copy(jax.tree.map(jnp.asarray, value_params))
         value_opt_state = _init_opt(value_tx, value_params)
     else:

@@ -157,6 +157,14 @@ def test_empty_loss_leaves_the_state_unchanged(params):
     assert int(state.step) == 1
 
 
+def test_state_owns_copies_and_callers_params_survive_the_step(params):
+    mesh_params = jax.device_put(jax.tree.map(np.array, params["policy"]), _shardings((1, 1, 1)))
+    cfg = _cfg()
+    state = ts.init_train_state(cfg, mesh_params, TX)
+    _step(cfg)(state, BATCH)  # donates the state's buffers, not the caller's
+    np.testing.assert_array_equal(_flat(mesh_params), _flat(params["policy"]))
+
+
 def test_reset_reference_copies_the_policy(params):
     state = _state(_cfg(), params)
     state = ts.reset_reference(state)
