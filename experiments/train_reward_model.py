@@ -1,0 +1,137 @@
+"""Train an outcome (ORM) or process (PRM) reward model on the synthetic arithmetic task.
+
+1. generate the task and train a sentencepiece tokenizer on it;
+2. train a base model: next-token training on correct worked solutions (the paper starts
+   its reward models from DeepSeekMath-Base; a random trunk would have to discover
+   arithmetic from one bit per sample) — skip with --trunk-steps 0;
+3. label worked solutions whose steps are wrong with probability data.wrong_step_prob by
+   the task's rules (outcome: final answer right; process: each step's arithmetic);
+4. train the reward model (Bradley-Terry or pointwise for an ORM, per-step BCE for a PRM);
+5. evaluate on held-out questions (the task's test split) and write into run.run_dir:
+   reward_model/ (checkpoint + tokenizer, `RewardModel.load`), metrics.json
+   (held-out accuracy, baselines, config) and history.json (per-step losses).
+
+    python experiments/train_reward_model.py --kind outcome
+    python experiments/train_reward_model.py --kind process run.steps=800 run.run_dir=runs/prm
+    python experiments/train_reward_model.py --kind outcome --loss pointwise optimizer.peak_lr=1e-3
+
+Config keys read: model.*, optimizer.* (the reward model's AdamW), run.steps (reward-model
+steps), run.seed, run.run_dir, data.num_operands, data.max_digits, data.wrong_step_prob.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from grpo_jax import config as config_lib  # noqa: E402
+from grpo_jax import reward_models as rm_lib  # noqa: E402
+from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus  # noqa: E402
+from grpo_jax.tokenizer import train_sentencepiece  # noqa: E402
+
+# Read here: model.*, optimizer.* (the reward model's AdamW), data.num_operands,
+# data.max_digits, data.wrong_step_prob, run.run_dir, run.steps (reward-model steps), run.seed.
+DEFAULTS = [
+    "run.run_dir=runs/reward_model", "run.steps=500", "optimizer.peak_lr=3e-4",
+    "optimizer.warmup_steps=10", "data.num_operands=3", "data.max_digits=1", "data.wrong_step_prob=0.5",
+    "model.embed_dim=64", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
+    "model.head_dim=16", "model.mlp_dim=128", "model.max_seq_len=48",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_lib.add_config_args(p)
+    p.add_argument("--kind", choices=rm_lib.KINDS, default="outcome", help="ORM or PRM (default outcome)")
+    p.add_argument("--loss", choices=rm_lib.LOSSES, default=None,
+                   help="ORM: pairwise (Bradley-Terry, default) or pointwise; a PRM is always pointwise")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step (pairwise: half as many pairs)")
+    p.add_argument("--trunk-steps", type=int, default=500, help="next-token steps for the base model (0: random trunk)")
+    p.add_argument("--trunk-lr", type=float, default=3e-3, help="base-model peak learning rate")
+    p.add_argument("--operations", default="+", help="task operators (a string over +-*/)")
+    p.add_argument("--train-prompts", type=int, default=2000, help="training questions")
+    p.add_argument("--eval-prompts", type=int, default=100, help="held-out questions (test split)")
+    p.add_argument("--samples-per-prompt", type=int, default=4, help="labelled solutions per question")
+    p.add_argument("--tokenizer-vocab", type=int, default=32, help="sentencepiece vocabulary size")
+    p.add_argument("--no-progress", action="store_true", help="disable progress bars")
+    return p
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_intermixed_args(argv)  # overrides may sit between options
+    cfg = config_lib.apply_overrides(config_lib.get_preset(args.preset), DEFAULTS + args.overrides)
+    run_dir, seed = cfg.run.run_dir, cfg.run.seed
+    os.makedirs(run_dir, exist_ok=True)
+    progress = not args.no_progress
+    t0 = time.perf_counter()
+
+    task_kw = dict(num_operands=cfg.data.num_operands, max_digits=cfg.data.max_digits,
+                   operations=args.operations)
+    task = ArithmeticTask(**task_kw)
+    tokenizer = train_sentencepiece(tokenizer_corpus(500, seed=seed, **task_kw), vocab_size=args.tokenizer_vocab)
+    cfg.model.vocab_size = tokenizer.vocab_size
+    for section in (cfg.model, cfg.optimizer, cfg.data, cfg.run):  # rl.* is not used here
+        section.validate()
+    print(f"[reward model] {args.kind}; tokenizer {tokenizer.vocab_size} pieces; task {task_kw}")
+
+    trunk = None
+    if args.trunk_steps > 0:
+        docs = [ex.prompt + sol for ex, sol in task.sft_examples("train", args.train_prompts, seed)]
+        trunk, trunk_history = rm_lib.pretrain_trunk(
+            cfg.model, tokenizer, docs, steps=args.trunk_steps, batch_size=args.batch_size,
+            lr=args.trunk_lr, seed=seed, progress=progress)
+        print(f"[reward model] base model next-token loss {trunk_history[0]['loss']:.3f} -> "
+              f"{np.mean([h['loss'] for h in trunk_history[-20:]]):.3f}")
+
+    train = rm_lib.labelled_samples(task, "train", args.train_prompts, seed,
+                                    samples_per_prompt=args.samples_per_prompt,
+                                    wrong_step_prob=cfg.data.wrong_step_prob)
+    held_out = rm_lib.labelled_samples(task, "test", args.eval_prompts, seed + 1,
+                                       samples_per_prompt=args.samples_per_prompt,
+                                       wrong_step_prob=cfg.data.wrong_step_prob)
+    model, history = rm_lib.train_reward_model(
+        cfg.model, tokenizer, train, kind=args.kind, loss=args.loss, steps=cfg.run.steps,
+        batch_size=args.batch_size, seed=seed, init_params=trunk, optimizer=cfg.optimizer,
+        progress=progress)
+
+    metrics = {"kind": model.kind, "loss": model.loss, "steps": cfg.run.steps,
+               "trunk_steps": args.trunk_steps, "train_samples": len(train),
+               "held_out_samples": len(held_out),
+               "held_out_fraction_correct": float(np.mean([s.correct for s in held_out])),
+               "final_train_loss": float(np.mean([h["loss"] for h in history[-20:]]))}
+    if model.kind == "outcome":
+        metrics["held_out_pairwise_accuracy"] = rm_lib.pairwise_accuracy(model, held_out)
+        if model.transform == "sigmoid":
+            metrics["held_out_outcome_accuracy"] = rm_lib.outcome_accuracy(model, held_out)
+        metrics["pairwise_chance"] = 0.5
+    else:
+        acc, baseline = rm_lib.step_accuracy(model, held_out)
+        metrics["held_out_step_accuracy"] = acc
+        metrics["majority_baseline"] = baseline
+        metrics["held_out_pairwise_accuracy"] = rm_lib.pairwise_accuracy(model, held_out)
+    metrics["seconds"] = time.perf_counter() - t0
+    metrics["config"] = cfg.to_dict()
+    metrics["args"] = vars(args)
+
+    model.save(os.path.join(run_dir, "reward_model"))
+    with open(os.path.join(run_dir, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2, sort_keys=True)
+    with open(os.path.join(run_dir, "history.json"), "w") as f:
+        json.dump(history, f)
+    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
+             if k not in ("config", "args")}
+    print(f"[reward model] {json.dumps(shown)}")
+    print(f"[reward model] wrote {run_dir}/reward_model, metrics.json, history.json "
+          f"(use it in RL with rl.reward_model={os.path.join(run_dir, 'reward_model')})")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
