@@ -34,7 +34,7 @@ from grpo_jax.config import Config
 from grpo_jax.metrics import MetricsWriter, is_main_process
 from grpo_jax.model import add_value_head
 from grpo_jax.optimizer import make_optimizer
-from grpo_jax.sharding import make_mesh, shard_batch
+from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global, to_host
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, char_to_token_index
 from grpo_jax.train_step import Batch, batch_from_rollout, init_train_state, make_train_step
@@ -164,6 +164,7 @@ def evaluate(cfg: Config, params, task: Task, tokenizer: Tokenizer, examples: Se
     greedy = sampling.sample(cfg.model, params, prompts, key=key, group_size=1,
                              max_new_tokens=cfg.rl.max_new_tokens, temperature=0.0,
                              stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, mesh=mesh)
+    greedy = jax.tree.map(to_host, greedy)
     texts = [tokenizer.decode(completion_ids(greedy, r, tokenizer.stop_ids)) for r in range(len(examples))]
     acc = np.mean([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(texts, examples)])
     out = {"accuracy": float(acc)}
@@ -172,6 +173,7 @@ def evaluate(cfg: Config, params, task: Task, tokenizer: Tokenizer, examples: Se
                              group_size=num_samples, max_new_tokens=cfg.rl.max_new_tokens,
                              temperature=temperature, stop_tokens=tokenizer.stop_ids,
                              pad_id=tokenizer.pad_id, mesh=mesh)
+        ro = jax.tree.map(to_host, ro)
         answers, correct = [], []
         for i, ex in enumerate(examples):
             rows = range(i * num_samples, (i + 1) * num_samples)
@@ -180,7 +182,8 @@ def evaluate(cfg: Config, params, task: Task, tokenizer: Tokenizer, examples: Se
             correct.append([task.is_correct(a, ex) for a in ans])
         for k in ks:
             out[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, sum(c), k) for c in correct]))
-            out[f"maj@{k}"] = float(np.mean([maj_at_k(a, [bool(x) for x in c], k) for a, c in zip(answers, correct)]))
+            out[f"maj@{k}"] = float(np.mean([maj_at_k(a, lambda ans, ex=ex: task.is_correct(ans, ex), k)
+                                             for a, ex in zip(answers, examples)]))
     return out
 
 
@@ -200,6 +203,10 @@ class Trainer:
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
         self.algorithm = get_algorithm(cfg.rl.algorithm)
         self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
+        if reward_model is None and cfg.rl.reward_model:
+            from grpo_jax.reward_models import RewardModel
+
+            reward_model = RewardModel.load(cfg.rl.reward_model, tokenizer)
         self.reward_model, self.sft_data, self.progress = reward_model, sft_data, progress
         if self.algorithm.data_source == "dataset" and sft_data is None:
             raise ValueError(f"algorithm {self.algorithm.name!r} trains on a dataset: pass sft_data")
@@ -232,7 +239,9 @@ class Trainer:
             1 if self.algorithm.data_source == "dataset" else self.cfg.rl.group_size)
 
     def _checkpoint_tree(self):
-        return {"state": self.state, "rng": jax.random.key_data(self.rng)}
+        # The key replicated on the mesh: processes cannot jointly save a host-local array.
+        rng = to_global(jax.random.key_data(self.rng), replicated(self.mesh))
+        return {"state": self.state, "rng": rng}
 
     def _restore(self) -> None:
         restored = self.ckpt.restore(checkpointing.abstract_like(self._checkpoint_tree()))
@@ -271,6 +280,7 @@ class Trainer:
                                   key=key, group_size=g, max_new_tokens=rl.max_new_tokens,
                                   temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
                                   stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.mesh)
+        rollout = jax.tree.map(to_host, rollout)  # device → host (gathered from every process)
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")
         info = {"reward_mean": float(scores.rewards.mean()), "accuracy_train": float(scores.correct.mean()),
@@ -322,7 +332,7 @@ class Trainer:
                             f"{cfg.run.max_bad_steps}); stopping at step {done}")
                 else:
                     self.bad_steps = 0
-                if cfg.run.eval_every and done % cfg.run.eval_every == 0 or done == total:
+                if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
                     ev = evaluate(cfg, self.state.params, self.task, self.tokenizer, self.eval_examples,
                                   key=jax.random.fold_in(self.rng, 10**9 + done), mesh=self.mesh)
                     metrics.update({f"eval_{k}": v for k, v in ev.items()})
