@@ -1,0 +1,122 @@
+"""Rollout: our sampler vs transformers `generate` on SmolLM2-135M with its real weights.
+
+The SmolLM2 version of `bench_sampler.py` (which uses random weights and also compares
+rolled/unrolled decode and shared/unshared prefill): this script reuses its runners and
+its `measure` (interleaved reps, warm-up excluded, medians), swapping in the imported
+SmolLM2-135M-Instruct weights on both sides (`transformers` loads the same weights from
+an HF export of our params).
+
+Setting: B prompts of 64 real tokens (text), 128 new tokens forced to full length (no
+stop token on our side, `min_new_tokens` for transformers), temperature 1, top-k off,
+top-p 1, float32, KV cache on both sides.
+  * prefill throughput = B × 64 / t(1 new token)
+  * decode throughput  = B × 127 / (t(128 new tokens) − t(1 new token))
+The spread is over reps of the per-rep decode throughput.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (sets OMP_WAIT_POLICY, sys.path)
+
+import bench_sampler  # noqa: E402  (the sampler engineer's benchmark: runners + measure)
+
+
+class SmolJax(bench_sampler.JaxRunner):
+    """bench_sampler's JAX runner with imported weights instead of random ones."""
+
+    def __init__(self, cfg, params):
+        self.cfg, self.params, self.calls = cfg, params, 0
+
+
+class SmolTorch(bench_sampler.TorchRunner):
+    """bench_sampler's transformers runner with the same imported weights."""
+
+    def __init__(self, hf_dir, threads: int):
+        torch = common.torch_setup(threads)
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+
+class Recorded:
+    """Wraps a runner (prompts, new_tokens) -> seconds and keeps every timing by new_tokens."""
+
+    def __init__(self, run):
+        self.run, self.times = run, {}
+
+    def __call__(self, prompts, new_tokens):
+        seconds = self.run(prompts, new_tokens)
+        self.times.setdefault(new_tokens, []).append(seconds)
+        return seconds
+
+    def decode_rates(self, batch: int, new_tokens: int, skip: int) -> list[float]:
+        t1, tn = self.times[1][skip:], self.times[new_tokens][skip:]
+        return [batch * (new_tokens - 1) / (b - a) for a, b in zip(t1, tn) if b > a]
+
+
+def main(argv=None) -> int:
+    ap = common.base_parser(__doc__)
+    ap.add_argument("--batches", default=None, help="comma list (default 8,32,64; quick 8)")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=None, help="default 128; quick 16")
+    args = ap.parse_args(argv)
+    reps = common.reps_of(args, full=3, quick=1)
+    batches = [int(b) for b in (args.batches or ("8" if args.quick else "8,32,64")).split(",")]
+    n = args.new_tokens or (16 if args.quick else 128)
+    plen = args.prompt_len
+    rep = common.Report("rollout", args)
+    rep.emit(f"## Rollout: SmolLM2-135M (imported weights), prompts of {plen} tokens, {n} new tokens "
+             f"(full length), temperature 1, top-p 1, float32; median of {reps} interleaved reps")
+    rep.emit()
+
+    cfg, params, tok = common.smollm2()
+    hf_dir = common.smollm2_hf_dir()
+    runners = {"jax": Recorded(SmolJax(cfg, params)), "torch": Recorded(SmolTorch(hf_dir, args.threads))}
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(hf_dir)
+    rows, per_batch = [], {}
+    for batch in batches:
+        texts, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), batch, plen, seed=batch)
+        same = all(hf_tok(t)["input_ids"] == p for t, p in zip(texts, prompts))
+        for r in runners.values():
+            r.times = {}
+        start = time.perf_counter()
+        res = bench_sampler.measure(runners, prompts, n, reps)
+        j, t = res["jax"], res["torch"]
+        rates = {k: common.summarize(r.decode_rates(batch, n, skip=1)) for k, r in runners.items()}
+        ratio = j["decode"] / t["decode"]
+        per_batch[batch] = {"jax": j, "torch": t, "decode_rate_spread": rates, "ratio": ratio,
+                            "tokenizers_agree": same, "seconds": time.perf_counter() - start}
+        rng = lambda s: f"{common.fmt(s['min'])}–{common.fmt(s['max'])}"
+        rows.append([batch, common.fmt(j["prefill"]), common.fmt(t["prefill"]),
+                     f"{j['prefill'] / t['prefill']:.2f}×",
+                     f"{common.fmt(j['decode'])} ({rng(rates['jax'])})",
+                     f"{common.fmt(t['decode'])} ({rng(rates['torch'])})", f"**{ratio:.2f}×**",
+                     common.fmt(j["e2e"]), common.fmt(t["e2e"])])
+    rep.table(["batch", "prefill tok/s ours", "prefill tok/s transformers", "prefill ratio",
+               "decode tok/s ours (range)", "decode tok/s transformers (range)", "decode ratio",
+               "end-to-end new tok/s ours", "end-to-end transformers"], rows)
+    main_batch = 32 if 32 in per_batch else batches[-1]
+    rep.results["decode_tokens_per_s_ratio_vs_transformers"] = per_batch[main_batch]["ratio"]
+    rep.results["decode_ratio_batch"] = main_batch
+    for b, v in per_batch.items():
+        rep.results[f"decode_tokens_per_s_ours_b{b}"] = v["jax"]["decode"]
+        rep.results[f"decode_tokens_per_s_transformers_b{b}"] = v["torch"]["decode"]
+        rep.results[f"prefill_tokens_per_s_ours_b{b}"] = v["jax"]["prefill"]
+        rep.results[f"prefill_tokens_per_s_transformers_b{b}"] = v["torch"]["prefill"]
+    rep.details["per_batch"] = per_batch
+    if not all(v["tokenizers_agree"] for v in per_batch.values()):
+        rep.emit("Note: our tokenizer and the HF tokenizer disagreed on some prompt; both sides "
+                 "still get the same token ids (ours).")
+    return rep.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

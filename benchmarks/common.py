@@ -1,0 +1,344 @@
+"""Shared helpers for the benchmarks: timing, machine description, models, output.
+
+Every benchmark script is a standalone program (`--help`, `--quick`, `--json FILE`) that
+prints markdown tables; `run_all.py` runs each one in a fresh process and collects the
+JSON it writes. Conventions used throughout:
+
+* warm-up (JAX compilation, torch's first call) is always excluded from the timings;
+* reps of the things being compared are interleaved, so both see the same background
+  load on a shared machine, and every number is the median over reps with its spread
+  (min–max) kept next to it;
+* torch runs with `OMP_WAIT_POLICY=PASSIVE` (set here, before torch is imported) and
+  as many intra-op threads as there are cores; with OpenMP's default spin-waiting, any
+  other process on the cores slows torch down several-fold, which would flatter JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch / OpenMP initialise
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+BENCH_DIR = Path(__file__).resolve().parent
+
+# ============================================================================ timing
+
+def summarize(samples: Sequence[float]) -> dict:
+    """Median and spread of a list of seconds (or any positive measurements)."""
+    xs = sorted(float(x) for x in samples)
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "n": len(xs),
+            "samples": xs}
+
+
+def spread(s: dict) -> str:
+    """'12.3 s (11.9–13.0)' for a summarize() dict of seconds."""
+    return f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
+
+
+def rate_spread(work: float, s: dict) -> str:
+    """Throughput median and range for a summarize() dict of seconds."""
+    return f"{fmt(work / s['median'])} ({fmt(work / s['max'])}–{fmt(work / s['min'])})"
+
+
+def interleaved(fns: dict[str, Callable[[], float]], reps: int, warmup: int = 1) -> dict[str, dict]:
+    """Run every callable `warmup` times (discarded), then `reps` rounds in which each runs
+    once, in turn. A callable returns the seconds it measured itself (so it can exclude
+    set-up such as host→device copies); returns name -> summarize(seconds)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            out[name].append(fn())
+    return {name: summarize(xs) for name, xs in out.items()}
+
+
+class Stopwatch:
+    """Accumulates wall time per label: `with sw("sampling"): ...`."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, label: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - start
+
+    def reset(self) -> dict[str, float]:
+        out, self.totals = self.totals, {}
+        return out
+
+
+# ============================================================================ formatting
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """Compact human number: 3 significant digits, thousands separators above 1000."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    ax = abs(x)
+    if ax >= 1000:
+        return f"{x:,.0f}"
+    if ax == 0:
+        return "0"
+    return f"{x:.{max(0, digits - 1 - int(math.floor(math.log10(ax))))}f}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "–"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+class Report:
+    """Collects markdown (printed as it comes) and JSON results of one benchmark."""
+
+    def __init__(self, name: str, args):
+        self.name, self.args = name, args
+        self.lines: list[str] = []
+        self.results: dict[str, Any] = {}
+        self.details: dict[str, Any] = {}
+        self.started = time.time()
+        self.load_start = os.getloadavg()
+
+    def emit(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def table(self, headers, rows) -> None:
+        self.emit(markdown_table(headers, rows))
+        self.emit()
+
+    def finish(self) -> int:
+        payload = {"benchmark": self.name, "quick": bool(getattr(self.args, "quick", False)),
+                   "results": self.results, "details": self.details, "markdown": "\n".join(self.lines),
+                   "seconds": time.time() - self.started, "load_start": self.load_start,
+                   "load_end": os.getloadavg()}
+        self.emit(f"_{self.name}: {payload['seconds']:.0f} s wall; load average "
+                  f"{self.load_start[0]:.1f} at start, {payload['load_end'][0]:.1f} at end_")
+        payload["markdown"] = "\n".join(self.lines)
+        if getattr(self.args, "json", None):
+            Path(self.args.json).write_text(json.dumps(payload, indent=2, default=_jsonable))
+        return 0
+
+
+def _jsonable(x):
+    try:
+        import numpy as np
+
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, np.ndarray):
+            return x.tolist()
+    except ImportError:
+        pass
+    return str(x)
+
+
+def base_parser(description: str):
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="small shapes and few reps: finishes in under 2 minutes (smoke test)")
+    ap.add_argument("--reps", type=int, default=None, help="timed reps per point (default: 5, quick: 2)")
+    ap.add_argument("--json", default="", help="write the results as JSON to this file")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
+    return ap
+
+
+def reps_of(args, full: int = 5, quick: int = 2) -> int:
+    return args.reps or (quick if args.quick else full)
+
+
+# ============================================================================ machine
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+def machine_info() -> dict:
+    """CPU, cores, memory, library versions, git commit, date and load average."""
+    cpu = platform.processor() or platform.machine()
+    flags = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu in ("", platform.machine(), "x86_64"):
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                have = set(line.split(":", 1)[1].split())
+                flags = ",".join(f for f in ("avx2", "fma", "avx512f") if f in have)
+    mem = None
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) * 1024
+    commit = None
+    with contextlib.suppress(Exception):
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpu": cpu, "cpu_flags": flags, "cores": os.cpu_count(), "memory_bytes": mem,
+        "platform": platform.platform(), "python": platform.python_version(),
+        "versions": {m: _version(m) for m in ("jax", "jaxlib", "flax", "optax", "numpy", "torch",
+                                              "transformers", "accelerate", "trl")},
+        "git_commit": commit, "load_average": os.getloadavg(),
+    }
+
+
+def peak_bytes(m) -> int:
+    """Worst-case bytes a compiled XLA program holds at once, from its CompiledMemoryStats:
+    arguments + outputs − outputs aliased to donated arguments + temporaries (the temp
+    allocation is already liveness-packed by XLA). `peak_memory_in_bytes` is not used: on
+    the CPU backend it leaves the temporaries out."""
+    return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+            + m.temp_size_in_bytes)
+
+
+def matmul_peak_flops(n: int = 2048, reps: int = 7, dtype: str = "float32") -> dict:
+    """Measured float32 matmul throughput of this process's XLA CPU backend: a jitted
+    [n,n]@[n,n] (2n³ FLOPs), median and best of `reps` after a warm-up. The best is the
+    fairest "peak" on a shared machine (the least-disturbed rep)."""
+    import jax
+    import jax.numpy as jnp
+
+    key = jax.random.key(0)
+    a = jax.random.normal(key, (n, n), getattr(jnp, dtype))
+    b = jax.random.normal(jax.random.fold_in(key, 1), (n, n), getattr(jnp, dtype))
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, b).block_until_ready()
+    times, cpu = [], []
+    for _ in range(reps):
+        t, c = time.perf_counter(), time.process_time()
+        f(a, b).block_until_ready()
+        times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    s = summarize(times)
+    flops = 2.0 * n ** 3
+    return {"n": n, "flops_per_s_best": flops / s["min"], "flops_per_s_median": flops / s["median"],
+            "flops_per_cpu_s": flops / statistics.median(cpu), "seconds": s}
+
+
+# ============================================================================ models
+
+SMOLLM2 = "smollm2-135m"
+
+
+def smollm2(overrides: dict | None = None, mesh=None, *, preset: bool = True):
+    """(ModelConfig, params, tokenizer) of SmolLM2-135M-Instruct imported from its GGUF
+    (downloaded and converted once into ~/.cache/grpo_jax by grpo_jax.pretrained).
+
+    The runtime fields (remat, scan_layers, dtype, max_seq_len) come from the
+    `smollm2-135m` preset, as the experiment scripts load it, then from `overrides`."""
+    from grpo_jax import pretrained
+    from grpo_jax.config import smollm2_135m
+
+    runtime = {}
+    if preset:
+        model = smollm2_135m().model
+        runtime = {k: getattr(model, k) for k in pretrained.RUNTIME_FIELDS}
+    runtime.update(overrides or {})
+    return pretrained.load(SMOLLM2, overrides=runtime, mesh=mesh)
+
+
+def smollm2_tokenizer():
+    """The SmolLM2 tokenizer alone (no weights loaded)."""
+    from grpo_jax import pretrained
+    from grpo_jax.bpe_tokenizer import BPETokenizer
+
+    return BPETokenizer.from_hf_dir(pretrained.fetch_smollm2())
+
+
+def smollm2_hf_dir() -> Path:
+    """An HF (safetensors + config + tokenizer) copy of the same imported weights, written
+    once with `pretrained.export_hf`, so transformers / TRL run the identical model."""
+    from grpo_jax import pretrained
+
+    out = pretrained.default_cache_dir() / "bench" / "smollm2-135m-hf"
+    if not (out / "config.json").exists():
+        cfg, params, tok = smollm2()
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        pretrained.export_hf(tmp, cfg, params, tok)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)  # a concurrent export won
+    return out
+
+
+def fixed_length_prompts(tokenizer_encode: Callable[[str], list[int]], count: int, length: int,
+                         seed: int = 0) -> tuple[list[str], list[list[int]]]:
+    """`count` distinct texts that each tokenize to exactly `length` tokens (by adding words
+    from a fixed list until the length is reached), with their token ids."""
+    import random
+
+    words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly count "
+             "apples pears and plums under an old bridge near the river bank every morning "
+             "before breakfast number letter table chair window garden").split()
+    rng = random.Random(seed)
+    texts, ids = [], []
+    while len(texts) < count:
+        text = f"Question {len(texts) + 1}:"
+        toks = tokenizer_encode(text)
+        while len(toks) < length:
+            candidate = text + " " + rng.choice(words)
+            cand = tokenizer_encode(candidate)
+            if len(cand) > length:
+                break
+            text, toks = candidate, cand
+        if len(toks) == length:
+            texts.append(text)
+            ids.append(toks)
+    return texts, ids
+
+
+def torch_setup(threads: int):
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    return torch
+
+
+def count_letter_reward(text: str, letter: str = "e") -> float:
+    """The trivial reward of the whole-step benchmark: how often `letter` occurs."""
+    return float(text.count(letter))

@@ -1,0 +1,300 @@
+"""`make bench`: run every benchmark in a fresh process, then write RESULTS.md and results.json.
+
+Each `benchmarks/bench_*.py` runs as its own subprocess (a clean JAX/torch state, its own
+XLA flags: the memory benchmark gets 8 fake CPU devices), one after the other, never two
+at once. Scripts of this suite write their results as JSON (`--json`); others (the
+sampler's `bench_sampler.py`) are run with `--out` / stdout and their markdown is
+included as is. A benchmark that fails or times out is reported as such; the rest still
+run.
+
+Output:
+  benchmarks/RESULTS.md   summary table (ours, theirs, ratio, target, met?), notes on
+                          every missed target, machine, versions, date, load average,
+                          then each benchmark's own tables
+  benchmarks/results.json every result key, the targets and the machine description
+
+Usage:  python benchmarks/run_all.py [--quick] [--only a,b] [--skip a,b] [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+# name -> (script, extra environment); the order is the run order.
+SUITE = {
+    "rollout": ("bench_rollout.py", {}),
+    "train_step": ("bench_train_step.py", {}),
+    "grpo_step": ("bench_grpo_step.py", {}),
+    "memory": ("bench_memory.py", {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}),
+    "scaling": ("bench_scaling.py", {}),
+}
+# Benchmarks written by others that speak `--quick` and `--out FILE` (markdown) only.
+MARKDOWN_ONLY = {"sampler": "bench_sampler.py"}
+
+# key, label, target (op, value) or None, how to show ours / theirs
+SUMMARY = [
+    ("decode_tokens_per_s_ratio_vs_transformers", "Rollout decode tok/s, SmolLM2, batch 32 (vs transformers generate)",
+     (">=", 2.0), "decode_tokens_per_s_ours_b{b}", "decode_tokens_per_s_transformers_b{b}", "tok/s"),
+    ("prefill_ratio_b{b}", "Rollout prefill tok/s, batch 32 (vs transformers)", None,
+     "prefill_tokens_per_s_ours_b{b}", "prefill_tokens_per_s_transformers_b{b}", "tok/s"),
+    ("train_tokens_per_s_ratio_vs_torch", "GRPO update tok/s, SmolLM2 16×256 (vs plain torch)", (">=", 1.0),
+     "train_tokens_per_s_ours", "train_tokens_per_s_torch", "tok/s"),
+    ("train_tokens_per_s_ratio_vs_trl", "GRPO update tok/s, SmolLM2 16×256 (vs TRL GRPOTrainer)", None,
+     "train_tokens_per_s_ours", "train_tokens_per_s_trl", "tok/s"),
+    ("train_mfu_vs_cpu_peak", "Train-step MFU, SmolLM2 (vs measured f32 matmul peak)", (">=", 0.60),
+     "train_mfu_vs_cpu_peak", "matmul_peak_gflops", "mfu"),
+    ("train_mfu_vs_cpu_peak_tiny", "Train-step MFU, cpu-tiny (vs measured f32 matmul peak)", None,
+     "train_mfu_vs_cpu_peak_tiny", "matmul_peak_gflops", "mfu"),
+    ("grpo_vs_ppo_peak_bytes_ratio", "Train-step peak bytes, GRPO β=0.04 / PPO with value model", ("<=", 0.75),
+     "grpo_peak_bytes", "ppo_peak_bytes", "bytes"),
+    ("grpo_beta0_vs_ppo_peak_bytes_ratio", "Train-step peak bytes, GRPO β=0 / PPO with value model", None,
+     "grpo_beta0_peak_bytes", "ppo_peak_bytes", "bytes"),
+    ("fsdp8_per_device_bytes_ratio", "GRPO step per-device bytes, mesh (1,8,1) / (1,1,1)", ("<=", 0.2),
+     "fsdp8_per_device_peak_bytes", "fsdp1_per_device_peak_bytes", "bytes"),
+    ("grpo_step_speedup_vs_trl", "Whole GRPO step, TRL seconds / ours (2 prompts × G=4, 128 tokens)", (">=", 2.0),
+     "grpo_step_seconds_ours", "grpo_step_seconds_trl", "s"),
+    ("chunked_logprob_vs_naive_peak_bytes_ratio", "Loss-path peak bytes, chunked log-probs / [B,T,V] logits", None,
+     "chunked_logprob_peak_bytes", "naive_logprob_peak_bytes", "bytes"),
+]
+
+# Why a target is missed and what would close it (shown only for missed targets).
+NOTES = {
+    "decode_tokens_per_s_ratio_vs_transformers": (
+        "Decoding a 135M model at batch 32 is bound by per-token work that both frameworks do "
+        "(the 49152-wide unembedding and sampling over the full vocabulary dominate: 2·576·49152 "
+        "FLOPs per token vs ~2·(134M − 28M) in the trunk), so a 2× lead over transformers needs "
+        "less work per token, not less overhead: sampling from the top of a partial sort "
+        "instead of a full-vocabulary cumsum, fusing the unembedding with the draw, or a "
+        "bfloat16 KV cache/compute (halves memory traffic). On a loaded 2-core machine the "
+        "ratio also moves with the background load (see the ranges)."),
+    "train_tokens_per_s_ratio_vs_torch": (
+        "The preset trades speed for memory: `remat=\"full\"` recomputes every layer's forward "
+        "in the backward pass (≈ 4/3 of the FLOPs of a plain step) and 4 micro-batches run "
+        "smaller matmuls, while the torch reference keeps all activations (≈ 11 GB peak RSS at "
+        "16×256 vs our ≈ 4 GB). The `--variant` rows of bench_train_step show what the "
+        "library's own knobs buy (remat `dots`/`none`, one micro-batch); making the preset "
+        "choose them when memory allows would close most of the gap."),
+    "train_mfu_vs_cpu_peak": (
+        "60% of the dense-matmul peak is out of reach for this model on CPU: at hidden size 576 "
+        "with 9 heads of 64 the matmuls are small and skinny (the XLA CPU backend reaches its "
+        "2048² peak only on large square ones), attention with T=256 is a batched 64-wide "
+        "matmul, and softmax / RMSNorm / RoPE / log-softmax over 49152 are memory-bound. "
+        "Rematerialisation (the preset's `remat=\"full\"`) adds ≈ 1/3 more FLOPs that MFU does "
+        "not credit. Bigger micro-batches, remat off, and bf16 on TPU (where this preset is "
+        "meant to run) are what raise it."),
+    "grpo_vs_ppo_peak_bytes_ratio": "",
+    "fsdp8_per_device_bytes_ratio": (
+        "Parameters and optimiser state shard 8 ways, but activations only shard with the "
+        "batch (16 rows / 2 micro-batches = 1 row per device) and each layer's gathered "
+        "weights are full-size while in use, so the temporaries do not fall by 8."),
+    "grpo_step_speedup_vs_trl": (
+        "The step is dominated by sampling 128 tokens one at a time at batch 8, where the "
+        "per-token cost is the model's weights and the vocabulary-wide sampling, shared by "
+        "both implementations; see the phase split."),
+}
+
+
+def run_one(name: str, script: str, env_extra: dict, args, out_dir: Path) -> dict:
+    path = common.BENCH_DIR / script
+    json_path = out_dir / f"{name}.json"
+    md_path = out_dir / f"{name}.md"
+    cmd = [sys.executable, str(path)]
+    if args.quick:
+        cmd.append("--quick")
+    cmd += ["--out", str(md_path)] if name in MARKDOWN_ONLY else ["--json", str(json_path)]
+    env = dict(os.environ, **env_extra)
+    if "XLA_FLAGS" in env_extra and os.environ.get("XLA_FLAGS"):
+        env["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " " + env_extra["XLA_FLAGS"]
+    print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
+    load0 = os.getloadavg()
+    start = time.time()
+    log_path = out_dir / f"{name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, cwd=common.ROOT)
+        watchdog = threading.Timer(args.timeout, proc.kill)
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if not line.startswith(("Loading weights", "WARNING", "W0", "I0")):
+                    print("  " + line, end="", flush=True)
+            rc = proc.wait()
+        finally:
+            timed_out = not watchdog.is_alive() and proc.returncode not in (0, None) and \
+                time.time() - start >= args.timeout
+            watchdog.cancel()
+        if timed_out:
+            rc = "timeout"
+    out = {"name": name, "script": script, "command": " ".join(["python", f"benchmarks/{script}"] + cmd[2:]),
+           "returncode": rc, "seconds": time.time() - start, "load_start": load0, "load_end": os.getloadavg(),
+           "ok": rc == 0}
+    if json_path.exists():
+        out["payload"] = json.loads(json_path.read_text())
+    elif md_path.exists():
+        out["payload"] = {"markdown": md_path.read_text(), "results": {}}
+    if rc != 0:
+        tail = log_path.read_text().splitlines()[-25:]
+        out["error"] = "\n".join(tail)
+    return out
+
+
+def _value(results: dict, key: str, b: int):
+    return results.get(key.format(b=b))
+
+
+def _show(x, kind: str) -> str:
+    if x is None:
+        return "–"
+    if kind == "bytes":
+        return common.fmt_bytes(x)
+    if kind == "mfu":
+        return f"{100 * x:.1f}%" if x < 10 else f"{x:.1f} GFLOP/s peak"
+    if kind == "s":
+        return f"{x:.1f} s"
+    return common.fmt(x)
+
+
+def summary_rows(results: dict) -> tuple[list[list[str]], dict]:
+    b = results.get("decode_ratio_batch", 32)
+    if results.get(f"prefill_tokens_per_s_transformers_b{b}"):
+        results[f"prefill_ratio_b{b}"] = (results[f"prefill_tokens_per_s_ours_b{b}"]
+                                          / results[f"prefill_tokens_per_s_transformers_b{b}"])
+    rows, targets = [], {}
+    for key, label, target, ours_key, theirs_key, kind in SUMMARY:
+        ratio = _value(results, key, b)
+        ours, theirs = _value(results, ours_key, b), _value(results, theirs_key, b)
+        if kind == "mfu" and theirs is not None:
+            theirs_s = f"{theirs:.1f} GFLOP/s peak"
+        else:
+            theirs_s = _show(theirs, kind)
+        label = label.replace("batch 32", f"batch {b}")
+        if target is None:
+            met = "(no target)"
+        elif ratio is None:
+            met = "not measured"
+        else:
+            ok = ratio >= target[1] if target[0] == ">=" else ratio <= target[1]
+            met = "**met**" if ok else "**MISSED**"
+            targets[key] = {"target": f"{target[0]} {target[1]}", "value": ratio, "met": ok}
+        ratio_s = "–" if ratio is None else (f"{100 * ratio:.1f}%" if kind == "mfu" else f"{ratio:.2f}×")
+        if target is None:
+            target_s = "–"
+        else:
+            op = target[0].replace(">=", "≥").replace("<=", "≤")
+            target_s = f"{op} {100 * target[1]:.0f}%" if kind == "mfu" else f"{op} {target[1]:g}×"
+        rows.append([label, ratio_s if kind == "mfu" else _show(ours, kind), theirs_s, ratio_s, target_s, met])
+    return rows, targets
+
+
+def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir: Path) -> None:
+    results: dict = {}
+    for r in runs:
+        results.update(r.get("payload", {}).get("results", {}))
+    rows, targets = summary_rows(results)
+    mode = "quick (`--quick`: small shapes, 1–2 reps — a smoke test, not the numbers to quote)" \
+        if args.quick else "full"
+    loads = [r["load_start"][0] for r in runs] + [r["load_end"][0] for r in runs]
+    v = machine["versions"]
+    lines = [
+        "# Benchmark results", "",
+        f"Generated by `python benchmarks/run_all.py{' --quick' if args.quick else ''}` "
+        f"({mode}) on {machine['date']}, {(time.time() - started) / 60:.0f} min wall, git {machine['git_commit']}.", "",
+        f"**Machine:** {machine['cpu']} ({machine['cpu_flags']}), {machine['cores']} cores, "
+        f"{(machine['memory_bytes'] or 0) / 2**30:.0f} GiB, {machine['platform']}, Python {machine['python']}. "
+        f"No accelerator; everything float32 on CPU.", "",
+        f"**Versions:** jax {v['jax']}, jaxlib {v['jaxlib']}, flax {v['flax']}, optax {v['optax']}, "
+        f"numpy {v['numpy']}; references: torch {v['torch']}, transformers {v['transformers']}, "
+        f"accelerate {v['accelerate']}, trl {v['trl']}.", "",
+        f"**Load:** the machine was shared with other jobs during the run: 1-minute load average "
+        f"{min(loads):.1f}–{max(loads):.1f} on {machine['cores']} cores (per benchmark below). Absolute "
+        "numbers are therefore several times lower than on an idle machine and noisy; the "
+        "ratios are more meaningful because the compared implementations run interleaved "
+        "(rep by rep) in the same process and so see the same load. Every number is a median "
+        "over reps after a warm-up (compilation excluded); ranges are min–max.", "",
+        "## Summary", "",
+        common.markdown_table(["result", "ours", "theirs", "ratio", "target", "met?"], rows), "",
+    ]
+    missed = [k for k, t in targets.items() if not t["met"]]
+    if missed:
+        lines += ["## Missed targets: why, and what would close them", ""]
+        for k in missed:
+            lines += [f"- **{k}** = {targets[k]['value']:.3g} (target {targets[k]['target']}). "
+                      f"{NOTES.get(k) or 'See the benchmark section below.'}", ""]
+    extra = Path(common.BENCH_DIR / "NOTES.md")
+    if extra.exists():
+        lines += [extra.read_text().strip(), ""]
+    lines += ["## Runs", "",
+              common.markdown_table(["benchmark", "command", "status", "wall", "load avg start → end"],
+                                    [[r["name"], f"`{r['command']}`", "ok" if r["ok"] else f"FAILED ({r['returncode']})",
+                                      f"{r['seconds'] / 60:.1f} min", f"{r['load_start'][0]:.1f} → {r['load_end'][0]:.1f}"]
+                                     for r in runs]), ""]
+    for r in runs:
+        lines += [f"## {r['name']} (`{r['script']}`)", ""]
+        md = r.get("payload", {}).get("markdown")
+        if md:
+            lines += [md.strip().replace("\n# ", "\n### ").replace("\n## ", "\n### ").lstrip("# "), ""]
+        if not r["ok"]:
+            lines += ["Failed; last lines of its output:", "", "```", r.get("error", ""), "```", ""]
+    (out_dir / "RESULTS.md").write_text("\n".join(lines))
+    payload = {"mode": "quick" if args.quick else "full", "generated": machine["date"],
+               "command": "python benchmarks/run_all.py" + (" --quick" if args.quick else ""),
+               "machine": machine, "results": results, "targets": targets,
+               "runs": {r["name"]: {k: r[k] for k in ("command", "ok", "returncode", "seconds", "load_start", "load_end")}
+                        for r in runs},
+               "details": {r["name"]: r.get("payload", {}).get("details") for r in runs}}
+    (out_dir / "results.json").write_text(json.dumps(payload, indent=2, default=common._jsonable))
+    print(f"\nwrote {out_dir / 'RESULTS.md'} and {out_dir / 'results.json'}")
+    print(common.markdown_table(["result", "ours", "theirs", "ratio", "target", "met?"], rows))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="every benchmark in its --quick mode (smoke test)")
+    ap.add_argument("--only", default="", help="comma list of benchmarks to run: " + ",".join([*SUITE, *MARKDOWN_ONLY]))
+    ap.add_argument("--skip", default="", help="comma list of benchmarks to skip")
+    ap.add_argument("--out-dir", default=str(common.BENCH_DIR), help="where RESULTS.md / results.json go")
+    ap.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per benchmark")
+    args = ap.parse_args(argv)
+    suite = {**{k: v for k, v in SUITE.items()}, **{k: (s, {}) for k, s in MARKDOWN_ONLY.items()}}
+    known = {s for s, _ in suite.values()}
+    for path in sorted(common.BENCH_DIR.glob("bench_*.py")):  # any other benchmark script
+        if path.name not in known:
+            MARKDOWN_ONLY[path.stem[len("bench_"):]] = path.name
+            suite[path.stem[len("bench_"):]] = (path.name, {})
+    only = [x for x in args.only.split(",") if x]
+    skip = {x for x in args.skip.split(",") if x}
+    names = [n for n in suite if (not only or n in only) and n not in skip]
+    unknown = set(only) - set(suite)
+    if unknown:
+        ap.error(f"unknown benchmarks {sorted(unknown)}; known: {list(suite)}")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    machine = common.machine_info()
+    started = time.time()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="grpo_jax_bench_") as tmp:
+        for name in names:
+            script, env = suite[name]
+            runs.append(run_one(name, script, env, args, Path(tmp)))
+            write_outputs(runs, args, dict(machine, date=machine["date"]), started, out_dir)
+    machine["load_average_end"] = os.getloadavg()
+    machine["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    write_outputs(runs, args, machine, started, out_dir)
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
