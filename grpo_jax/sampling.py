@@ -64,7 +64,10 @@ cache are sharded over ('data', 'fsdp') and the cache's kv heads over 'tensor' (
 table in `grpo_jax.sharding`); the params are used as they are sharded for training (no
 gather of the whole model anywhere). The prompt batch and the sample batch are padded to
 a multiple of the batch-sharding degree with dummy rows that start out finished (they
-never delay the early stop) and are stripped from the result.
+never delay the early stop) and are stripped from the result. Inputs become global arrays
+(`sharding.to_global`: every process passes the same prompts and key), so the sampler
+also runs on several processes; there the returned arrays are global too, and host code
+reads them through `sharding.to_host`.
 """
 
 from __future__ import annotations
@@ -72,7 +75,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 from typing import Any, Sequence
 
 import flax.struct
@@ -83,7 +85,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
-from grpo_jax.sharding import batch_sharding, logical_to_sharding, replicated
+from grpo_jax.sharding import batch_sharding, logical_to_sharding, replicated, to_global
 
 MIN_BUCKET = 16
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
@@ -128,6 +130,16 @@ def _round_up(n: int, multiple: int) -> int:
 
 def _batch_degree(mesh: Mesh | None) -> int:
     return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def _global_key(key, mesh: Mesh):
+    """The key replicated on `mesh`, from the same key value on every process (typed or raw)."""
+    if isinstance(key, jax.Array) and not key.is_fully_addressable:
+        return key
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        data = to_global(jax.random.key_data(key), replicated(mesh))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
+    return to_global(key, replicated(mesh))
 
 
 def _mesh_of(params) -> Mesh | None:
@@ -431,10 +443,11 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     prompt_arrays = (host.prompt_tokens, host.prompt_mask)
     row_arrays = (host.src_rows, host.prompt_lens, host.row_ids, host.row_valid)
     if mesh is not None:
-        prompt_arrays = tuple(jax.device_put(x, batch_sharding(mesh, x.ndim, x.shape[0])) for x in prompt_arrays)
-        row_arrays = tuple(jax.device_put(x, batch_sharding(mesh, 1, x.shape[0])) for x in row_arrays)
-        stop_mask = jax.device_put(stop_mask, replicated(mesh))
-        key = jax.device_put(key, replicated(mesh))
+        # Global arrays built from the host copy every process holds (works multi-host).
+        prompt_arrays = tuple(to_global(x, batch_sharding(mesh, x.ndim, x.shape[0])) for x in prompt_arrays)
+        row_arrays = tuple(to_global(x, batch_sharding(mesh, 1, x.shape[0])) for x in row_arrays)
+        stop_mask = to_global(stop_mask, replicated(mesh))
+        key = _global_key(key, mesh)
     src_rows, prompt_lens, row_ids, row_valid = row_arrays
 
     # -- device: prefill once per prompt, then the decode loop
@@ -459,7 +472,7 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     if mesh is None:
         prompt_tokens, prompt_mask = jnp.asarray(prompt_tokens), jnp.asarray(prompt_mask)
     else:
-        prompt_tokens, prompt_mask = (jax.device_put(x, batch_sharding(mesh, 2, rows))
+        prompt_tokens, prompt_mask = (to_global(x, batch_sharding(mesh, 2, rows))
                                       for x in (prompt_tokens, prompt_mask))
     rollout = Rollout(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
                       logprobs=logps, lengths=mask.sum(axis=1, dtype=jnp.int32), finished=finished)
