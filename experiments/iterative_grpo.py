@@ -22,13 +22,14 @@ from grpo_jax.plots import plot_runs
 from grpo_jax.reward_models import (ReplayBuffer, label_completions, labelled_samples,
                                     pairwise_accuracy, train_reward_model)
 from grpo_jax.sharding import to_host
+from grpo_jax.tokenizer import encode_prompt
 from grpo_jax.trainer import completion_ids, evaluate
 
 
 def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt: int, seed: int):
     """Fresh policy samples on train questions, labelled by the task's rule (the oracle)."""
     examples = task.examples("train", num_prompts, 7_000_000 + seed)
-    ro = sampling.sample(cfg.model, params, [tok.encode(e.prompt, add_bos=True) for e in examples],
+    ro = sampling.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
                          key=jax.random.key(seed), group_size=per_prompt,
                          max_new_tokens=cfg.rl.max_new_tokens, temperature=1.0,
                          stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=mesh)

@@ -34,6 +34,12 @@ class Tokenizer(Protocol):
     def stop_ids(self) -> list[int]: ...
 
 
+def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Prompt ids with a BOS token only where the model was trained with one (SmolLM2's
+    ChatML prompts already start with their own `<|im_start|>`)."""
+    return tokenizer.encode(text, add_bos=getattr(tokenizer, "add_bos", True))
+
+
 def char_to_token_index(end_offsets: Sequence[int], char_end: int) -> int:
     """Index of the token that contains character `char_end - 1` (the token a step ends on).
     Offsets past the end map to the last token."""
@@ -54,6 +60,7 @@ class SentencePieceTokenizer:
         self._proto = model_proto
         self.vocab_size = self._sp.get_piece_size()
         self.pad_id, self.bos_id, self.eos_id = self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id()
+        self.add_bos = True
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SentencePieceTokenizer":

@@ -36,7 +36,7 @@ from grpo_jax.model import add_value_head
 from grpo_jax.optimizer import make_optimizer
 from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global, to_host
 from grpo_jax.tasks import Example, Task
-from grpo_jax.tokenizer import Tokenizer, char_to_token_index
+from grpo_jax.tokenizer import Tokenizer, char_to_token_index, encode_prompt
 from grpo_jax.train_step import Batch, batch_from_rollout, init_train_state, make_train_step
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def score_rollout(task: Task, tokenizer: Tokenizer, examples: Sequence[Example],
 def texts_to_batch(tokenizer: Tokenizer, prompts: Sequence[str], completions: Sequence[str], *,
                    max_new_tokens: int, prompt_bucket: int | None = None) -> Batch:
     """Teacher-forced batch (SFT data): left-padded prompts, right-padded completions + eos."""
-    p_ids = [tokenizer.encode(p, add_bos=True) for p in prompts]
+    p_ids = [encode_prompt(tokenizer, p) for p in prompts]
     c_ids = [(tokenizer.encode(c) + [tokenizer.eos_id])[:max_new_tokens] for c in completions]
     tp = prompt_bucket or sampling.bucket_length(max(len(x) for x in p_ids))
     if max(len(x) for x in p_ids) > tp:
@@ -160,7 +160,7 @@ def evaluate(cfg: Config, params, task: Task, tokenizer: Tokenizer, examples: Se
     samples per question at `temperature` (the paper's Figure 7 setting)."""
     from grpo_jax.evaluation import maj_at_k, pass_at_k
 
-    prompts = [tokenizer.encode(ex.prompt, add_bos=True) for ex in examples]
+    prompts = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
     greedy = sampling.sample(cfg.model, params, prompts, key=key, group_size=1,
                              max_new_tokens=cfg.rl.max_new_tokens, temperature=0.0,
                              stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, mesh=mesh)
@@ -218,8 +218,12 @@ class Trainer:
             value_params = add_value_head(cfg.model, params, jax.random.key(cfg.run.seed + 1), self.mesh)
             value_tx = optax.apply_if_finite(make_optimizer(cfg.optimizer, cfg.run.steps)[0], 10**9)
         self.sft_params = params if self.algorithm.data_source.startswith("sft_policy") else None
-        self.state = init_train_state(cfg, params, tx, value_params=value_params, value_tx=value_tx)
         self.step_fn = make_train_step(cfg, tx, self.mesh, value_tx=value_tx, group_size=self._group_size())
+        # On the mesh from the start, so a restored checkpoint lands in the same shards.
+        self.state = jax.device_put(init_train_state(cfg, params, tx, value_params=value_params, value_tx=value_tx),
+                                    self.step_fn.state_shardings)
+        if self.sft_params is not None:
+            self.sft_params = jax.device_put(self.sft_params, self.step_fn.state_shardings.params)
         self.rng = jax.random.key(cfg.run.seed)
         self.eval_examples = list(eval_examples) if eval_examples is not None else \
             task.examples("test", cfg.data.eval_size, cfg.data.seed)
@@ -276,7 +280,7 @@ class Trainer:
         examples = self.questions(step)
         policy = self.state.params if source == "policy" else self.sft_params
         g = rl.group_size
-        rollout = sampling.sample(cfg.model, policy, [tok.encode(ex.prompt, add_bos=True) for ex in examples],
+        rollout = sampling.sample(cfg.model, policy, [encode_prompt(tok, ex.prompt) for ex in examples],
                                   key=key, group_size=g, max_new_tokens=rl.max_new_tokens,
                                   temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
                                   stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.mesh)

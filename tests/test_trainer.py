@@ -1,0 +1,148 @@
+"""The trainer end to end on tiny configs: learning, exact resume, every algorithm, bad configs."""
+
+import copy
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import config as config_lib
+from grpo_jax.config import ConfigError
+from grpo_jax.model import init_params
+from grpo_jax.optimizer import make_optimizer
+from grpo_jax.tasks import Example, Task
+from grpo_jax.tokenizer import train_sentencepiece
+from grpo_jax.train_step import init_train_state, make_train_step
+from grpo_jax.trainer import Trainer
+
+
+class SevensTask(Task):
+    """Reward = share of '7' characters in the completion: learnable from scratch in a few steps."""
+
+    name = "sevens"
+
+    def examples(self, split, n, seed):
+        rng = np.random.default_rng([hash(split) % 1000, seed])
+        return [Example(prompt=f"Q: {int(x)}\n", answer="7") for x in rng.integers(0, 100, n)]
+
+    def reward(self, completion, example):
+        return completion.count("7") / max(len(completion), 1)
+
+    def extract_answer(self, completion):
+        return completion.strip()[:1] or None
+
+    def is_correct(self, answer, example):
+        return answer == "7"
+
+    def sft_text(self, example, rng=0, wrong_step_prob=0.0):
+        return "7 7 7\n"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    corpus = [f"Q: {i}\n{i % 10} {i % 7} 7\n" for i in range(200)]
+    return train_sentencepiece(corpus, vocab_size=32)
+
+
+def _cfg(tmp_path, tok, *overrides):
+    cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), [
+        "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+        "model.head_dim=16", "model.mlp_dim=64", "model.max_seq_len=32",
+        "rl.group_size=4", "rl.max_new_tokens=8", "data.batch_size=4", "data.eval_size=4",
+        "optimizer.peak_lr=3e-3", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
+        "run.eval_every=0", "run.checkpoint_every=2", f"run.run_dir={tmp_path}", *overrides])
+    cfg.model.vocab_size = tok.vocab_size
+    return cfg.validate()
+
+
+def _trainer(cfg, tok, **kw):
+    params = init_params(cfg.model, jax.random.key(0))
+    sft_data = lambda step: (["Q: 1\n", "Q: 2\n", "Q: 3\n", "Q: 4\n"], ["7 7\n"] * 4)
+    return Trainer(cfg, task=SevensTask(), tokenizer=tok, params=params, progress=False,
+                   sft_data=sft_data, **kw)
+
+
+def test_grpo_reward_goes_up(tmp_path, tok):
+    cfg = _cfg(tmp_path, tok, "run.steps=24", "rl.beta=0", "run.checkpoint_every=0",
+               "rl.group_size=8", "optimizer.peak_lr=1e-2")
+    trainer = _trainer(cfg, tok)
+    history = trainer.train()
+    trainer.close()
+    first = np.mean([h["reward_mean"] for h in history[:4]])
+    last = np.mean([h["reward_mean"] for h in history[-4:]])
+    assert last > first + 0.15, (first, last)
+    assert len(history) == 24 and all(np.isfinite(h["loss"]) for h in history)
+
+
+def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, tok):
+    full_cfg = _cfg(tmp_path / "full", tok, "run.steps=4")
+    full = _trainer(full_cfg, tok)
+    uninterrupted = full.train()
+    full.close()
+    part_cfg = _cfg(tmp_path / "part", tok, "run.steps=4")
+    first = _trainer(part_cfg, tok)
+    first.train(steps=2)  # "killed" after the checkpoint at step 2
+    first.close()
+    resumed = _trainer(part_cfg, tok)
+    assert resumed.start_step == 2
+    rest = resumed.train()
+    resumed.close()
+    keys = ("loss", "reward_mean", "kl", "grad_norm")
+    for a, b in zip(uninterrupted[2:], rest):
+        assert a["step"] == b["step"]
+        for k in keys:
+            assert a[k] == b[k], (k, a[k], b[k])
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), full.params, resumed.params)
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "rft", "online_rft", "dpo", "ppo", "grpo"])
+def test_every_algorithm_runs_two_steps(tmp_path, tok, algorithm):
+    cfg = _cfg(tmp_path, tok, f"rl.algorithm={algorithm}", "run.steps=2", "run.checkpoint_every=0")
+    trainer = _trainer(cfg, tok)
+    before = jax.tree.map(np.asarray, trainer.params)
+    history = trainer.train()
+    trainer.close()
+    assert [h["step"] for h in history] == [1, 2]
+    assert all(np.isfinite(h["loss"]) for h in history)
+    moved = max(float(np.abs(np.asarray(a) - b).max()) for a, b in
+                zip(jax.tree.leaves(trainer.params), jax.tree.leaves(before)))
+    if algorithm == "dpo":  # DPO learns only from questions with a correct and an incorrect sample
+        assert moved > 0 or all(h["pairs_fraction"] == 0 for h in history)
+    else:
+        assert moved > 0, algorithm
+
+
+def test_bad_configs_fail_clearly(tmp_path, tok):
+    with pytest.raises(ConfigError, match="rl.algorithm='reinforce' is not one of"):
+        _cfg(tmp_path, tok, "rl.algorithm=reinforce")
+    with pytest.raises(ConfigError, match="group_size=1 with rl.scale_by_std=true"):
+        _cfg(tmp_path, tok, "rl.group_size=1")
+    cfg0 = _cfg(tmp_path, tok, "rl.beta=0")
+    cfg1 = copy.deepcopy(cfg0)
+    cfg1.rl.beta = 0.04
+    tx, _ = make_optimizer(cfg0.optimizer, 10)
+    state = init_train_state(cfg0, init_params(cfg0.model, jax.random.key(0)), tx)
+    assert state.ref_params is None  # β = 0 keeps no reference model at all
+    step = make_train_step(cfg1, tx, _trainer(cfg0, tok).mesh)
+    with pytest.raises(ValueError, match="needs reference"):
+        step._check(state)
+    with pytest.raises(ValueError, match="pass sft_data"):
+        Trainer(_cfg(tmp_path, tok, "rl.algorithm=sft"), task=SevensTask(), tokenizer=tok,
+                params=init_params(cfg0.model, jax.random.key(0)), progress=False)
+
+
+def test_non_finite_updates_are_skipped_then_stop_the_run(tmp_path, tok):
+    cfg = _cfg(tmp_path, tok, "run.steps=5", "run.max_bad_steps=2", "run.checkpoint_every=0", "rl.beta=0")
+    trainer = _trainer(cfg, tok)
+    params0 = jax.tree.map(np.asarray, trainer.params)
+    real_make_batch = trainer.make_batch
+
+    def poisoned(step, key):  # NaN rewards -> NaN advantages -> NaN loss and gradients
+        batch, info = real_make_batch(step, key)
+        return batch.replace(rewards=np.full(np.shape(batch.rewards), np.nan, np.float32)), info
+
+    trainer.make_batch = poisoned
+    with pytest.raises(FloatingPointError, match="2 consecutive non-finite"):
+        trainer.train()
+    assert trainer.bad_steps == 2 and len(trainer.history) == 2
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), trainer.params, params0)
