@@ -168,9 +168,7 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
             log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,
                      trainer.start_step, cfg.run.steps)
         else:
-            if trainer.start_step:
-                log.info("resuming at step %d of %d", trainer.start_step, cfg.run.steps)
-            trainer.train()
+            trainer.train()  # the Trainer logs "resumed from step N" when it restored one
     finally:
         trainer.close()
     return trainer
