@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any, Mapping
 
 import jax
 import numpy as np
+from etils import epath
 
 
 def is_main_process() -> bool:
@@ -29,21 +29,22 @@ class MetricsWriter:
     lines past a restored checkpoint so a resumed run's file reads like an uninterrupted one."""
 
     def __init__(self, run_dir: str, *, tensorboard: bool = True):
-        self.path = os.path.join(run_dir, "metrics.jsonl")
+        # epath: the run dir may be gs:// on a pod slice.
+        self.path = epath.Path(run_dir) / "metrics.jsonl"
         self.enabled = is_main_process()
         self._tb = None
         if self.enabled:
-            os.makedirs(run_dir, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             if tensorboard:
                 from tensorboardX import SummaryWriter
 
-                self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+                self._tb = SummaryWriter(str(epath.Path(run_dir) / "tb"))
 
     def truncate_after(self, step: int) -> None:
-        if not self.enabled or not os.path.exists(self.path):
+        if not self.enabled or not self.path.exists():
             return
         keep = [line for line in read_jsonl(self.path) if line.get("step", 0) <= step]
-        with open(self.path, "w") as f:
+        with self.path.open("w") as f:
             for line in keep:
                 f.write(json.dumps(line) + "\n")
 
@@ -51,7 +52,7 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = {**to_python({k: v for k, v in metrics.items() if k != "step"}), "step": int(step)}
-        with open(self.path, "a") as f:
+        with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for k, v in record.items():
@@ -63,6 +64,6 @@ class MetricsWriter:
             self._tb.close()
 
 
-def read_jsonl(path: str) -> list[dict]:
-    with open(path) as f:
+def read_jsonl(path) -> list[dict]:
+    with epath.Path(path).open() as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -32,7 +32,7 @@ from grpo_jax import checkpointing, sampling
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.config import Config
 from grpo_jax.metrics import MetricsWriter, is_main_process
-from grpo_jax.model import add_value_head
+from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import make_optimizer
 from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global, to_host
 from grpo_jax.tasks import Example, Task
@@ -210,6 +210,7 @@ class Trainer:
         self.reward_model, self.sft_data, self.progress = reward_model, sft_data, progress
         if self.algorithm.data_source == "dataset" and sft_data is None:
             raise ValueError(f"algorithm {self.algorithm.name!r} trains on a dataset: pass sft_data")
+        params = jax.device_put(params, param_shardings(cfg.model, self.mesh))
         base_tx, self.lr_schedule = make_optimizer(cfg.optimizer, cfg.run.steps)
         # A non-finite gradient skips the update instead of corrupting the params.
         tx = optax.apply_if_finite(base_tx, max_consecutive_errors=10**9)
