@@ -331,10 +331,6 @@ class Trainer:
                     self.bad_steps += 1
                     log.warning("step %d: non-finite loss/grad (%s); update skipped (%d in a row)",
                                 done, {k: metrics.get(k) for k in ("loss", "grad_norm")}, self.bad_steps)
-                    if self.bad_steps >= cfg.run.max_bad_steps:
-                        raise FloatingPointError(
-                            f"{self.bad_steps} consecutive non-finite updates (run.max_bad_steps="
-                            f"{cfg.run.max_bad_steps}); stopping at step {done}")
                 else:
                     self.bad_steps = 0
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
@@ -343,8 +339,12 @@ class Trainer:
                     metrics.update({f"eval_{k}": v for k, v in ev.items()})
                 metrics["step"] = done
                 self.history.append(metrics)
-                if done % cfg.run.log_every == 0 or done == total:
+                if done % cfg.run.log_every == 0 or done == total or self.bad_steps:
                     self.writer.write(done, metrics)
+                if self.bad_steps >= cfg.run.max_bad_steps:
+                    raise FloatingPointError(
+                        f"{self.bad_steps} consecutive non-finite updates (run.max_bad_steps="
+                        f"{cfg.run.max_bad_steps}); stopping at step {done}")
                 bar.update(1)
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward_mean", "eval_accuracy", "kl", "loss")
                                  if k in metrics})
