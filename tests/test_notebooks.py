@@ -13,9 +13,8 @@ NOTEBOOKS = os.path.join(os.path.dirname(__file__), "..", "notebooks")
 @pytest.mark.parametrize("name", ["grpo_walkthrough.ipynb"])
 def test_notebook_executes(name):
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-    env_flags = os.environ.get("XLA_FLAGS", "")
     NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": NOTEBOOKS}}).execute(env={**os.environ, "XLA_FLAGS": env_flags})
+                   resources={"metadata": {"path": NOTEBOOKS}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
