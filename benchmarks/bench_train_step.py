@@ -8,12 +8,18 @@ k3 KL (β = 0.04), clipped surrogate, sequence-mean aggregation, AdamW — on Sm
 * **ours**: `grpo_jax.train_step.make_train_step` with the `smollm2-135m` preset (remat
   "full", 4 micro-batches, chunked log-probs of 64 positions), state donated.
 * **torch**: `torch_reference.TorchGRPOUpdate`, the straightforward transformers version
-  (full `[B,T,V]` logits, no checkpointing), AdamW with the same hyperparameters.
+  (full `[B,T,V]` logits, no checkpointing), AdamW with the same hyperparameters, and by
+  default the same number of micro-batches (gradient accumulation) as our step, which
+  also keeps its peak memory within a shared 24 GB machine (`--torch-micro-batches 1`:
+  the whole batch at once).
 * **TRL**: `GRPOTrainer` (use_cpu, float32, loss_type "grpo", β = 0.04, its default
   gradient checkpointing) for one optimizer step on pre-generated completions: the same
   token ids are handed to it through its `rollout_func` hook, so its step is reward +
-  reference forward + policy update, like ours. Its reps are interleaved with ours and
-  torch's (a trainer callback runs one rep of each after every TRL step).
+  reference forward + policy update, like ours.
+
+Two phases, so that torch's and TRL's models are never in memory together: (A) ours and
+torch interleaved rep by rep; (B) TRL's steps with one rep of ours after each (a trainer
+callback). Each ratio compares with our median from the same phase.
 
 Throughput = R × (prompt + completion) / median seconds. MFU = model FLOPs per second /
 the float32 matmul peak measured in the same process (a jitted 2048² matmul, best rep,
@@ -101,6 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--completion-len", type=int, default=None,
                     help="completion tokens (default 192; quick 32)")
     ap.add_argument("--no-torch", action="store_true", help="skip the plain torch update")
+    ap.add_argument("--torch-micro-batches", type=int, default=None,
+                    help="gradient-accumulation slices for the torch update (default: the same "
+                         "number of micro-batches as our step; 1 = whole batch at once, ≈ 11 GB at 16×256)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer")
     ap.add_argument("--variant", action="append", default=[], metavar="OVERRIDES",
                     help="also time our step with these space-separated config overrides, e.g. "
@@ -145,12 +154,24 @@ def main(argv=None) -> int:
         grouped = rewards.reshape(-1, group)
         adv = ((grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, keepdims=True) + 1e-6)).reshape(-1)
         tb = torch_update.batch(prompt_ids, completion_ids, adv)
-        fns["torch"] = lambda: torch_update.step(tb)
+        torch_micro = args.torch_micro_batches or cfg.rl.num_micro_batches
+        fns["torch"] = lambda: torch_update.step(tb, torch_micro)
+        rep.details["torch_micro_batches"] = torch_micro
 
+    # Phase A: ours (and variants) interleaved with plain torch, rep by rep.
     samples = {name: [] for name in fns}
     for fn in fns.values():  # warm-up: compile / first call
         fn()
-    trl_steps = []
+    for _ in range(reps):
+        for name, fn in fns.items():
+            samples[name].append(fn())
+    if "torch" in fns:  # free torch's models before TRL loads its own (24 GB machine)
+        del fns["torch"], torch_update, tb
+        import gc
+
+        gc.collect()
+    # Phase B: TRL's steps, with one rep of ours after each (a trainer callback).
+    trl_steps, ours_with_trl = [], []
     if not args.no_trl:
         from torch_reference import make_trl_trainer, pregenerated_rollout
 
@@ -161,10 +182,8 @@ def main(argv=None) -> int:
 
         def between():
             done[0] += 1
-            if done[0] == 1:
-                return  # TRL's first step is its warm-up
-            for name, fn in fns.items():
-                samples[name].append(fn())
+            if done[0] > 1:  # TRL's first step is its warm-up
+                ours_with_trl.append(ours())
 
         with tempfile.TemporaryDirectory() as out:
             trainer, timer = make_trl_trainer(
@@ -175,10 +194,7 @@ def main(argv=None) -> int:
             trainer.train()
         trl_steps = timer.steps[1:]
         rep.details["trl_phases"] = timer.steps
-    else:
-        for _ in range(reps):
-            for name, fn in fns.items():
-                samples[name].append(fn())
+        del trainer
 
     # The machine's load drifts: measure the peak again after the reps and keep the best.
     again = common.matmul_peak_flops()
@@ -187,18 +203,26 @@ def main(argv=None) -> int:
     rep.details["matmul_peak"] = peak
     stats = {name: common.summarize(s) for name, s in samples.items()}
     if trl_steps:
+        stats["ours (reps between TRL's steps)"] = common.summarize(ours_with_trl)
         stats["TRL GRPOTrainer"] = common.summarize([s["step"] for s in trl_steps])
     tokens = rows * seq
     flops = update_flops(mcfg, rows, seq, tc)
     peak_f = peak["flops_per_s_best"]
     base = stats["ours"]["median"]
+    trl_base = stats.get("ours (reps between TRL's steps)", stats["ours"])["median"]
     table = []
     for name, s in stats.items():
+        ref = trl_base if name == "TRL GRPOTrainer" else base
         table.append([name, common.spread(s), common.rate_spread(tokens, s),
-                      f"{s['median'] / base:.2f}×" if name != "ours" else "1.00×",
-                      f"{100 * flops / s['median'] / peak_f:.1f}%"])
+                      f"{s['median'] / ref:.2f}×", f"{100 * flops / s['median'] / peak_f:.1f}%"])
     rep.table(["implementation", "s / update (min–max)", "tokens/s (range)",
-               "time vs ours", "MFU vs measured matmul peak"], table)
+               "time / ours (same phase)", "MFU vs measured matmul peak"], table)
+    rep.emit(f"torch: {rep.details.get('torch_micro_batches', '–')} micro-batch(es) of gradient accumulation; ours: "
+             f"{cfg.rl.num_micro_batches} micro-batches, remat {cfg.model.remat!r}, log-prob chunk "
+             f"{cfg.rl.logprob_chunk_size}. "
+             "Phase A interleaves ours (and any `--variant`) with plain torch; phase B runs TRL's "
+             "steps with one rep of ours after each; each comparison uses the ours-median of its phase.")
+    rep.emit()
     rep.emit(f"Measured float32 matmul peak (jitted 2048², best of 7, before and after): {peak_f / 1e9:.1f} GFLOP/s "
              f"(median {peak['flops_per_s_median'] / 1e9:.1f}). Model FLOPs per update: "
              f"{flops / 1e12:.3f} TFLOP. Our step: compile {ours.compile_seconds:.0f} s, XLA peak "
@@ -245,7 +269,8 @@ def main(argv=None) -> int:
         r["train_tokens_per_s_ratio_vs_torch"] = stats["torch"]["median"] / base
     if trl_steps:
         r["train_tokens_per_s_trl"] = tokens / stats["TRL GRPOTrainer"]["median"]
-        r["train_tokens_per_s_ratio_vs_trl"] = stats["TRL GRPOTrainer"]["median"] / base
+        r["train_tokens_per_s_ours_trl_phase"] = tokens / trl_base
+        r["train_tokens_per_s_ratio_vs_trl"] = stats["TRL GRPOTrainer"]["median"] / trl_base
     r["train_mfu_vs_cpu_peak"] = smol_mfu
     r["train_mfu_vs_cpu_peak_tiny"] = tiny_mfu
     r["matmul_peak_gflops"] = peak_f / 1e9

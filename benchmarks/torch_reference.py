@@ -7,7 +7,8 @@ wait policy before torch loads).
   update: `model(...).logits`, log-softmax over the vocabulary, gather the sampled
   tokens, the reference model's log-probs under `no_grad`, k3 KL, clipped surrogate
   (ρ = exp(logp − logp.detach()), μ = 1), sequence-mean aggregation, backward, global-norm
-  clipping, AdamW. No gradient checkpointing, full-sequence logits.
+  clipping, AdamW. No gradient checkpointing, full-sequence logits; optionally gradient
+  accumulation over equal micro-batches (as our step does).
 * `make_trl_trainer` — TRL's `GRPOTrainer` on CPU (use_cpu, float32, no vLLM) with
   per-phase timers: generation (`_generate_single_turn`), rewards (`_calculate_rewards`),
   reference log-probs (`_get_per_token_logps_and_entropies` on the reference model), and
@@ -57,21 +58,29 @@ class TorchGRPOUpdate:
         logits = logits[:, b["tp"] - 1:-1].float()
         return self.torch.log_softmax(logits, -1).gather(-1, b["targets"][..., None])[..., 0]
 
-    def step(self, b) -> float:
-        """One update; returns its wall seconds."""
+    def _micro(self, b, k: int, n: int):
+        rows = b["ids"].shape[0]
+        sl = slice(k * rows // n, (k + 1) * rows // n)
+        return {key: (v[sl] if hasattr(v, "shape") else v) for key, v in b.items()}
+
+    def step(self, b, micro_batches: int = 1) -> float:
+        """One update (gradients accumulated over `micro_batches` equal slices of the rows,
+        each contributing its share of the sequence mean); returns its wall seconds."""
         t = self.torch
         start = time.perf_counter()
-        with t.no_grad():
-            ref_logp = self._logp(self.ref, b)
-        logp = self._logp(self.policy, b)
-        ratio = t.exp(logp - logp.detach())
-        surrogate = t.minimum(ratio * b["adv"], t.clamp(ratio, 1 - self.eps, 1 + self.eps) * b["adv"])
-        log_r = ref_logp - logp
-        kl = t.exp(log_r) - log_r - 1  # k3
-        per_token = -(surrogate - self.beta * kl)
-        mask = b["mask"]
-        loss = ((per_token * mask).sum(1) / mask.sum(1)).mean()  # sequence mean
-        loss.backward()
+        for k in range(micro_batches):
+            mb = self._micro(b, k, micro_batches)
+            with t.no_grad():
+                ref_logp = self._logp(self.ref, mb)
+            logp = self._logp(self.policy, mb)
+            ratio = t.exp(logp - logp.detach())
+            surrogate = t.minimum(ratio * mb["adv"], t.clamp(ratio, 1 - self.eps, 1 + self.eps) * mb["adv"])
+            log_r = ref_logp - logp
+            kl = t.exp(log_r) - log_r - 1  # k3
+            per_token = -(surrogate - self.beta * kl)
+            mask = mb["mask"]
+            loss = ((per_token * mask).sum(1) / mask.sum(1)).mean() / micro_batches  # sequence mean
+            loss.backward()
         t.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
