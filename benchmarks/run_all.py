@@ -114,6 +114,8 @@ def run_one(name: str, script: str, env_extra: dict, args, out_dir: Path) -> dic
     if args.quick:
         cmd.append("--quick")
     cmd += ["--out", str(md_path)] if name in MARKDOWN_ONLY else ["--json", str(json_path)]
+    if name == "scaling":
+        cmd += ["--png", str(Path(args.out_dir) / "scaling.png")]
     env = dict(os.environ, **env_extra)
     if "XLA_FLAGS" in env_extra and os.environ.get("XLA_FLAGS"):
         env["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " " + env_extra["XLA_FLAGS"]
