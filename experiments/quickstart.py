@@ -1,13 +1,14 @@
 """CPU quickstart: the whole loop end to end in minutes (what `make demo` runs).
 
 1. generate the synthetic multi-step arithmetic task and train a sentencepiece tokenizer on it;
-2. SFT the tiny model on worked solutions with deliberately wrong steps (an imperfect start);
+2. SFT the tiny model on worked solutions that often drop a carry (an imperfect start whose
+   greedy answers are wrong on carrying questions while its samples are often right);
 3. evaluate greedy accuracy on held-out questions;
 4. run GRPO (outcome supervision) from the SFT model;
 5. evaluate again, save a checkpoint, write summary.json and a PNG of reward/accuracy.
 
     python experiments/quickstart.py                          # defaults (see experiments/common.py)
-    python experiments/quickstart.py rl.group_size=8 run.steps=100 --sft-steps 200
+    python experiments/quickstart.py --sft-steps 800 rl.group_size=8 run.steps=200
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     t_start = time.perf_counter()
-    cfg = common.load_cfg(args, ["run.run_dir=runs/quickstart"])
+    cfg = common.load_cfg(args, ["run.run_dir=runs/quickstart", "run.steps=100"])
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tokenizer = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)

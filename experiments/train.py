@@ -62,7 +62,7 @@ def make_task(cfg: config_lib.Config):
 
     d = cfg.data
     if d.task == "arithmetic":
-        return get_task("arithmetic", num_operands=d.num_operands, max_digits=d.max_digits)
+        return get_task("arithmetic", num_operands=d.num_operands, max_digits=d.max_digits, slip=d.slip)
     if d.task in ("gsm8k", "math"):
         return get_task(d.task, manual_dir=d.data_dir or None)
     return get_task(d.task)

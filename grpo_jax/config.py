@@ -173,10 +173,12 @@ class DataConfig:
     eval_size: int = 64
     sft_examples: int = 2000
     wrong_step_prob: float = 0.3
+    slip: str = "random"  # arithmetic SFT errors: random | carry (systematic; see tasks/arithmetic.py)
     seed: int = 0
 
     def validate(self) -> None:
         _choice(self, "task", ("arithmetic", "countdown", "gsm8k", "math"))
+        _choice(self, "slip", ("random", "carry"))
         _positive(self, "batch_size")
         _positive(self, "num_operands")
         _positive(self, "max_digits")

@@ -41,6 +41,7 @@ def test_overrides_are_typed_and_applied_in_order():
     ("rl.group_size=1", "group_size=1 with rl.scale_by_std=true"),
     ("mesh.ici_data=-1", "at most one ICI axis may be -1"),
     ("rl.max_new_tokens=1000", "leaves no room"),
+    ("data.slip=sometimes", "data.slip='sometimes' is not one of"),
     ("num_layers", "not of the form section.field=value"),
 ])
 def test_bad_overrides_fail_clearly(override, message):

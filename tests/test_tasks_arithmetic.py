@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from grpo_jax.tasks import available_tasks, get_task
-from grpo_jax.tasks.arithmetic import ArithmeticTask, expression_text, tokenizer_corpus
+from grpo_jax.tasks.arithmetic import ArithmeticTask, carry_slip, expression_text, solution_steps, tokenizer_corpus
 
 
 def test_registry():
@@ -158,6 +158,51 @@ def test_sft_wrong_step_fraction():
             total += len(rewards)
             assert task.reward(text, ex) in (0.1, 1.0)  # always well-formed
         assert low <= wrong / total <= high, (p, wrong / total)
+
+
+def _carry_free(a, op, b):
+    """Schoolbook column arithmetic with the carry/borrow forgotten, written via strings."""
+    width = max(len(str(a)), len(str(b)))
+    da, db = str(a).zfill(width), str(b).zfill(width)
+    sign = 1 if op == "+" else -1
+    return int("".join(str((int(x) + sign * int(y)) % 10) for x, y in zip(da, db)))
+
+
+@pytest.mark.parametrize("op", "+-")
+def test_carry_slip_matches_column_arithmetic(op):
+    for a in range(0, 250):
+        for b in range(0, 40):
+            expected = None if op == "-" and a < b else _carry_free(a, op, b)
+            if expected is not None and expected == (a + b if op == "+" else a - b):
+                expected = None  # no column carried or borrowed: no slip to make
+            assert carry_slip(a, op, b) == expected, (a, op, b)
+
+
+def test_carry_slip_examples_and_undefined_cases():
+    assert (carry_slip(7, "+", 5), carry_slip(12, "-", 5), carry_slip(95, "+", 7)) == (2, 17, 92)
+    assert carry_slip(3, "+", 4) is None and carry_slip(4, "*", 6) is None
+    assert carry_slip(-3, "+", 9) is None and carry_slip(3, "-", 9) is None
+
+
+def test_carry_slip_sft_text_is_systematic():
+    """Only carrying steps go wrong, always to the carry-free result; p=1 makes the SFT answer
+    exactly the carry-free chain, p=0 the right one."""
+    task = ArithmeticTask(num_operands=3, max_digits=1, slip="carry")
+    rng = random.Random(0)
+    carrying = 0
+    for ex in task.examples("train", 200, seed=3):
+        assert task.sft_text(ex, rng, 0.0) == ArithmeticTask().sft_text(ex, 0, 0.0)
+        value, chain = ex.meta["operands"][0], []
+        for op, b in zip(ex.meta["ops"], ex.meta["operands"][1:]):
+            right = value + b if op == "+" else value - b
+            slipped = carry_slip(value, op, b)
+            chain.append(f"{value}{op}{b}={right if slipped is None else slipped}\n")
+            value = right if slipped is None else slipped
+        assert task.sft_text(ex, rng, 1.0) == "".join(chain) + f"A: {value}\n"
+        carrying += any(carry_slip(a, op, b) is not None for a, op, b, _ in solution_steps(ex.meta["operands"], ex.meta["ops"]))
+    assert 0.3 < carrying / 200 < 0.7  # enough carrying questions to learn from
+    with pytest.raises(ValueError, match="slip"):
+        ArithmeticTask(slip="sometimes")
 
 
 def test_sft_text_accepts_numpy_rng_and_seed():

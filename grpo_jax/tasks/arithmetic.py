@@ -41,6 +41,7 @@ from grpo_jax import rewards
 from grpo_jax.tasks import SPLITS, Example, Task, as_random
 
 MAX_STEPS = 64
+SLIPS = ("random", "carry")
 _STEP_RE = re.compile(r"(-?\d{1,24})([-+*/])(\d{1,24})=(-?\d{1,48})")
 _ANSWER_RE = re.compile(r"A: (-?\d{1,48})")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -59,6 +60,20 @@ def apply_op(a: int, op: str, b: int) -> int | None:
             return None
         return a // b
     raise ValueError(f"unknown operator {op!r}")
+
+
+def carry_slip(a: int, op: str, b: int) -> int | None:
+    """``a op b`` computed column by column with every carry (``+``) or borrow (``-``)
+    dropped, the classic schoolbook slip: ``7+5`` gives 2, ``12-5`` gives 17. None where
+    the slip is undefined (other operators, negative operands, ``a < b`` for ``-``) or
+    where it changes nothing (no column carries or borrows)."""
+    if op not in "+-" or a < 0 or b < 0 or (op == "-" and a < b):
+        return None
+    out, scale, x, y = 0, 1, a, b
+    while x or y:
+        digit = (x % 10 + y % 10) % 10 if op == "+" else (x % 10 - y % 10) % 10
+        out, scale, x, y = out + digit * scale, scale * 10, x // 10, y // 10
+    return None if out == apply_op(a, op, b) else out
 
 
 def _divisors(value: int, hi: int) -> list[int]:
@@ -140,6 +155,12 @@ class ArithmeticTask(Task):
     Difficulty knobs: ``num_operands`` (an int, or an inclusive ``(min, max)`` range),
     ``max_digits`` per operand, ``operations`` (a string over ``+-*/``), and
     ``allow_negative`` intermediate results.
+
+    ``slip`` is how the SFT corpus goes wrong (see :meth:`sft_text`): ``"random"`` slips
+    are noise around the right result, so the right result stays the most likely one;
+    ``"carry"`` slips drop carries and borrows, a systematic error that becomes the SFT
+    model's greedy answer when ``wrong_step_prob`` > 0.5 while its samples still contain
+    the right one: the situation in which the paper finds RL helps (Maj@K, not Pass@K).
     """
 
     name = "arithmetic"
@@ -152,7 +173,10 @@ class ArithmeticTask(Task):
         operations: str = "+-",
         allow_negative: bool = False,
         format_reward: float = 0.1,
+        slip: str = "random",
     ):
+        if slip not in SLIPS:
+            raise ValueError(f"slip must be one of {SLIPS}, got {slip!r}")
         lo, hi = (num_operands, num_operands) if isinstance(num_operands, int) else num_operands
         if not 2 <= lo <= hi:
             raise ValueError(f"num_operands must be >= 2, got {num_operands}")
@@ -165,6 +189,7 @@ class ArithmeticTask(Task):
         self.operations = operations
         self.allow_negative = allow_negative
         self.format_reward = format_reward
+        self.slip = slip
 
     # ------------------------------------------------------------------ data
     def make_example(self, operands: Sequence[int], ops: Sequence[str]) -> Example:
@@ -198,8 +223,12 @@ class ArithmeticTask(Task):
         raise RuntimeError(f"could not draw {n} {split} problems; raise the difficulty knobs")
 
     def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0) -> str:
-        """The worked solution; each step's result is independently wrong with probability
-        ``wrong_step_prob`` (off by ±1, ±2 or ±10), later steps carrying it on."""
+        """The worked solution, later steps carrying any wrong result on.
+
+        ``slip="random"``: each step's result is wrong with probability ``wrong_step_prob``
+        (off by ±1, ±2 or ±10). ``slip="carry"``: each step that carries or borrows drops
+        it (:func:`carry_slip`) with probability ``wrong_step_prob``; other steps are right.
+        """
         rng = as_random(rng)
         operands, ops = example.meta["operands"], example.meta["ops"]
         lines, value = [], operands[0]
@@ -207,7 +236,11 @@ class ArithmeticTask(Task):
             c = apply_op(value, op, b)
             if c is None:  # a wrong earlier value left an inexact division: slip again
                 c = value // b
-            if rng.random() < wrong_step_prob:
+            if self.slip == "carry":
+                slipped = carry_slip(value, op, b)
+                if slipped is not None and rng.random() < wrong_step_prob:
+                    c = slipped
+            elif rng.random() < wrong_step_prob:
                 deltas = [d for d in (1, -1, 2, -2, 10, -10) if self.allow_negative or c + d >= 0]
                 c += rng.choice(deltas)
             lines.append(f"{value}{op}{b}={c}\n")
