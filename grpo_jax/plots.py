@@ -37,16 +37,29 @@ def plot_history(history: Sequence[Mapping], keys: Sequence[str], path: str, *, 
 
 
 def plot_runs(curves: Mapping[str, Sequence[Sequence[float]]], steps: Sequence[float], path: str, *,
-              ylabel: str, title: str = "", xlabel: str = "step", logx: bool = False) -> str:
-    """Mean over seeds with a min–max band, one line per method. curves[name] = [seed][point]."""
+              ylabel: str, title: str = "", xlabel: str = "step", logx: bool = False,
+              bars: Mapping[str, float] | None = None, bar_label: str = "") -> str:
+    """Mean over seeds with a min–max band, one line per method. curves[name] = [seed][point].
+    `bars` (one value per method, e.g. peak memory) adds a bar panel on the right in the
+    same colours."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, axes = plt.subplots(1, 2 if bars else 1, figsize=(10.5 if bars else 6, 4), squeeze=False)
+    ax = axes[0][0]
+    colors = {}
     for name, runs in curves.items():
         arr = np.asarray(runs, dtype=float)
         mean = arr.mean(0)
-        ax.plot(steps, mean, label=f"{name} (n={arr.shape[0]})")
+        (line,) = ax.plot(steps, mean, label=f"{name} (n={arr.shape[0]})")
+        colors[name] = line.get_color()
         if arr.shape[0] > 1:
             ax.fill_between(steps, arr.min(0), arr.max(0), alpha=0.2)
+    if bars:
+        bx = axes[0][1]
+        names = list(bars)
+        rects = bx.bar(names, [bars[n] for n in names], color=[colors.get(n, "gray") for n in names])
+        bx.bar_label(rects, fmt="%.1f")
+        bx.set_ylabel(bar_label)
+        bx.grid(alpha=0.3, axis="y")
     if logx:
         ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)
