@@ -5,8 +5,11 @@ k3 KL (β = 0.04), clipped surrogate, sequence-mean aggregation, AdamW — on Sm
 (imported weights), R sequences × (prompt + completion) tokens (default 16 × (64 + 192)
 = 16 × 256), float32, every completion token valid.
 
-* **ours**: `grpo_jax.train_step.make_train_step` with the `smollm2-135m` preset (remat
-  "full", 4 micro-batches, chunked log-probs of 64 positions), state donated.
+* **ours**: `grpo_jax.train_step.make_train_step` with the `smollm2-135m` preset (4
+  micro-batches, chunked log-probs of 64 positions), state donated, and by default
+  `model.remat=none` (`--ours`), because the torch reference keeps every activation too:
+  the same computation. The preset's own `remat="full"` (an extra forward per layer in the
+  backward pass, for memory) is timed alongside as a `--variant` row.
 * **torch**: `torch_reference.TorchGRPOUpdate`, the straightforward transformers version
   (full `[B,T,V]` logits, no checkpointing), AdamW with the same hyperparameters, and by
   default the same number of micro-batches (gradient accumulation) as our step, which
@@ -111,9 +114,12 @@ def main(argv=None) -> int:
                     help="gradient-accumulation slices for the torch update (default: the same "
                          "number of micro-batches as our step; 1 = whole batch at once, ≈ 11 GB at 16×256)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer")
-    ap.add_argument("--variant", action="append", default=[], metavar="OVERRIDES",
-                    help="also time our step with these space-separated config overrides, e.g. "
-                         "'model.remat=none rl.num_micro_batches=1' (repeatable)")
+    ap.add_argument("--ours", default="model.remat=none", metavar="OVERRIDES",
+                    help="space-separated config overrides of the headline step (default "
+                         "'model.remat=none': no recomputation, like the torch reference)")
+    ap.add_argument("--variant", action="append", default=None, metavar="OVERRIDES",
+                    help="also time our step with these space-separated config overrides "
+                         "(repeatable; default 'model.remat=full', the preset's memory setting)")
     args = ap.parse_args(argv)
     reps = common.reps_of(args, full=3, quick=1)
     rows = args.rows or (4 if args.quick else 16)
@@ -134,9 +140,9 @@ def main(argv=None) -> int:
     prompt_ids = np.repeat(np.array(prompt_list, np.int32), group, axis=0)
     completion_ids = rng.integers(3, mcfg.vocab_size, (rows, tc)).astype(np.int32)
     rewards = rng.normal(size=rows).astype(np.float32)
-    cfg = grpo_config(mcfg, rows, group)
+    cfg = grpo_config(mcfg, rows, group, args.ours.split())
     fns, variants = {}, {}
-    for v in args.variant:  # before `ours`, whose step donates (deletes) `params`
+    for v in ["model.remat=full"] if args.variant is None else args.variant:  # before `ours`, whose step donates (deletes) `params`
         vcfg = grpo_config(mcfg, rows, group, v.split())
         own = jax.tree.map(lambda x: x.copy(), params)
         variants[v] = OurUpdate(vcfg, own, rows, prompt_ids, completion_ids, rewards)

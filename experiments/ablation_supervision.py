@@ -36,11 +36,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
     common.add_sft_args(p)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="RL seeds (default 0 1)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds (default 0 1 2)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--out", default="runs/ablation_supervision", help="output directory")
     args = p.parse_args(argv)
-    cfg = common.load_cfg(args, [f"run.run_dir={args.out}"])
+    cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "run.steps=100", "run.eval_every=10"])
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tok = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)

@@ -105,12 +105,18 @@ def rl_config(cfg, root: str, name: str, overrides=()) -> config_lib.Config:
 
 def run_rl(cfg, task, tokenizer, params, mesh, root: str, name: str, overrides, *, seed: int,
            eval_examples, progress: bool, reward_model=None):
-    """One RL run from `params`; returns its history (a list of metric dicts) and the trainer."""
+    """One RL run from `params`; returns its history (a list of metric dicts, every step from
+    the first, also when the run resumed from a checkpoint) and the trainer. A finished run
+    is restored, not repeated, so adding a seed re-runs only the new one."""
+    from grpo_jax.metrics import read_jsonl
+
     run_cfg = rl_config(cfg, root, f"{name}/seed{seed}", list(overrides) + [f"run.seed={seed}"])
     trainer = Trainer(run_cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       eval_examples=eval_examples, progress=progress, reward_model=reward_model)
     history = trainer.train()
     trainer.close()
+    if trainer.start_step > 0:  # the log holds the steps before the resume as well
+        history = read_jsonl(os.path.join(run_cfg.run.run_dir, "metrics.jsonl"))
     return history, trainer
 
 
