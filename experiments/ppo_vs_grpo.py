@@ -65,10 +65,10 @@ def main(argv=None):
                       {"steps": steps, "train_reward": rewards, "memory": memory,
                        "median_update_time_s": {k: sorted(v)[len(v) // 2] for k, v in step_time.items()},
                        "seeds": args.seeds, "config": cfg.to_dict()})
-    png = plot_runs(rewards, steps, os.path.join(root, "ppo_vs_grpo.png"), ylabel="mean training reward",
+    png = plot_runs(rewards, steps, os.path.join(root, "ppo_vs_grpo.png"), ylabel="training reward (10-step moving average)",
                     title="PPO vs GRPO (arithmetic)",
                     bars={k: v["peak_bytes"] / 2**20 for k, v in memory.items()},
-                    bar_label="train-step peak MiB (compiled)")
+                    bar_label="train-step peak MiB (compiled)", smooth=10)
     print("| method | peak bytes (compiled) | vs PPO | median update s |\n|---|---|---|---|")
     for name in args.methods:
         ratio = memory[name]["peak_bytes"] / memory["PPO"]["peak_bytes"] if "PPO" in memory else float("nan")

@@ -36,18 +36,31 @@ def plot_history(history: Sequence[Mapping], keys: Sequence[str], path: str, *, 
     return path
 
 
+def moving_average(rows: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last `window` points of each row ([seeds, points]); the first
+    points average over what is available."""
+    if window <= 1:
+        return rows
+    csum = np.cumsum(rows, axis=-1)
+    out = csum.copy()
+    out[..., window:] = csum[..., window:] - csum[..., :-window]
+    counts = np.minimum(np.arange(1, rows.shape[-1] + 1), window)
+    return out / counts
+
+
 def plot_runs(curves: Mapping[str, Sequence[Sequence[float]]], steps: Sequence[float], path: str, *,
               ylabel: str, title: str = "", xlabel: str = "step", logx: bool = False,
-              bars: Mapping[str, float] | None = None, bar_label: str = "") -> str:
+              bars: Mapping[str, float] | None = None, bar_label: str = "", smooth: int = 1) -> str:
     """Mean over seeds with a min–max band, one line per method. curves[name] = [seed][point].
     `bars` (one value per method, e.g. peak memory) adds a bar panel on the right in the
-    same colours."""
+    same colours. `smooth` > 1 plots each seed's trailing moving average over that many
+    points (noisy per-step rewards) before the mean and band are taken."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2 if bars else 1, figsize=(10.5 if bars else 6, 4), squeeze=False)
     ax = axes[0][0]
     colors = {}
     for name, runs in curves.items():
-        arr = np.asarray(runs, dtype=float)
+        arr = moving_average(np.asarray(runs, dtype=float), smooth)
         mean = arr.mean(0)
         (line,) = ax.plot(steps, mean, label=f"{name} (n={arr.shape[0]})")
         colors[name] = line.get_color()

@@ -3,7 +3,9 @@ import struct
 
 import pytest
 
-from grpo_jax.plots import plot_history, plot_runs
+import numpy as np
+
+from grpo_jax.plots import moving_average, plot_history, plot_runs
 
 
 def _png_size(path):
@@ -31,3 +33,10 @@ def test_plot_history_one_panel_per_key(tmp_path):
     history = [{"step": 0, "eval_accuracy": 0.5}] + [{"step": s, "reward_mean": s / 10} for s in range(1, 5)]
     path = plot_history(history, ["reward_mean", "eval_accuracy", "kl"], str(tmp_path / "h.png"))
     assert _png_size(path) == (int(4.5 * 3 * 110), int(3.4 * 110))
+
+
+def test_moving_average_is_trailing_mean():
+    rows = np.array([[1.0, 2.0, 3.0, 4.0, 5.0], [0.0, 0.0, 10.0, 0.0, 0.0]])
+    expected = np.array([[1.0, 1.5, 2.0, 3.0, 4.0], [0.0, 0.0, 10 / 3, 10 / 3, 10 / 3]])
+    np.testing.assert_allclose(moving_average(rows, 3), expected)
+    np.testing.assert_array_equal(moving_average(rows, 1), rows)
