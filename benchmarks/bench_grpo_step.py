@@ -7,8 +7,9 @@ completion), lr 1e-6, one update per batch (μ = 1).
 
 * **ours**: `sampling.sample` (shared prefill, while-loop decode, unrolled layers) →
   host decode + reward → `batch_from_rollout` → the jitted train step of the
-  `smollm2-135m` preset (reference forward + update in one program; remat "full",
-  4 micro-batches). The step's reference forward is also timed on its own (the same
+  `smollm2-135m` preset (reference forward + update in one program; remat "full", like
+  TRL's gradient checkpointing), with 1 micro-batch because TRL also runs the 8
+  sequences as one batch. The step's reference forward is also timed on its own (the same
   micro-batched chunked log-probs, jitted separately) to split the step into reference /
   update; that extra call is outside the step's timing.
 * **TRL**: `GRPOTrainer(use_cpu=True, bf16=False, use_vllm=False, beta=0.04,
@@ -52,7 +53,8 @@ class OurGRPOStep:
         mcfg, params, self.tok = common.smollm2(mesh=self.mesh)
         cfg.model = mcfg
         cfg.rl.group_size, cfg.rl.beta, cfg.rl.max_new_tokens = group, beta, new_tokens
-        cfg.rl.num_micro_batches = min(cfg.rl.num_micro_batches, len(prompts) * group)
+        # TRL updates on all P × G sequences at once (gradient_accumulation_steps=1); so do we.
+        cfg.rl.num_micro_batches = 1
         cfg.data.batch_size = len(prompts)
         self.cfg, self.prompts, self.group, self.n = cfg, prompts, group, new_tokens
         tx, _ = optimizer.make_optimizer(cfg.optimizer, 1000)

@@ -26,9 +26,10 @@ from grpo_jax.tokenizer import encode_prompt
 from grpo_jax.trainer import completion_ids, evaluate
 
 
-def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt: int, seed: int):
-    """Fresh policy samples on train questions, labelled by the task's rule (the oracle)."""
-    examples = task.examples("train", num_prompts, 7_000_000 + seed)
+def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt: int, seed: int,
+                   split: str = "train"):
+    """Fresh policy samples on `split` questions, labelled by the task's rule (the oracle)."""
+    examples = task.examples(split, num_prompts, 7_000_000 + seed)
     ro = sampling.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
                          key=jax.random.key(seed), group_size=per_prompt,
                          max_new_tokens=cfg.rl.max_new_tokens, temperature=1.0,
@@ -66,8 +67,18 @@ def main(argv=None):
     buffer.add(first)
     acc0 = evaluate(cfg, policy, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
     steps, accuracy, rm_acc, boundaries = [0], [acc0], [pairwise_accuracy(rm, held_out)], []
+
+    def on_policy_accuracy(it: int) -> float:
+        """How well r_φ ranks the current policy's own samples (what GRPO optimises against):
+        same-question (correct, wrong) pairs from fresh samples on validation questions."""
+        probe = policy_samples(cfg, policy, task, tok, mesh, num_prompts=64, per_prompt=8,
+                               seed=10_000 + it, split="validation")
+        return pairwise_accuracy(rm, probe)
+
+    rm_on_policy = [on_policy_accuracy(0)]
     for it in range(args.iterations):
-        print(f"[iterative] iteration {it}: reward-model held-out pairwise accuracy {rm_acc[-1]:.3f}")
+        print(f"[iterative] iteration {it}: reward-model pairwise accuracy {rm_acc[-1]:.3f} on held-out "
+              f"SFT-style samples, {rm_on_policy[-1]:.3f} on the policy's own samples")
         history, trainer = common.run_rl(cfg, task, tok, policy, mesh, root, f"iter{it}", ["rl.algorithm=grpo"],
                                          seed=args.seed, eval_examples=eval_examples,
                                          progress=not args.no_progress, reward_model=rm)
@@ -86,14 +97,20 @@ def main(argv=None):
                                        seed=args.seed + it + 1, progress=not args.no_progress)
             buffer.add(new)
             rm_acc.append(pairwise_accuracy(rm, held_out))
+            rm_on_policy.append(on_policy_accuracy(it + 1))
+    policy_end = on_policy_accuracy(args.iterations)  # the last RM against the final policy
     common.write_json(os.path.join(root, "curves.json"),
                       {"steps": steps, "eval_accuracy": accuracy, "iteration_ends": boundaries,
-                       "reward_model_pairwise_accuracy": rm_acc, "config": cfg.to_dict()})
+                       "reward_model_pairwise_accuracy": rm_acc,
+                       "reward_model_on_policy_pairwise_accuracy": rm_on_policy,
+                       "reward_model_on_final_policy_pairwise_accuracy": policy_end,
+                       "config": cfg.to_dict()})
     png = plot_runs({"iterative GRPO": [accuracy]}, steps, os.path.join(root, "figure6.png"),
                     ylabel="held-out greedy accuracy",
                     title=f"Iterative GRPO, {args.iterations} iterations (ends at steps {boundaries})")
     print(f"[iterative] accuracy {accuracy[0]:.3f} → " + " → ".join(
-        f"{accuracy[steps.index(b)]:.3f}" for b in boundaries) + f"; wrote {png}")
+        f"{accuracy[steps.index(b)]:.3f}" for b in boundaries) +
+          f"; the last reward model ranks the final policy's samples at {policy_end:.3f}; wrote {png}")
 
 
 if __name__ == "__main__":
