@@ -142,7 +142,8 @@ def main(argv=None) -> int:
     rewards = rng.normal(size=rows).astype(np.float32)
     cfg = grpo_config(mcfg, rows, group, args.ours.split())
     fns, variants = {}, {}
-    for v in ["model.remat=full"] if args.variant is None else args.variant:  # before `ours`, whose step donates (deletes) `params`
+    variant_overrides = ["model.remat=full"] if args.variant is None else args.variant
+    for v in variant_overrides:  # before `ours`, whose step donates (deletes) `params`
         vcfg = grpo_config(mcfg, rows, group, v.split())
         own = jax.tree.map(lambda x: x.copy(), params)
         variants[v] = OurUpdate(vcfg, own, rows, prompt_ids, completion_ids, rewards)

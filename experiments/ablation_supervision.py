@@ -40,7 +40,7 @@ def main(argv=None):
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--out", default="runs/ablation_supervision", help="output directory")
     args = p.parse_args(argv)
-    cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "run.steps=100", "run.eval_every=10"])
+    cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "run.eval_every=10"])
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tok = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)

@@ -28,7 +28,7 @@ from grpo_jax.trainer import Trainer  # noqa: E402
 # Random slips instead leave a start whose errors are capacity errors that a few hundred
 # RL steps on a 2-core CPU do not move (README, "What the quickstart shows").
 CPU_DEFAULTS = [
-    "run.steps=200", "run.eval_every=25", "run.checkpoint_every=100",
+    "run.steps=100", "run.eval_every=25", "run.checkpoint_every=100",
     "rl.group_size=16", "rl.max_new_tokens=32", "rl.beta=0.04", "rl.temperature=1.0",
     "data.batch_size=16", "data.eval_size=128", "data.num_operands=3", "data.max_digits=1",
     "data.slip=carry", "data.wrong_step_prob=0.7",

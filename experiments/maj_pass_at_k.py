@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="GRPO seeds")
     p.add_argument("--out", default="runs/maj_pass_at_k", help="output directory")
     args = p.parse_args(argv)
-    cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "data.eval_size=64", "run.steps=100"])
+    cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "data.eval_size=64"])
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tok = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)

@@ -38,7 +38,7 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     t_start = time.perf_counter()
-    cfg = common.load_cfg(args, ["run.run_dir=runs/quickstart", "run.steps=100"])
+    cfg = common.load_cfg(args, ["run.run_dir=runs/quickstart"])
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tokenizer = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
