@@ -80,12 +80,11 @@ NOTES = {
         "bfloat16 KV cache/compute (halves memory traffic). On a loaded 2-core machine the "
         "ratio also moves with the background load (see the ranges)."),
     "train_tokens_per_s_ratio_vs_torch": (
-        "The preset trades speed for memory: `remat=\"full\"` recomputes every layer's forward "
-        "in the backward pass (≈ 4/3 of the FLOPs of a plain step) and 4 micro-batches run "
-        "smaller matmuls, while the torch reference keeps all activations (≈ 11 GB peak RSS at "
-        "16×256 vs our ≈ 4 GB). The `--variant` rows of bench_train_step show what the "
-        "library's own knobs buy (remat `dots`/`none`, one micro-batch); making the preset "
-        "choose them when memory allows would close most of the gap."),
+        "Both sides do the same work here (no rematerialisation, the same micro-batches), so "
+        "the gap is between XLA's CPU backend and torch's oneDNN kernels on the same matmuls "
+        "and elementwise work. What would close it on CPU: fewer, larger matmuls (one "
+        "micro-batch: see the variant rows) or a tuned GEMM library behind XLA's dots; on "
+        "TPU, where this code is meant to run, the comparison does not arise."),
     "train_mfu_vs_cpu_peak": (
         "60% of the dense-matmul peak is out of reach for this model on CPU: at hidden size 576 "
         "with 9 heads of 64 the matmuls are small and skinny (the XLA CPU backend reaches its "
@@ -220,12 +219,11 @@ def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir
         f"**Versions:** jax {v['jax']}, jaxlib {v['jaxlib']}, flax {v['flax']}, optax {v['optax']}, "
         f"numpy {v['numpy']}; references: torch {v['torch']}, transformers {v['transformers']}, "
         f"accelerate {v['accelerate']}, trl {v['trl']}.", "",
-        f"**Load:** the machine was shared with other jobs during the run: 1-minute load average "
-        f"{min(loads):.1f}–{max(loads):.1f} on {machine['cores']} cores (per benchmark below). Absolute "
-        "numbers are therefore several times lower than on an idle machine and noisy; the "
-        "ratios are more meaningful because the compared implementations run interleaved "
-        "(rep by rep) in the same process and so see the same load. Every number is a median "
-        "over reps after a warm-up (compilation excluded); ranges are min–max.", "",
+        f"**Load:** 1-minute load average {min(loads):.1f}–{max(loads):.1f} on {machine['cores']} "
+        "cores, read at each benchmark's start and end (per benchmark below; a benchmark keeps "
+        "every core busy itself). Compared implementations run interleaved (rep by rep) in the "
+        "same process, so they see the same load. Every number is a median over reps after a "
+        "warm-up (compilation excluded); ranges are min–max.", "",
         "## Summary", "",
         common.markdown_table(["result", "ours", "theirs", "ratio", "target", "met?"], rows), "",
     ]
@@ -256,10 +254,34 @@ def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir
                "machine": machine, "results": results, "targets": targets,
                "runs": {r["name"]: {k: r[k] for k in ("command", "ok", "returncode", "seconds", "load_start", "load_end")}
                         for r in runs},
-               "details": {r["name"]: r.get("payload", {}).get("details") for r in runs}}
+               "details": {r["name"]: r.get("payload", {}).get("details") for r in runs},
+               "markdown": {r["name"]: r.get("payload", {}).get("markdown") for r in runs},
+               "errors": {r["name"]: r["error"] for r in runs if "error" in r}}
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2, default=common._jsonable))
     print(f"\nwrote {out_dir / 'RESULTS.md'} and {out_dir / 'results.json'}")
     print(common.markdown_table(["result", "ours", "theirs", "ratio", "target", "met?"], rows))
+
+
+def render(path: Path, args) -> int:
+    """Rebuild the outputs from a saved results.json: same runs, same numbers, current text."""
+    if not path.exists():
+        raise SystemExit(f"--render: {path} does not exist")
+    saved = json.loads(path.read_text())
+    missing = {"machine", "results", "runs", "markdown"} - set(saved)
+    if missing:
+        raise SystemExit(f"--render: {path} lacks {sorted(missing)}; it predates --render, run the "
+                         "benchmarks again")
+    args.quick = saved["mode"] == "quick"
+    runs = []
+    for name, run in saved["runs"].items():
+        payload = {"results": {}, "details": saved["details"].get(name), "markdown": saved["markdown"].get(name)}
+        runs.append(dict(run, name=name, script=run["command"].split()[1].split("/")[-1], payload=payload,
+                         **({"error": saved["errors"][name]} if name in saved.get("errors", {}) else {})))
+    runs[0]["payload"]["results"] = saved["results"]
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_outputs(runs, args, saved["machine"], time.time() - saved["machine"].get("wall_seconds", 0), out_dir)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -269,7 +291,12 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="comma list of benchmarks to skip")
     ap.add_argument("--out-dir", default=str(common.BENCH_DIR), help="where RESULTS.md / results.json go")
     ap.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per benchmark")
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="run nothing: rewrite RESULTS.md (and results.json) in --out-dir from a "
+                         "results.json written earlier, e.g. after editing the notes")
     args = ap.parse_args(argv)
+    if args.render:
+        return render(Path(args.render), args)
     suite = {**{k: v for k, v in SUITE.items()}, **{k: (s, {}) for k, s in MARKDOWN_ONLY.items()}}
     known = {s for s, _ in suite.values()}
     for path in sorted(common.BENCH_DIR.glob("bench_*.py")):  # any other benchmark script
@@ -293,6 +320,7 @@ def main(argv=None) -> int:
             runs.append(run_one(name, script, env, args, Path(tmp)))
             write_outputs(runs, args, dict(machine, date=machine["date"]), started, out_dir)
     machine["load_average_end"] = os.getloadavg()
+    machine["wall_seconds"] = time.time() - started
     machine["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     write_outputs(runs, args, machine, started, out_dir)
     return 0 if all(r["ok"] for r in runs) else 1
