@@ -266,7 +266,7 @@ def _uniforms(key, step, row_ids):
 
 
 def _cache_sharding(mesh: Mesh, cache: model_lib.KVCache) -> model_lib.KVCache:
-    names = ("layers", "batch", "seq", "kv_heads", "head_dim")
+    names = ("layers", "batch", "kv_heads", "seq", "head_dim")
     return model_lib.KVCache(
         k=logical_to_sharding(names, cache.k.shape, mesh),
         v=logical_to_sharding(names, cache.v.shape, mesh),
