@@ -33,13 +33,15 @@ _NEG = -1e30  # finite: a fully masked row (a pad query) must give a uniform sof
 
 @flax.struct.dataclass
 class KVCache:
-    """Keys/values for every layer. k, v: [layers, batch, kv_heads, max_len, head_dim];
-    mask: [batch, max_len] (slot holds a real token); index: next slot to write (scalar).
+    """Keys/values for every layer. k: [layers, batch, kv_heads, head_dim, max_len];
+    v: [layers, batch, kv_heads, max_len, head_dim]; mask: [batch, max_len] (slot holds a real
+    token); index: next slot to write (scalar).
 
-    Heads come before slots so that each (row, kv head) is one contiguous [max_len, head_dim]
-    block: a decode step's attention is then a plain batched matmul over the cache as it
-    lies, where the [.., max_len, kv_heads, ..] layout made XLA transpose the whole cache of
-    every layer at every step (measured: about 2x slower attention on CPU)."""
+    Heads come first so that each (row, kv head) is one contiguous block, and k is stored
+    transposed, so that a decode step's two attention matmuls, q [G,D] x k [D,S] and
+    probs [G,S] x v [S,D], read the cache as it lies. With [.., max_len, kv_heads, ..] XLA
+    transposed the whole cache of every layer at every step (on CPU, SmolLM2-135M at batch
+    32: 2.8 -> 0.6 ms per layer for attention, 155 -> 129 ms per decode step)."""
 
     k: jax.Array
     v: jax.Array
@@ -49,9 +51,10 @@ class KVCache:
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     dtype = DTYPES[cfg.dtype] if dtype is None else dtype
-    shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+    v_shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+    k_shape = (cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, max_len)
     # Separate buffers for k and v so both can be donated to the decode step.
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+    return KVCache(k=jnp.zeros(k_shape, dtype), v=jnp.zeros(v_shape, dtype),
                    mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
 
 
@@ -98,11 +101,11 @@ def _attend(q, k, v, allowed):
     b, t, kh, g, d = q.shape
     scale = jnp.sqrt(d).astype(jnp.float32)
     if t == 1:
-        scores = jnp.einsum("bkgd,bksd->bkgs", q[:, 0], k).astype(jnp.float32) / scale
+        scores = jnp.einsum("bkgd,bkds->bkgs", q[:, 0], k).astype(jnp.float32) / scale
         scores = jnp.where(allowed[:, :, None, :], scores, _NEG)  # [B,1,1,S]: same keys for all heads
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         return jnp.einsum("bkgs,bksd->bkgd", probs, v)[:, None]
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32) / scale
+    scores = jnp.einsum("btkgd,bkds->bkgts", q, k).astype(jnp.float32) / scale
     scores = jnp.where(allowed[:, None, None, :, :], scores, _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bkgts,bksd->btkgd", probs, v)
@@ -130,16 +133,16 @@ class Attention(nn.Module):
             v = v + _param(self, "v_bias", (cfg.num_kv_heads, cfg.head_dim), ("kv_heads", "head_dim"), zeros, cfg).astype(dt)
         q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling_factor)
         k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling_factor)
-        k, v = (jnp.swapaxes(x, 1, 2) for x in (k, v))  # [B,K,T,D], the cache layout
+        k, v = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)  # the cache layouts
         if kv is not None:
             k_cache, v_cache = kv
-            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), write_index, axis=2)
+            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), write_index, axis=3)
             v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), write_index, axis=2)
             new_kv = (k, v)
         else:
             new_kv = None
         b, t, h, d = q.shape
-        s = k.shape[2]
+        s = k.shape[3]
         allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
         out = _attend(q.reshape(b, t, cfg.num_kv_heads, h // cfg.num_kv_heads, d), k.astype(dt), v.astype(dt),
                       allowed).reshape(b, t, h, d)

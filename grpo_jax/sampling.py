@@ -266,10 +266,11 @@ def _uniforms(key, step, row_ids):
 
 
 def _cache_sharding(mesh: Mesh, cache: model_lib.KVCache) -> model_lib.KVCache:
-    names = ("layers", "batch", "kv_heads", "seq", "head_dim")
+    v_names = ("layers", "batch", "kv_heads", "seq", "head_dim")
+    k_names = ("layers", "batch", "kv_heads", "head_dim", "seq")
     return model_lib.KVCache(
-        k=logical_to_sharding(names, cache.k.shape, mesh),
-        v=logical_to_sharding(names, cache.v.shape, mesh),
+        k=logical_to_sharding(k_names, cache.k.shape, mesh),
+        v=logical_to_sharding(v_names, cache.v.shape, mesh),
         mask=batch_sharding(mesh, 2, cache.mask.shape[0]),
         index=replicated(mesh))
 
