@@ -88,8 +88,8 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, scaling: float) -> ja
 
 
 def _attend(q, k, v, allowed):
-    """Grouped-query attention. q [B,T,K,G,D] (G query heads per kv head), k, v [B,K,S,D],
-    allowed [B,T,S] -> [B,T,K,G,D].
+    """Grouped-query attention. q [B,T,K,G,D] (G query heads per kv head), k [B,K,D,S],
+    v [B,K,S,D] (the cache layouts), allowed [B,T,S] -> [B,T,K,G,D].
 
     A decode step (T = 1) folds the G query heads into the rows of one [G, D] x [D, S] matmul
     per (row, kv head), so both dots are plain row-major matmuls over the cache as it lies;
@@ -146,7 +146,8 @@ class Attention(nn.Module):
         allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
         out = _attend(q.reshape(b, t, cfg.num_kv_heads, h // cfg.num_kv_heads, d), k.astype(dt), v.astype(dt),
                       allowed).reshape(b, t, h, d)
-        return jnp.einsum("bthd,hde->bte", out, wo.astype(dt)), new_kv
+        # One contracting dim of h*d: with two (h, d) XLA transposed the weight at every call.
+        return out.reshape(b, t, h * d) @ wo.astype(dt).reshape(h * d, -1), new_kv
 
 
 class MLP(nn.Module):
@@ -313,10 +314,22 @@ def unembed_matrix(cfg: ModelConfig, params: Params) -> jax.Array:
     return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
 
 
+def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
+    """hidden [..., E] -> logits [..., vocab] float32.
+
+    A tied embedding is contracted as it is stored ([vocab, E]): going through
+    `unembed_matrix` would materialise its transpose, a 113 MB copy per call for
+    SmolLM2-135M that the sampler paid on every rollout; the matmul itself is as fast."""
+    hidden = hidden.astype(jnp.float32)
+    if cfg.tie_embeddings:
+        return jnp.einsum("...e,ve->...v", hidden, params["embedding"].astype(jnp.float32))
+    return hidden @ params["lm_head"].astype(jnp.float32)
+
+
 def forward_logits(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Causal forward without cache: tokens [B,T] int32 -> logits [B,T,vocab] float32."""
     hidden, _ = forward_hidden(cfg, params, tokens, mask)
-    logits = hidden.astype(jnp.float32) @ unembed_matrix(cfg, params).astype(jnp.float32)
+    logits = logits_from_hidden(cfg, params, hidden)
     chex.assert_shape(logits, tokens.shape + (cfg.vocab_size,))
     return logits
 

@@ -298,7 +298,7 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_
     hidden, cache = model_lib.forward_hidden(cfg, params, prompt_tokens, prompt_mask, positions,
                                              cache=cache, unroll=False)
     # Left padding: every row's last prompt token is in the last column.
-    logits = hidden[:, -1].astype(jnp.float32) @ model_lib.unembed_matrix(cfg, params).astype(jnp.float32)
+    logits = model_lib.logits_from_hidden(cfg, params, hidden[:, -1])
     if src_rows is not None:  # None: one sample per prompt, rows already in place
         cache = model_lib.KVCache(
             k=jnp.take(cache.k, src_rows, axis=1), v=jnp.take(cache.v, src_rows, axis=1),
@@ -333,7 +333,6 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool,
     TRACE_COUNTS["decode"] += 1
     bsz = logits0.shape[0]
     num_layers = cfg.num_layers
-    unembed = model_lib.unembed_matrix(cfg, params).astype(jnp.float32)
     pick = functools.partial(_next_token, temperature=temperature, top_k=top_k, top_p=top_p,
                              filtered=filtered)
 
@@ -380,7 +379,7 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool,
         hidden, cache = model_lib.forward_hidden(cfg, step_params(), last[:, None], last_real[:, None],
                                                  positions, cache=cache, unroll=unroll)
         cache = _constrain(cache, mesh, _cache_sharding)
-        logits = hidden[:, 0].astype(jnp.float32) @ unembed
+        logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0])
         return (step + 1,) + pack(cache) + emit(step, logits, done, tokens, mask, logps, finished)
 
     out = jax.lax.while_loop(cond, body, carry)
