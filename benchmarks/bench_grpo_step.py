@@ -25,6 +25,7 @@ Speedup = TRL seconds / ours; the target is ≥ 2 (our step ≤ 0.5× TRL's).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -40,7 +41,8 @@ PHASES = ("sampling", "reward", "reference", "update", "step")
 
 
 class OurGRPOStep:
-    def __init__(self, prompts: list[list[int]], *, group: int, new_tokens: int, beta: float):
+    def __init__(self, prompts: list[list[int]], *, group: int, new_tokens: int, beta: float,
+                 remat: str):
         from grpo_jax import algorithms, logprobs, optimizer, sharding
         from grpo_jax import train_step as ts
         from grpo_jax.config import smollm2_135m
@@ -51,7 +53,7 @@ class OurGRPOStep:
         # Params on the mesh from the start, as the train step returns them: otherwise the
         # sampler compiles once for single-device params and again after the first update.
         mcfg, params, self.tok = common.smollm2(mesh=self.mesh)
-        cfg.model = mcfg
+        cfg.model = dataclasses.replace(mcfg, remat=remat)
         cfg.rl.group_size, cfg.rl.beta, cfg.rl.max_new_tokens = group, beta, new_tokens
         # TRL updates on all P × G sequences at once (gradient_accumulation_steps=1); so do we.
         cfg.rl.num_micro_batches = 1
@@ -108,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=None, help="default 128; quick 16")
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--no-trl", action="store_true")
+    ap.add_argument("--remat", default="full", choices=("full", "dots", "none"),
+                    help="our step's rematerialisation (TRL checkpoints whole layers: 'full' is like for like)")
     args = ap.parse_args(argv)
     reps = common.reps_of(args, full=3, quick=1)
     n = args.new_tokens or (16 if args.quick else 128)
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
     rep.emit()
     tok = common.smollm2_tokenizer()
     texts, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), p, args.prompt_len, seed=7)
-    ours = OurGRPOStep(prompts, group=g, new_tokens=n, beta=args.beta)
+    ours = OurGRPOStep(prompts, group=g, new_tokens=n, beta=args.beta, remat=args.remat)
     start = time.perf_counter()
     ours()  # warm-up: compiles the sampler, the step and the reference function
     first = dict(ours.last, wall=time.perf_counter() - start)
