@@ -25,7 +25,6 @@ Speedup = TRL seconds / ours; the target is ≥ 2 (our step ≤ 0.5× TRL's).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import tempfile
@@ -36,6 +35,8 @@ import common  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+
+from grpo_jax.config import REMAT_POLICIES  # noqa: E402
 
 PHASES = ("sampling", "reward", "reference", "update", "step")
 
@@ -52,8 +53,8 @@ class OurGRPOStep:
         self.mesh = sharding.mesh_from_shape((1, 1, 1))
         # Params on the mesh from the start, as the train step returns them: otherwise the
         # sampler compiles once for single-device params and again after the first update.
-        mcfg, params, self.tok = common.smollm2(mesh=self.mesh)
-        cfg.model = dataclasses.replace(mcfg, remat=remat)
+        mcfg, params, self.tok = common.smollm2({"remat": remat}, mesh=self.mesh)
+        cfg.model = mcfg
         cfg.rl.group_size, cfg.rl.beta, cfg.rl.max_new_tokens = group, beta, new_tokens
         # TRL updates on all P × G sequences at once (gradient_accumulation_steps=1); so do we.
         cfg.rl.num_micro_batches = 1
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=None, help="default 128; quick 16")
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--no-trl", action="store_true")
-    ap.add_argument("--remat", default="full", choices=("full", "dots", "none"),
+    ap.add_argument("--remat", default="full", choices=REMAT_POLICIES,
                     help="our step's rematerialisation (TRL checkpoints whole layers: 'full' is like for like)")
     args = ap.parse_args(argv)
     reps = common.reps_of(args, full=3, quick=1)

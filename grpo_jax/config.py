@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 
+REMAT_POLICIES = ("none", "full", "dots")
+
+
 class ConfigError(ValueError):
     """A configuration key, type or value that cannot be used."""
 
@@ -38,7 +41,7 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype; bfloat16 on TPU
     param_dtype: str = "float32"  # master weights
     scan_layers: bool = True
-    remat: str = "none"  # none | full | dots (save matmul outputs only)
+    remat: str = "none"  # one of REMAT_POLICIES; dots = save matmul outputs only
 
     def validate(self) -> None:
         for name in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
@@ -50,7 +53,7 @@ class ModelConfig:
                 f"model.num_kv_heads={self.num_kv_heads} (grouped-query attention)")
         _choice(self, "dtype", ("float32", "bfloat16", "float16"))
         _choice(self, "param_dtype", ("float32", "bfloat16"))
-        _choice(self, "remat", ("none", "full", "dots"))
+        _choice(self, "remat", REMAT_POLICIES)
         if self.rope_theta <= 0 or self.rope_scaling_factor <= 0 or self.rms_eps <= 0:
             raise ConfigError("model.rope_theta, rope_scaling_factor and rms_eps must be > 0")
 
