@@ -12,8 +12,10 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(STAMP_LIB): requirements.txt | $(PY)
+# The project itself is installed editable and without dependencies: requirements.txt pins them.
+$(STAMP_LIB): requirements.txt pyproject.toml | $(PY)
 	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps -e .
 	touch $@
 
 $(STAMP_TEST): requirements-test.txt $(STAMP_LIB)

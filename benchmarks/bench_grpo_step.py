@@ -25,18 +25,16 @@ Speedup = TRL seconds / ours; the target is ≥ 2 (our step ≤ 0.5× TRL's).
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from grpo_jax.config import REMAT_POLICIES  # noqa: E402
+from grpo_jax.config import REMAT_POLICIES
 
 PHASES = ("sampling", "reward", "reference", "update", "step")
 

@@ -16,14 +16,12 @@ The spread is over reps of the per-rep decode throughput.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (sets OMP_WAIT_POLICY, sys.path)
+import common  # sets OMP_WAIT_POLICY before jax and torch load
 
-import bench_sampler  # noqa: E402  (the sampler engineer's benchmark: runners + measure)
+import bench_sampler  # the sampler engineer's benchmark: runners + measure
 
 
 class SmolJax(bench_sampler.JaxRunner):

@@ -31,13 +31,12 @@ import sys
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch / OpenMP initialise
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from grpo_jax import model as model_lib, sampling  # noqa: E402
-from grpo_jax.config import ModelConfig, cpu_tiny, smollm2_135m  # noqa: E402
+from grpo_jax import model as model_lib, sampling
+from grpo_jax.config import ModelConfig, cpu_tiny, smollm2_135m
 
 MODELS = {"tiny": lambda: cpu_tiny().model, "smollm2-135m": lambda: smollm2_135m().model}
 

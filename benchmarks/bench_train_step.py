@@ -36,16 +36,14 @@ overhead, not model work). The same count is used for every framework.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (sets OMP_WAIT_POLICY, sys.path)
+import common  # sets OMP_WAIT_POLICY before jax and torch load
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
 
 def forward_flops(mcfg, rows: int, seq: int, logit_positions: int) -> float:

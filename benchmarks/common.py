@@ -23,7 +23,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -31,8 +30,6 @@ from typing import Any, Callable, Iterable, Sequence
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch / OpenMP initialise
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 BENCH_DIR = Path(__file__).resolve().parent
 
 # ============================================================================ timing

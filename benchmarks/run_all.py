@@ -29,8 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 # name -> (script, extra environment); the order is the run order.
 SUITE = {

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
+import jax
 
-from grpo_jax import config as config_lib  # noqa: E402
-from grpo_jax.model import init_params  # noqa: E402
-from grpo_jax.tasks import get_task  # noqa: E402
-from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece  # noqa: E402
-from grpo_jax.trainer import Trainer  # noqa: E402
+from grpo_jax import config as config_lib
+from grpo_jax.model import init_params
+from grpo_jax.tasks import get_task
+from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
+from grpo_jax.trainer import Trainer
 
 # The CPU setting every experiment shares (the quickstart's): 1-digit, 3-operand arithmetic,
 # a 2-layer model, SFT on solutions that drop the carry or borrow of a step 70% of the time.

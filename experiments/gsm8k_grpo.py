@@ -38,12 +38,10 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from grpo_jax import config as config_lib  # noqa: E402  (no jax import: --help stays instant)
+from grpo_jax import config as config_lib  # (no jax import: --help stays instant)
 
 DEFAULT_PRESET = "smollm2-135m"
 # Experiment defaults on top of the smollm2-135m preset (the command line overrides them).

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 
-import common  # noqa: F401  (puts the repo on sys.path)
+import common
 import jax
 
 from grpo_jax import config as config_lib

@@ -24,17 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from grpo_jax import config as config_lib  # noqa: E402
-from grpo_jax import reward_models as rm_lib  # noqa: E402
-from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus  # noqa: E402
-from grpo_jax.tokenizer import train_sentencepiece  # noqa: E402
+from grpo_jax import config as config_lib
+from grpo_jax import reward_models as rm_lib
+from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus
+from grpo_jax.tokenizer import train_sentencepiece
 
 # Read here: model.*, optimizer.* (the reward model's AdamW), data.num_operands,
 # data.max_digits, data.wrong_step_prob, run.run_dir, run.steps (reward-model steps), run.seed.

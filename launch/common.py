@@ -170,8 +170,9 @@ def pinned_version(package: str, requirements: Path = REPO_ROOT / "requirements.
 
 
 def install_remote_command(src: SourceSettings, jax_version: str) -> str:
-    """Create the venv once (kept across re-runs), then install the pinned requirements
-    plus jax[tpu] at the same jax version (it adds libtpu)."""
+    """Create the venv once (kept across re-runs), install the pinned requirements plus
+    jax[tpu] at the same jax version (it adds libtpu), then grpo_jax itself, editable and
+    without re-resolving the pins, so the experiment scripts import it."""
     if src.python:
         make_venv = f"{shlex.quote(src.python)} -m venv .venv"
     else:
@@ -179,7 +180,7 @@ def install_remote_command(src: SourceSettings, jax_version: str) -> str:
                      f"--python {shlex.quote(src.python_version)} .venv")
     return (f"cd {REMOTE_DIR} && if [ ! -x .venv/bin/python ]; then {make_venv}; fi && "
             f".venv/bin/pip install --quiet -r requirements.txt "
-            f"{dquote(f'jax[tpu]=={jax_version}')}")
+            f"{dquote(f'jax[tpu]=={jax_version}')} && .venv/bin/pip install --quiet --no-deps -e .")
 
 
 def setup_commands(s: TpuSettings, src: SourceSettings) -> list[list[str]]:

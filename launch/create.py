@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from grpo_jax.slices import SLICES  # noqa: E402
-from launch import common  # noqa: E402
+import common  # launch/common.py: the script's folder is on sys.path
+from grpo_jax.slices import SLICES
 
 
 def parse_args(argv=None) -> argparse.Namespace:

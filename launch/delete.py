@@ -8,12 +8,8 @@ Checkpoints written to gs:// survive; anything under ~/grpo_jax on the workers i
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from launch import common  # noqa: E402
+import common  # launch/common.py: the script's folder is on sys.path
 
 
 def main(argv=None) -> int:

@@ -32,11 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from grpo_jax.slices import get_slice  # noqa: E402
-from launch import common  # noqa: E402
-from launch.common import Job, LaunchError, Runner, note  # noqa: E402
+import common  # launch/common.py: the script's folder is on sys.path
+from common import Job, LaunchError, Runner, note
+from grpo_jax.slices import get_slice
 
 _OVERRIDE_RE = re.compile(r"[A-Za-z_][\w]*\.[\w.]+=.*")
 

@@ -13,12 +13,8 @@ Safe to re-run after changing code: the venv is kept, pip only installs what cha
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from launch import common  # noqa: E402
+import common  # launch/common.py: the script's folder is on sys.path
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@
 
 Every process runs the same program, as on the workers of a TPU pod slice: it joins the
 multi-process runtime (`grpo_jax.distributed.initialize`, configured by the environment)
-and runs `experiments/train.py`'s `train()` — tokenizer trained on process 0 and shared,
+and runs `grpo_jax.train_cli.train()` (what `grpo-train` and experiments/train.py run) — tokenizer trained on process 0 and shared,
 random init, `grpo_jax.trainer.Trainer` with GRPO (sampler → host scoring → train step)
 on one global mesh of both processes' devices, checkpoints from all processes into
 RUN_DIR. Each process then writes `RUN_DIR/result_<process>.json` (its metrics per step),
@@ -16,13 +16,9 @@ The test runs the same `run()` in its own process for the 1-process reference.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 MESH = (1, 4, 2)  # (data, fsdp, tensor): fsdp spans both processes, tensor stays within one
 STEPS = 3
@@ -39,17 +35,6 @@ TOKENIZER_VOCAB = 40
 # Compared between runs (timings are not).
 METRICS = ("loss", "pg_loss", "kl", "grad_norm", "entropy", "tokens", "reward_mean", "adv_std",
            "completion_length", "eval_accuracy", "step")
-
-
-def train_cli():
-    """experiments/train.py as a module (experiments/ is not a package)."""
-    name = "grpo_jax_train_cli"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", "train.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def make_task():
@@ -71,7 +56,9 @@ def make_config(run_dir: str, steps: int = STEPS):
 
 def run(run_dir: str, steps: int = STEPS):
     """Train (or resume) the test's GRPO run in RUN_DIR; returns the (closed) Trainer."""
-    return train_cli().train(make_config(run_dir, steps), task=make_task(),
+    from grpo_jax import train_cli
+
+    return train_cli.train(make_config(run_dir, steps), task=make_task(),
                              tokenizer_vocab=TOKENIZER_VOCAB, progress=False)
 
 

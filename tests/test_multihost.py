@@ -5,7 +5,7 @@ one runtime through a local coordinator (`grpo_jax.distributed.initialize`, conf
 GRPO_JAX_* variables) and form one 8-device mesh (1, 4, 2): the fsdp axis spans both
 processes, so parameters, optimizer state and batches are split across them, and every
 step needs cross-process collectives (XLA's CPU client does them with Gloo). Each process
-runs tests/multihost_worker.py: experiments/train.py's `train()` doing GRPO steps
+runs tests/multihost_worker.py: `grpo_jax.train_cli.train()` doing GRPO steps
 (sampler → host scoring → train step) with checkpoints from both processes.
 
 The same run in this process (1 process, 8 devices, the same mesh shape) must give the
@@ -28,8 +28,7 @@ import time
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import multihost_worker as worker  # noqa: E402
+import multihost_worker as worker  # tests/ is on sys.path: pytest puts a test file's folder there
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")

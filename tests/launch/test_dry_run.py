@@ -1,10 +1,11 @@
 """The launch scripts print exactly the gcloud commands we expect, and run nothing.
 
-Expected commands are written out here by hand (not built with launch.common), for a
+Expected commands are written out here by hand (not built with launch/common.py), for a
 single-host slice (v5litepod-8) and a multi-host one (v4-32). Dry runs get an empty PATH,
 so any attempt to really run gcloud or git would fail the test. The relaunch loop is
 exercised for real against a fake `gcloud` that logs its arguments.
 """
+import importlib.util
 import os
 import re
 import shlex
@@ -25,8 +26,17 @@ WHERE_V4 = "--zone=us-central2-b --project=proj"
 INSTALL = (
     "cd grpo_jax && if [ ! -x .venv/bin/python ]; then python3 -m pip install --user --quiet uv"
     " && python3 -m uv venv --seed --python 3.11 .venv; fi && .venv/bin/pip install --quiet"
-    f' -r requirements.txt "jax[tpu]=={JAX}"'
+    f' -r requirements.txt "jax[tpu]=={JAX}" && .venv/bin/pip install --quiet --no-deps -e .'
 )
+
+
+def load_launch_common():
+    """launch/common.py as a module: the scripts import it as their sibling `common`."""
+    spec = importlib.util.spec_from_file_location("launch_common", REPO / "launch" / "common.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def launch(script, *args, path=None):
@@ -125,7 +135,8 @@ def test_setup_clones_on_every_worker_of_a_pod():
             "https://example.com/g.git grpo_jax; fi"),
         ssh("pod", WHERE_V4, "all",
             "cd grpo_jax && if [ ! -x .venv/bin/python ]; then python3.11 -m venv .venv; fi && "
-            f'.venv/bin/pip install --quiet -r requirements.txt "jax[tpu]=={JAX}"'),
+            f'.venv/bin/pip install --quiet -r requirements.txt "jax[tpu]=={JAX}" && '
+            ".venv/bin/pip install --quiet --no-deps -e ."),
     ]
 
 
@@ -264,8 +275,7 @@ def test_remote_start_follow_stop_work_in_bash(tmp_path):
     """Run the remote snippets locally in bash against a fake venv python: quoting of odd
     arguments survives, the exit code comes back, a second start does not double-run,
     and stop kills the whole process group."""
-    sys.path.insert(0, str(REPO))
-    from launch import common
+    common = load_launch_common()
 
     fake = tmp_path / "grpo_jax" / ".venv" / "bin" / "python"
     fake.parent.mkdir(parents=True)

@@ -1,0 +1,662 @@
+"""The unified paradigm: SFT, RFT, Online RFT, DPO, PPO and GRPO as one kind of object.
+
+DeepSeekMath §5.2.1 (Eq. 5) writes the gradient of every method as
+
+    ∇_θ J_A(θ) = E_(q,o)~D [ 1/|o| Σ_t GC_A(q, o, t, π_rf) ∇_θ log π_θ(o_t | q, o_<t) ]
+
+three components: a **data source** D, a **reward function** π_rf and an **algorithm**
+A that turns them into the gradient coefficient GC. Here an algorithm is exactly that: a
+frozen dataclass naming its data source and reward (read by the trainer, which never
+branches on algorithm names) plus two device-side functions used by the one train step:
+
+* ``prepare(state, batch, cfg)`` — once per sampled batch, before the μ updates: the
+  model outputs every update needs but no update changes (π_θold and π_ref log-probs,
+  old values), turned into per-row ``extras`` (advantages, loss mask, …) by the pure
+  ``extras_from_logprobs``;
+* ``loss_parts(params, micro_batch, extras, cfg)`` — per micro-batch, differentiated:
+  runs the model (one forward, chunked log-probs) and returns the pure
+  ``loss_parts_from_logprobs``: ``(numerator, denominator, metrics)`` of the loss, with
+  ``losses.aggregate_parts``'s contract (sum numerators and denominators over
+  micro-batches, divide once).
+
+    | algorithm  | data_source      | reward | gradient coefficient GC                    |
+    | SFT        | dataset          | none   | 1                                          |
+    | RFT        | sft_policy       | rule   | 1 if o correct else 0                      |
+    | OnlineRFT  | policy           | rule   | 1 if o correct else 0                      |
+    | DPO        | sft_policy_pairs | rule   | ±β σ(β ℓ(o−) − β ℓ(o+)), ℓ = mean log π/π_ref |
+    | PPO        | policy           | model  | A_t (GAE)                                  |
+    | GRPO       | policy           | model  | Â_i,t + β(π_ref/π_θ − 1)                   |
+
+Because the loss is written as a function of per-token log-probs, the tests check this
+table by autodiff: d loss / d logp_t = −GC_t / (|o| · #outputs) at ρ = 1.
+
+Hyperparameters are data: ``RLHParams`` carries every rl.* value that does not change
+which arrays exist (β's value, ε, γ, λ, temperature, the aggregation mode, the KL
+estimator, outcome/process supervision, the boolean switches…) as traced scalars, so the
+train step compiles once and serves any of their values. What is compiled in comes from
+the static ``cfg``: the algorithm, μ, the micro-batch count, the log-prob chunk size,
+and whether a reference model exists (β > 0).
+
+Conventions: rows of a batch are B = P·G outputs, row p·G + g the g-th output for
+question p (DPO: row 2p chosen o+, row 2p+1 rejected o−). ``extras`` are dicts of arrays
+whose leading axis is B (they are split into micro-batches with the batch); ``metrics``
+from ``loss_parts*`` map a name to ``(sum, count)`` (the train step sums both over
+micro-batches and divides), except names in ``MAX_METRICS``, which map to
+``(max, count)`` and are combined by max.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import advantages as adv_lib
+from grpo_jax import losses
+from grpo_jax.config import Config, RLConfig
+from grpo_jax.logprobs import sequence_logprobs, sequence_values
+
+__all__ = [
+    "RLHParams", "Algorithm", "SFT", "RFT", "OnlineRFT", "DPO", "PPO", "GRPO",
+    "ALGORITHMS", "DATA_SOURCES", "MAX_METRICS", "get_algorithm",
+    "split_micro_batches", "merge_micro_batches", "map_micro_batches",
+]
+
+DATA_SOURCES = ("dataset", "sft_policy", "policy", "sft_policy_pairs")
+MAX_METRICS = ("logprob_mismatch_max",)
+
+Extras = dict[str, jax.Array]
+Metrics = dict[str, Any]
+
+
+# ----------------------------------------------------------------- micro-batches
+
+def _check_rows(rows: int, num: int, unit: int) -> None:
+    if rows % (num * unit):
+        raise ValueError(
+            f"batch of {rows} rows cannot be split into rl.num_micro_batches={num} micro-batches"
+            + (f" of whole units of {unit} rows" if unit > 1 else "")
+            + f": {rows} is not a multiple of {num * unit}")
+
+
+def split_micro_batches(tree: Any, num: int, unit: int = 1) -> Any:
+    """``[B, ...]`` leaves -> ``[num, B/num, ...]``.
+
+    Rows are taken in units of ``unit`` consecutive rows (2 for DPO's chosen/rejected
+    pairs); micro-batch k holds units k, k + num, k + 2·num, … (strided), so every
+    device's contiguous shard of the batch contributes equally to every micro-batch and
+    splitting moves no data between devices.
+    """
+    def split(x):
+        rows = x.shape[0]
+        _check_rows(rows, num, unit)
+        x = x.reshape((rows // (num * unit), num, unit) + x.shape[1:])
+        x = jnp.moveaxis(x, 1, 0)
+        return x.reshape((num, rows // num) + x.shape[3:])
+
+    return jax.tree.map(split, tree)
+
+
+def merge_micro_batches(tree: Any, unit: int = 1) -> Any:
+    """Inverse of ``split_micro_batches``: ``[num, B/num, ...]`` -> ``[B, ...]``."""
+    def merge(x):
+        num, per = x.shape[:2]
+        x = x.reshape((num, per // unit, unit) + x.shape[2:])
+        x = jnp.moveaxis(x, 0, 1)
+        return x.reshape((num * per,) + x.shape[3:])
+
+    return jax.tree.map(merge, tree)
+
+
+def map_micro_batches(fn: Callable[[Any], Any], tree: Any, num: int, unit: int = 1) -> Any:
+    """``fn`` (rows -> per-row outputs) applied one micro-batch at a time (``lax.map``),
+    results put back in row order: bounds the memory of a forward pass over a big batch."""
+    if num == 1:
+        return fn(tree)
+    return merge_micro_batches(jax.lax.map(fn, split_micro_batches(tree, num, unit)), unit)
+
+
+# ----------------------------------------------------------------- hyperparameters
+
+SUPERVISIONS = ("outcome", "process")
+
+
+@flax.struct.dataclass
+class RLHParams:
+    """The rl.* values the train step reads as data (scalars; modes as indices into
+    ``losses.AGGREGATION_MODES``, ``losses.KL_KINDS``, ``SUPERVISIONS``)."""
+
+    beta: Any
+    kl_estimator: Any
+    eps_low: Any
+    eps_high: Any
+    scale_by_std: Any
+    supervision: Any
+    skip_zero_variance_groups: Any
+    mask_truncated: Any
+    aggregation: Any
+    gamma: Any
+    lam: Any
+    value_clip: Any
+    vf_coef: Any
+    whiten_advantages: Any
+    dpo_beta: Any
+    temperature: Any
+
+    @classmethod
+    def from_config(cls, rl: RLConfig) -> "RLHParams":
+        """Host-side (numpy scalars): put on device by the caller, or used as constants."""
+        f, b, i = np.float32, np.bool_, np.int32
+        return cls(
+            beta=f(rl.beta), kl_estimator=i(losses.KL_KINDS.index(rl.kl_estimator)),
+            eps_low=f(rl.eps_low), eps_high=f(rl.eps_high), scale_by_std=b(rl.scale_by_std),
+            supervision=i(SUPERVISIONS.index(rl.supervision)),
+            skip_zero_variance_groups=b(rl.skip_zero_variance_groups),
+            mask_truncated=b(rl.mask_truncated),
+            aggregation=i(losses.AGGREGATION_MODES.index(rl.aggregation)),
+            gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip), vf_coef=f(rl.vf_coef),
+            whiten_advantages=b(rl.whiten_advantages), dpo_beta=f(rl.dpo_beta),
+            temperature=f(rl.temperature))
+
+
+def _hp(cfg: Config, hp: RLHParams | None) -> RLHParams:
+    return RLHParams.from_config(cfg.rl) if hp is None else hp
+
+
+# ----------------------------------------------------------------- shared helpers
+
+def _f32(x) -> jax.Array:
+    return jnp.asarray(x, jnp.float32)
+
+
+def _token_mean_parts(x, mask) -> tuple[jax.Array, jax.Array]:
+    return losses.aggregate_parts(x, mask, "token_mean")
+
+
+def _masked_mean_std(x, mask) -> tuple[jax.Array, jax.Array]:
+    m = mask.astype(bool)
+    count = jnp.maximum(jnp.sum(m), 1)
+    mean = jnp.sum(jnp.where(m, x, 0.0)) / count
+    var = jnp.sum(jnp.where(m, jnp.square(x - mean), 0.0)) / count
+    return mean, jnp.sqrt(var)
+
+
+def _truncation_mask(batch, hp: RLHParams) -> jax.Array:
+    """Completion mask, minus truncated rows when rl.mask_truncated."""
+    mask = batch.mask.astype(bool)
+    drop = jnp.logical_and(hp.mask_truncated, batch.truncated.astype(bool))
+    return mask & ~drop[:, None]
+
+
+def _aggregate_parts(per_token, mask, hp: RLHParams):
+    """``losses.aggregate_parts`` with the mode chosen by the traced index hp.aggregation."""
+    parts = [losses.aggregate_parts(per_token, mask, mode) for mode in losses.AGGREGATION_MODES]
+    index = jnp.asarray(hp.aggregation, jnp.int32)
+    return jnp.stack([p[0] for p in parts])[index], jnp.stack([p[1] for p in parts])[index]
+
+
+def _kl(logp, ref_logp, hp: RLHParams):
+    """``losses.kl_penalty`` with the estimator chosen by hp.kl_estimator (``lax.switch``:
+    only the chosen estimator runs, so an overflowing one never leaks into gradients)."""
+    branches = [lambda a, b, k=kind: losses.kl_penalty(a, b, k) for kind in losses.KL_KINDS]
+    return jax.lax.switch(jnp.asarray(hp.kl_estimator, jnp.int32), branches, logp, ref_logp)
+
+
+def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
+    mask = batch.mask.astype(bool)
+    metrics: Metrics = {}
+    if entropy is not None:
+        metrics["entropy"] = _token_mean_parts(entropy, mask)
+    if algo.data_source != "dataset":
+        gap = jnp.where(mask, jnp.abs(_f32(batch.sample_logprobs) - _f32(logp)), 0.0)
+        metrics["logprob_mismatch_max"] = (jnp.max(gap), jnp.asarray(1.0, jnp.float32))
+    return metrics
+
+
+# ----------------------------------------------------------------- the interface
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One row of the unified paradigm table (see the module docstring).
+
+    Attributes read by the trainer: ``name``; ``data_source`` — ``'dataset'`` (q, o from
+    the SFT data), ``'sft_policy'`` (outputs sampled offline from the initial SFT policy),
+    ``'policy'`` (sampled online from the current π_θ), ``'sft_policy_pairs'`` (pairs
+    sampled offline from π_sft, row 2p chosen / 2p+1 rejected); ``reward`` — ``'none'``,
+    ``'rule'`` or ``'model'``; ``needs_value_model``; ``needs_reference(cfg)``.
+    ``micro_batch_unit``: consecutive rows that must stay in one micro-batch.
+
+    Every method taking ``hp`` reads rl.* values from it (``RLHParams.from_config(cfg.rl)``
+    when None) and only structure from ``cfg``.
+    """
+
+    name: str = ""
+    data_source: str = "policy"
+    reward: str = "none"
+    gradient_coefficient: str = ""
+    needs_value_model: bool = False
+    micro_batch_unit: int = 1
+
+    # -- structure: what the train step must keep / compute (static)
+    def needs_reference(self, cfg: Config) -> bool:
+        """Whether a frozen π_ref is kept (and its log-probs computed once per batch)."""
+        return False
+
+    def needs_old_logprobs(self, cfg: Config) -> bool:
+        """Whether π_θold log-probs are computed once per batch, before the updates.
+        With a single update (μ = 1) π_θold = π_θ, so the loss uses stop_gradient(logp)
+        instead and saves one forward pass."""
+        return False
+
+    def logprob_temperature(self, hp: RLHParams):
+        """Temperature of the policy whose log-probs enter the loss: the sampling
+        temperature rl.temperature (T = 0 -> 1), so that ρ = 1 on-policy."""
+        return hp.temperature
+
+    # -- once per batch
+    def prepare(self, state: Any, batch: Any, cfg: Config, hp: RLHParams | None = None, *,
+                group_size: int | None = None) -> tuple[Extras, Metrics]:
+        """Model outputs that stay fixed during the μ updates, then ``extras_from_logprobs``.
+
+        Forward passes run micro-batch by micro-batch (rl.num_micro_batches), without
+        gradients. Returns ``(extras, metrics)``; metrics are full-batch scalars.
+        """
+        hp = _hp(cfg, hp)
+        num, unit = cfg.rl.num_micro_batches, self.micro_batch_unit
+        run = lambda fn: jax.lax.stop_gradient(map_micro_batches(fn, batch, num, unit))
+        logp_kw = dict(temperature=self.logprob_temperature(hp),
+                       chunk_size=cfg.rl.logprob_chunk_size)
+        old_logp = ref_logp = old_values = None
+        if self.needs_old_logprobs(cfg):
+            old_logp = run(lambda mb: sequence_logprobs(cfg.model, state.params, mb, **logp_kw))
+        if self.needs_reference(cfg):
+            if state.ref_params is None:
+                raise ValueError(f"{self.name} with this config needs a reference model but "
+                                 "state.ref_params is None; build the state with init_train_state(cfg, ...)")
+            ref_logp = run(lambda mb: sequence_logprobs(cfg.model, state.ref_params, mb, **logp_kw))
+        if self.needs_value_model:
+            old_values = run(lambda mb: sequence_values(cfg.model, state.value_params, mb))
+        return self.extras_from_logprobs(batch, cfg, hp, group_size=group_size, old_logp=old_logp,
+                                         ref_logp=ref_logp, old_values=old_values)
+
+    def extras_from_logprobs(self, batch: Any, cfg: Config, hp: RLHParams | None = None, *,
+                             group_size: int | None = None, old_logp=None, ref_logp=None,
+                             old_values=None) -> tuple[Extras, Metrics]:
+        """Pure part of ``prepare``: per-row extras from the batch and precomputed
+        log-probs / values (all ``[B, Tc]``)."""
+        return {"loss_mask": batch.mask.astype(bool)}, {}
+
+    # -- per micro-batch, differentiated
+    def loss_parts(self, params: Any, micro_batch: Any, extras: Extras, cfg: Config,
+                   hp: RLHParams | None = None, *, value_params: Any = None
+                   ) -> tuple[jax.Array, jax.Array, Metrics]:
+        """``(numerator, denominator, metrics)`` of the loss on one micro-batch: one model
+        forward with chunked log-probs (and the value model's, for PPO), then
+        ``loss_parts_from_logprobs``."""
+        hp = _hp(cfg, hp)
+        logp, entropy = sequence_logprobs(
+            cfg.model, params, micro_batch, temperature=self.logprob_temperature(hp),
+            chunk_size=cfg.rl.logprob_chunk_size, with_entropy=True)
+        values = None
+        if self.needs_value_model:
+            values = sequence_values(cfg.model, value_params, micro_batch)
+        return self.loss_parts_from_logprobs(logp, micro_batch, extras, cfg, hp, values=values,
+                                             entropy=entropy)
+
+    def loss_parts_from_logprobs(self, logp: jax.Array, batch: Any, extras: Extras, cfg: Config,
+                                 hp: RLHParams | None = None, *, values=None, entropy=None
+                                 ) -> tuple[jax.Array, jax.Array, Metrics]:
+        raise NotImplementedError
+
+    def loss_from_logprobs(self, logp: jax.Array, batch: Any, extras: Extras, cfg: Config,
+                           hp: RLHParams | None = None, *, values=None) -> jax.Array:
+        """numerator / denominator (0 when nothing is valid): the scalar loss of a whole
+        batch given its log-probs; what the unified-paradigm tests differentiate."""
+        num, den, _ = self.loss_parts_from_logprobs(logp, batch, extras, cfg, hp, values=values)
+        return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+# ----------------------------------------------------------------- SFT / RFT
+
+@dataclasses.dataclass(frozen=True)
+class SFT(Algorithm):
+    """Supervised fine-tuning (DeepSeekMath Eq. 6–7).
+
+    | data source: q, o ~ P_sft (the dataset) | reward: – | GC = 1 |
+
+    loss = aggregate(−log π_θ(o_t|q,o_<t)) over completion tokens (``sequence_mean`` is
+    exactly −Eq. 6). Log-probs are the model's own (T = 1), whatever rl.temperature.
+    """
+
+    name: str = "sft"
+    data_source: str = "dataset"
+    reward: str = "none"
+    gradient_coefficient: str = "1"
+
+    def logprob_temperature(self, hp):
+        return 1.0
+
+    def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
+                                 entropy=None):
+        hp = _hp(cfg, hp)
+        per_token = losses.sft_loss(logp) * self._coefficient(batch)[:, None]
+        num, den = _aggregate_parts(per_token, extras["loss_mask"], hp)
+        metrics = {"loss": (num, den), "pg_loss": (num, den)}
+        metrics.update(_common_loss_metrics(self, logp, batch, entropy))
+        return num, den, metrics
+
+    def _coefficient(self, batch) -> jax.Array:
+        return jnp.ones(batch.tokens.shape[0], jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RFT(SFT):
+    """Rejection-sampling fine-tuning (DeepSeekMath Eq. 8–10), offline.
+
+    | data source: q ~ P_sft, o ~ π_sft (sampled once from the SFT model) | reward: rule |
+    | GC = 𝕀(o) = 1 if o is correct else 0 |
+
+    loss = aggregate(−𝕀(o) log π_θ(o_t|q,o_<t)): incorrect outputs stay in the
+    denominator with zero weight (the expectation is over all sampled outputs).
+    ``batch.correct`` carries 𝕀(o); rl.mask_truncated drops truncated outputs. Log-probs
+    at the sampling temperature.
+    """
+
+    name: str = "rft"
+    data_source: str = "sft_policy"
+    reward: str = "rule"
+    gradient_coefficient: str = "1 if o correct else 0"
+
+    def logprob_temperature(self, hp):
+        return hp.temperature
+
+    def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
+                             ref_logp=None, old_values=None):
+        return {"loss_mask": _truncation_mask(batch, _hp(cfg, hp))}, {}
+
+    def _coefficient(self, batch) -> jax.Array:
+        return batch.correct.astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineRFT(RFT):
+    """Online rejection-sampling fine-tuning (DeepSeekMath Eq. 10 with online data).
+
+    | data source: q ~ P_sft, o ~ π_θ (sampled from the current policy) | reward: rule |
+    | GC = 𝕀(o) = 1 if o is correct else 0 |
+
+    Same loss as RFT; only the data source differs (the trainer samples from π_θ).
+    """
+
+    name: str = "online_rft"
+    data_source: str = "policy"
+
+
+# ----------------------------------------------------------------- DPO
+
+@dataclasses.dataclass(frozen=True)
+class DPO(Algorithm):
+    """Direct preference optimisation (DeepSeekMath Eq. 12–14).
+
+    | data source: q ~ P_sft, o+, o− ~ π_sft (pairs) | reward: rule |
+    | GC = ±β σ(β log π_θ(o−)/π_ref(o−) − β log π_θ(o+)/π_ref(o+)) (+ on o+, − on o−) |
+
+    loss per pair = −log σ(β ℓ(o+) − β ℓ(o−)),  ℓ(o) = 1/|o| Σ_t log π_θ(o_t)/π_ref(o_t)
+    (Eq. 12's per-token-mean form), averaged over pairs; rows 2p / 2p+1 of a batch are the
+    chosen / rejected outputs of pair p, and a pair is never split across micro-batches.
+    β = rl.dpo_beta. (Eq. 14 leaves out the constant factor β that autodiff gives.)
+    rl.aggregation does not apply: the loss is a mean over pairs. Log-probs at the
+    sampling temperature, for π_θ and π_ref alike.
+    """
+
+    name: str = "dpo"
+    data_source: str = "sft_policy_pairs"
+    reward: str = "rule"
+    gradient_coefficient: str = "±β σ(β log π_θ(o−)/π_ref(o−) − β log π_θ(o+)/π_ref(o+))"
+    micro_batch_unit: int = 2
+
+    def needs_reference(self, cfg: Config) -> bool:
+        return True
+
+    def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
+                             ref_logp=None, old_values=None):
+        if batch.tokens.shape[0] % 2:
+            raise ValueError(f"DPO needs chosen/rejected pairs: an even number of rows, got "
+                             f"{batch.tokens.shape[0]}")
+        if ref_logp is None:
+            raise ValueError("DPO needs reference log-probs")
+        return {"loss_mask": batch.mask.astype(bool), "ref_logp": _f32(ref_logp)}, {}
+
+    def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
+                                 entropy=None):
+        hp = _hp(cfg, hp)
+        mask = extras["loss_mask"]
+        count = jnp.sum(mask.astype(jnp.float32), axis=1)
+        log_ratio = jnp.where(mask, _f32(logp) - extras["ref_logp"], 0.0)
+        seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(count, 1.0)  # ℓ(o), Eq. 12
+        pairs = seq.reshape(-1, 2)
+        valid = jnp.all(count.reshape(-1, 2) > 0, axis=1)
+        zero = jnp.zeros_like(pairs[:, 0])
+        per_pair = losses.dpo_loss(pairs[:, 0], pairs[:, 1], zero, zero, hp.dpo_beta)
+        num = jnp.sum(jnp.where(valid, per_pair, 0.0))
+        den = jnp.sum(valid).astype(jnp.float32)
+        kl = _kl(logp, extras["ref_logp"], hp)
+        metrics = {"loss": (num, den), "pg_loss": (num, den), "kl": _token_mean_parts(kl, mask),
+                   "dpo_accuracy": (jnp.sum(valid & (pairs[:, 0] > pairs[:, 1])), den)}
+        metrics.update(_common_loss_metrics(self, logp, batch, entropy))
+        return num, den, metrics
+
+
+# ----------------------------------------------------------------- PPO / GRPO
+
+def _surrogate_metrics(logp, old_logp, advantages, mask, hp: RLHParams) -> Metrics:
+    clipped = losses.clipped_tokens(logp, old_logp, advantages, eps_low=hp.eps_low,
+                                    eps_high=hp.eps_high)
+    return {"clip_fraction": _token_mean_parts(clipped.astype(jnp.float32), mask)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PPO(Algorithm):
+    """Proximal policy optimisation with a value model and GAE (DeepSeekMath Eq. 1–2, 15–18).
+
+    | data source: q ~ P_sft, o ~ π_θ | reward: model | GC = A_t (GAE) |
+
+    prepare: π_θold log-probs and old values V_ψold (and π_ref log-probs if β > 0); per-
+    token rewards r_t = r_φ(q,o)·[t last] − β log(π_θold(o_t)/π_ref(o_t)) (Eq. 2,
+    ``advantages.ppo_token_rewards``); A, R = GAE(γ = rl.gamma, λ = rl.lam); optional
+    whitening of A over the batch's loss tokens (rl.whiten_advantages).
+    loss = aggregate(−min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + vf_coef · ½(V_ψ − R)²
+    [clipped around V_ψold by rl.value_clip, 0 = off]); the value model V_ψ has its own
+    parameters and optimiser and is trained in the same step. rl.kl_estimator does not
+    apply (the penalty is Eq. 2's log-ratio inside the reward); the ``kl`` metric is its
+    token mean. adv_mean / adv_std describe the advantages that enter the loss.
+    """
+
+    name: str = "ppo"
+    data_source: str = "policy"
+    reward: str = "model"
+    gradient_coefficient: str = "A_t (GAE)"
+    needs_value_model: bool = True
+
+    def needs_reference(self, cfg: Config) -> bool:
+        return cfg.rl.beta > 0
+
+    def needs_old_logprobs(self, cfg: Config) -> bool:
+        return True  # the KL part of the reward is computed from π_θold
+
+    def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
+                             ref_logp=None, old_values=None):
+        hp = _hp(cfg, hp)
+        if old_logp is None or old_values is None:
+            raise ValueError("PPO needs old log-probs and old values")
+        mask = batch.mask.astype(bool)
+        loss_mask = _truncation_mask(batch, hp)
+        old_logp, old_values = _f32(old_logp), _f32(old_values)
+        ref = _f32(ref_logp) if (self.needs_reference(cfg) and ref_logp is not None) else old_logp
+        token_rewards = adv_lib.ppo_token_rewards(batch.rewards, old_logp, ref, mask, hp.beta)
+        advantages, returns = adv_lib.gae(token_rewards, old_values, mask, gamma=hp.gamma,
+                                          lam=hp.lam)
+        advantages = jnp.where(hp.whiten_advantages, adv_lib.whiten(advantages, loss_mask),
+                               advantages)
+        advantages = jnp.where(loss_mask, advantages, 0.0)
+        adv_mean, adv_std = _masked_mean_std(advantages, loss_mask)
+        kl_num, kl_den = _token_mean_parts(old_logp - ref, loss_mask)
+        metrics = {"adv_mean": adv_mean, "adv_std": adv_std,
+                   "kl": jnp.where(kl_den > 0, kl_num / jnp.maximum(kl_den, 1.0), 0.0),
+                   "return_mean": _masked_mean_std(returns, loss_mask)[0],
+                   "value_mean": _masked_mean_std(old_values, loss_mask)[0]}
+        extras = {"loss_mask": loss_mask, "advantages": advantages, "returns": returns,
+                  "old_values": old_values, "old_logp": old_logp}
+        return extras, metrics
+
+    def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
+                                 entropy=None):
+        hp = _hp(cfg, hp)
+        if values is None:
+            raise ValueError("PPO's loss needs the value model's values")
+        mask = extras["loss_mask"]
+        adv, old_logp = extras["advantages"], extras["old_logp"]
+        surrogate = losses.clipped_surrogate(logp, old_logp, adv, eps_low=hp.eps_low,
+                                             eps_high=hp.eps_high)
+        args = (values, extras["old_values"], extras["returns"], mask)
+        vloss = jnp.where(hp.value_clip > 0, losses.value_loss(*args, clip_eps=hp.value_clip),
+                          losses.value_loss(*args))
+        num, den = _aggregate_parts(-surrogate + hp.vf_coef * vloss, mask, hp)
+        pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
+        v_num, _ = _aggregate_parts(vloss, mask, hp)
+        metrics = {"loss": (num, den), "pg_loss": (pg_num, den), "value_loss": (v_num, den)}
+        metrics.update(_surrogate_metrics(logp, old_logp, adv, mask, hp))
+        metrics.update(_common_loss_metrics(self, logp, batch, entropy))
+        return num, den, metrics
+
+
+def _process_group_stats(step_rewards, step_mask, eps: float = 1e-6):
+    """Per group [P]: whether the valid step rewards vary, and std(R) + eps (ddof 0), as in
+    ``advantages.process_advantages``."""
+    valid = step_mask.astype(bool)
+    r = _f32(step_rewards)
+    count = jnp.sum(valid, axis=(1, 2))
+    safe = jnp.maximum(count, 1)
+    mean = jnp.sum(jnp.where(valid, r, 0.0), axis=(1, 2)) / safe
+    var = jnp.sum(jnp.where(valid, jnp.square(r - mean[:, None, None]), 0.0), axis=(1, 2)) / safe
+    hi = jnp.max(jnp.where(valid, r, -jnp.inf), axis=(1, 2))
+    lo = jnp.min(jnp.where(valid, r, jnp.inf), axis=(1, 2))
+    varies = (count > 1) & (hi != lo)
+    return varies, jnp.sqrt(jnp.where(varies, var, 1.0)) + eps
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPO(Algorithm):
+    """Group relative policy optimisation (DeepSeekMath Eq. 3–4, 19–21).
+
+    | data source: q ~ P_sft, {o_i} ~ π_θ | reward: model | GC = Â_i,t + β(π_ref/π_θ − 1) |
+
+    J = 1/G Σ_i 1/|o_i| Σ_t [ min(ρ Â, clip(ρ, 1−ε_low, 1+ε_high) Â) − β D_KL[π_θ‖π_ref] ]
+    with D_KL the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (rl.kl_estimator: k1, k2, k3)
+    and aggregation rl.aggregation (sequence_mean is the paper's). Advantages, once per
+    batch: outcome supervision Â_i,t = (r_i − mean r)/(std r + eps) over the G outputs of a
+    question (rl.scale_by_std=false: r_i − mean r, Dr. GRPO); process supervision
+    Â_i,t = Σ_{index(j) ≥ t} r̃_i^index(j) (without std scaling: the step rewards are only
+    centred). rl.skip_zero_variance_groups drops groups whose rewards are all equal from
+    the loss (and its denominator; DAPO dynamic sampling); rl.mask_truncated drops outputs
+    that hit max_new_tokens. β = 0 keeps no reference model at all; μ = 1 computes no
+    separate π_θold forward (ρ = exp(logp − stop_gradient(logp))).
+    """
+
+    name: str = "grpo"
+    data_source: str = "policy"
+    reward: str = "model"
+    gradient_coefficient: str = "Â_i,t + β(π_ref/π_θ − 1)"
+
+    def needs_reference(self, cfg: Config) -> bool:
+        return cfg.rl.beta > 0
+
+    def needs_old_logprobs(self, cfg: Config) -> bool:
+        return cfg.rl.num_updates > 1
+
+    def group_advantages(self, batch, hp: RLHParams, group_size: int):
+        """(advantages [B, Tc], group varies [P]) from outcome or process rewards."""
+        rows, tc = batch.tokens.shape
+        if group_size < 1 or rows % group_size:
+            raise ValueError(f"GRPO batch of {rows} rows is not a whole number of groups of "
+                             f"{group_size} outputs")
+        num_p = rows // group_size
+        # outcome supervision
+        rewards = _f32(batch.rewards).reshape(num_p, group_size)
+        scaled = adv_lib.group_relative_advantages(rewards, scale_by_std=True)
+        centred = adv_lib.group_relative_advantages(rewards, scale_by_std=False)
+        outcome = jnp.where(hp.scale_by_std, scaled, centred)
+        outcome = jnp.broadcast_to(outcome.reshape(rows, 1), (rows, tc))
+        outcome_varies = adv_lib.nonconstant_groups(rewards)
+        # process supervision
+        shape = (num_p, group_size, batch.step_rewards.shape[1])
+        step_rewards = _f32(batch.step_rewards).reshape(shape)
+        step_mask = batch.step_mask.astype(bool).reshape(shape)
+        process = adv_lib.process_advantages(
+            step_rewards, batch.step_end.astype(jnp.int32).reshape(shape), step_mask, tc)
+        process_varies, scale = _process_group_stats(step_rewards, step_mask)
+        # without std scaling: undo the 1/(std(R)+eps), leaving centred step rewards
+        process = process * jnp.where(hp.scale_by_std, 1.0, scale)[:, None, None]
+        is_process = jnp.asarray(hp.supervision, jnp.int32) == SUPERVISIONS.index("process")
+        adv = jnp.where(is_process, process.reshape(rows, tc), outcome)
+        varies = jnp.where(is_process, process_varies, outcome_varies)
+        return adv, varies
+
+    def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
+                             ref_logp=None, old_values=None):
+        hp = _hp(cfg, hp)
+        group_size = cfg.rl.group_size if group_size is None else group_size
+        adv, varies = self.group_advantages(batch, hp, group_size)
+        kept = jnp.logical_or(~jnp.asarray(hp.skip_zero_variance_groups), varies)
+        loss_mask = _truncation_mask(batch, hp) & jnp.repeat(kept, group_size)[:, None]
+        adv = jnp.where(loss_mask, adv, 0.0)
+        adv_mean, adv_std = _masked_mean_std(adv, loss_mask)
+        metrics = {"adv_mean": adv_mean, "adv_std": adv_std,
+                   "groups_varying_fraction": jnp.mean(varies.astype(jnp.float32)),
+                   "groups_kept_fraction": jnp.mean(kept.astype(jnp.float32))}
+        extras = {"loss_mask": loss_mask, "advantages": adv}
+        if old_logp is not None:
+            extras["old_logp"] = _f32(old_logp)
+        if self.needs_reference(cfg):
+            if ref_logp is None:
+                raise ValueError("GRPO with rl.beta > 0 needs reference log-probs")
+            extras["ref_logp"] = _f32(ref_logp)
+        return extras, metrics
+
+    def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
+                                 entropy=None):
+        hp = _hp(cfg, hp)
+        mask, adv = extras["loss_mask"], extras["advantages"]
+        old_logp = extras.get("old_logp")
+        if old_logp is None:  # μ = 1: π_θold = π_θ
+            old_logp = jax.lax.stop_gradient(logp)
+        surrogate = losses.clipped_surrogate(logp, old_logp, adv, eps_low=hp.eps_low,
+                                             eps_high=hp.eps_high)
+        per_token = -surrogate
+        metrics: Metrics = {}
+        if self.needs_reference(cfg):
+            kl = _kl(logp, extras["ref_logp"], hp)
+            per_token = per_token + hp.beta * kl
+            metrics["kl"] = _token_mean_parts(kl, mask)
+        num, den = _aggregate_parts(per_token, mask, hp)
+        pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
+        metrics.update({"loss": (num, den), "pg_loss": (pg_num, den)})
+        metrics.update(_surrogate_metrics(logp, old_logp, adv, mask, hp))
+        metrics.update(_common_loss_metrics(self, logp, batch, entropy))
+        return num, den, metrics
+
+
+# ----------------------------------------------------------------- registry
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (SFT(), RFT(), OnlineRFT(), DPO(), PPO(), GRPO())}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm registered under ``name`` (rl.algorithm); ValueError lists the names."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; known algorithms: {sorted(ALGORITHMS)}")
+    return ALGORITHMS[name]

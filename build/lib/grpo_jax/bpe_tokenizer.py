@@ -1,0 +1,377 @@
+"""Byte-level BPE tokenizers of imported models (GGUF metadata or an HF `tokenizer.json`).
+
+`BPETokenizer` implements the `grpo_jax.tokenizer.Tokenizer` protocol on top of the
+`tokenizers` library (the BPE merge loop runs in Rust). It is built either from a GGUF
+file's `tokenizer.ggml.*` metadata (vocabulary in the GPT-2 byte alphabet, merges,
+token types, special ids, pre-tokenizer name) or from a Hugging Face folder
+(`tokenizer.json` + `tokenizer_config.json`), and saves itself as such a folder, so an
+exported model's tokenizer loads in transformers too.
+
+Chat formatting is ChatML, written directly in Python:
+
+    <|im_start|>{role}\\n{content}<|im_end|>\\n   (per message)
+    <|im_start|>assistant\\n                      (the generation prompt)
+
+plus the default system message that a template inserts when the conversation has none
+(SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), read from the template
+text. A model's Jinja template is never executed: templates are untrusted input.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+# GGUF token types (llama.cpp's llama_token_type).
+_GGUF_CONTROL = 3
+_GGUF_USER_DEFINED = 4
+
+# How llama.cpp's `tokenizer.ggml.pre` names split text before BPE. "bytelevel" is the
+# GPT-2 split built into tokenizers' ByteLevel pre-tokenizer.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
+    "default": ("bytelevel",),
+    "gpt2": ("bytelevel",),
+    "gpt-2": ("bytelevel",),
+    "smollm": ("digits", "bytelevel"),  # every digit its own piece, then the GPT-2 split
+    "starcoder": ("digits", "bytelevel"),
+    "llama3": ("split:llama3",),
+    "llama-v3": ("split:llama3",),
+    "llama-bpe": ("split:llama3",),
+    "qwen2": ("split:qwen2",),
+}
+_SPLITS = {"llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+
+
+class TokenizerError(ValueError):
+    """A tokenizer description that cannot be used (names the field at fault)."""
+
+
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map.
+
+    Bytes that are visible Latin-1 characters ('!'..'~', '¡'..'¬', '®'..'ÿ') stand for
+    themselves; the other 68 bytes (space, control characters, ...) are given the code
+    points 256, 257, ... in byte order. A space is thus 'Ġ' (U+0120), a newline 'Ċ'.
+    """
+    visible = [b for b in range(256)
+               if ord("!") <= b <= ord("~") or ord("¡") <= b <= ord("¬") or ord("®") <= b <= ord("ÿ")]
+    table = {b: chr(b) for b in visible}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _build_pre_tokenizer(kind: str):
+    from tokenizers import Regex, pre_tokenizers
+
+    if kind not in _PRE_TOKENIZERS:
+        raise TokenizerError(
+            f"tokenizer.ggml.pre={kind!r} is not supported; known pre-tokenizers: "
+            f"{sorted(_PRE_TOKENIZERS)}")
+    steps = []
+    for step in _PRE_TOKENIZERS[kind]:
+        if step == "digits":
+            steps.append(pre_tokenizers.Digits(individual_digits=True))
+        elif step == "bytelevel":
+            steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+        else:
+            steps.append(pre_tokenizers.Split(Regex(_SPLITS[step.split(":")[1]]), behavior="isolated"))
+            steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    return steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
+
+
+def _token_content(entry: Any) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or {"content": ...}."""
+    if entry is None:
+        return None
+    if isinstance(entry, Mapping):
+        return entry.get("content")
+    return str(entry)
+
+
+def default_system_message(chat_template: str | None) -> str | None:
+    """The system message a ChatML template inserts when the conversation has none, read
+    as a string literal of the form '<|im_start|>system\\n...<|im_end|>' in the template."""
+    if not chat_template:
+        return None
+    m = re.search(r"""(['"])<\|im_start\|>system(?:\n|\\n)([^'"{}]*?)<\|im_end\|>""", chat_template)
+    if m is None:
+        return None
+    return m.group(2).replace("\\n", "\n")
+
+
+class BPETokenizer:
+    """Byte-level BPE with special tokens and ChatML formatting (see the module docstring).
+
+    `encode` matches special-token strings in the text ('<|im_start|>' becomes id 1 for
+    SmolLM2), as transformers does. `decode` drops special tokens unless asked not to, so
+    a completion ending in '<|im_end|>' and padding decodes to its text alone.
+    """
+
+    def __init__(self, backend, *, bos_id: int, eos_id: int, pad_id: int | None = None,
+                 chat_template: str | None = None, add_bos: bool = False,
+                 extra_stop_ids: Sequence[int] = ()):
+        self._tok = backend
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self.bos_id = int(bos_id)
+        self.eos_id = int(eos_id)
+        self.pad_id = int(eos_id if pad_id is None else pad_id)
+        self.add_bos = bool(add_bos)
+        self.chat_template = chat_template
+        # "chatml": formatted natively; "plain": no template, contents are joined;
+        # "unsupported": a template in another format (apply_chat_template raises).
+        if not chat_template:
+            self.chat_format = "plain"
+        elif IM_START in chat_template:
+            self.chat_format = "chatml"
+        else:
+            self.chat_format = "unsupported"
+        self.default_system = default_system_message(chat_template)
+        self._extra_stop_ids = [int(i) for i in extra_stop_ids]
+        spec = json.loads(backend.to_str())
+        self._byte_level = _uses_byte_level(spec.get("decoder"))
+        self._special_ids = {int(t["id"]) for t in spec.get("added_tokens", []) if t.get("special")}
+        self._token_bytes: list[bytes] | None = None
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_gguf(cls, path_or_reader) -> "BPETokenizer":
+        """From a GGUF file (path or an open `gguf.GGUFReader`)."""
+        import gguf
+
+        reader = gguf.GGUFReader(str(path_or_reader)) if isinstance(path_or_reader, (str, os.PathLike)) else path_or_reader
+        meta = {}
+        for name, field in reader.fields.items():
+            if name.startswith("tokenizer."):
+                meta[name] = field.contents()
+        return cls.from_gguf_metadata(meta)
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> "BPETokenizer":
+        """From the `tokenizer.*` GGUF metadata as a dict of plain Python values."""
+        from tokenizers import AddedToken, Tokenizer, decoders, models
+
+        model = meta.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise TokenizerError(
+                f"tokenizer.ggml.model={model!r} is not supported: only byte-level BPE ('gpt2') "
+                f"vocabularies can be imported")
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"):
+            if key not in meta:
+                raise TokenizerError(f"GGUF metadata has no {key}")
+        tokens = list(meta["tokenizer.ggml.tokens"])
+        types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        merges = []
+        for m in meta["tokenizer.ggml.merges"]:
+            left, sep, right = m.partition(" ")
+            if not sep:
+                raise TokenizerError(f"tokenizer.ggml.merges entry {m!r} is not 'left right'")
+            merges.append((left, right))
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
+                                       ignore_merges=_PRE_TOKENIZERS.get(pre, ("",))[0] == "split:llama3"))
+        backend.pre_tokenizer = _build_pre_tokenizer(pre)
+        backend.decoder = decoders.ByteLevel()
+        alphabet = set(byte_alphabet().values())
+        specials = [AddedToken(t, special=True, normalized=False)
+                    for t, ty in zip(tokens, types) if ty == _GGUF_CONTROL and set(t) <= alphabet]
+        user = [AddedToken(t, special=False, normalized=False)
+                for t, ty in zip(tokens, types) if ty == _GGUF_USER_DEFINED]
+        if specials:
+            backend.add_special_tokens(specials)
+        if user:
+            backend.add_tokens(user)
+        eos = int(meta["tokenizer.ggml.eos_token_id"])
+        bos = int(meta.get("tokenizer.ggml.bos_token_id", eos))
+        pad = meta.get("tokenizer.ggml.padding_token_id")
+        return cls(backend, bos_id=bos, eos_id=eos, pad_id=None if pad is None else int(pad),
+                   chat_template=meta.get("tokenizer.chat_template"),
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+
+    @classmethod
+    def from_hf_dir(cls, path: str | os.PathLike) -> "BPETokenizer":
+        """From a Hugging Face folder: tokenizer.json, tokenizer_config.json (special
+        tokens, chat_template), optionally chat_template.jinja and generation_config.json."""
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        if not (path / "tokenizer.json").exists():
+            raise TokenizerError(f"{path} has no tokenizer.json")
+        backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+        conf: dict = {}
+        if (path / "tokenizer_config.json").exists():
+            conf = json.loads((path / "tokenizer_config.json").read_text())
+        template = conf.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default")
+        if template is None and (path / "chat_template.jinja").exists():
+            template = (path / "chat_template.jinja").read_text()
+
+        def token_id(key: str) -> int | None:
+            content = _token_content(conf.get(key))
+            if content is None:
+                return None
+            tid = backend.token_to_id(content)
+            if tid is None:
+                raise TokenizerError(f"tokenizer_config.json {key}={content!r} is not in the vocabulary")
+            return tid
+
+        eos, bos, pad = token_id("eos_token"), token_id("bos_token"), token_id("pad_token")
+        extra_stops: list[int] = []
+        if (path / "generation_config.json").exists():
+            gen = json.loads((path / "generation_config.json").read_text())
+            ids = gen.get("eos_token_id")
+            ids = [ids] if isinstance(ids, int) else list(ids or [])
+            if eos is None and ids:
+                eos = ids[0]
+            extra_stops = ids
+        if eos is None:
+            raise TokenizerError(f"{path}: no eos_token in tokenizer_config.json or generation_config.json")
+        return cls(backend, bos_id=eos if bos is None else bos, eos_id=eos, pad_id=pad,
+                   chat_template=template, add_bos=bool(conf.get("add_bos_token", False)),
+                   extra_stop_ids=extra_stops)
+
+    load = from_hf_dir
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write tokenizer.json + tokenizer_config.json (loadable by `from_hf_dir` and by
+        transformers' AutoTokenizer)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(path / "tokenizer.json"))
+        conf = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self._tok.id_to_token(self.bos_id),
+            "eos_token": self._tok.id_to_token(self.eos_id),
+            "pad_token": self._tok.id_to_token(self.pad_id),
+            "add_bos_token": self.add_bos,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+        }
+        if self.chat_template:
+            conf["chat_template"] = self.chat_template
+        (path / "tokenizer_config.json").write_text(json.dumps(conf, indent=2, ensure_ascii=False))
+
+    # ------------------------------------------------------------------ the protocol
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id] + ids if add_bos else ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_end_offsets(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> list[int]:
+        """For each token, the number of characters of `decode(ids)` it has completed.
+
+        A token that ends inside a multi-byte character (byte-level BPE splits emoji and
+        CJK characters over tokens) gets the offset before that character; the token that
+        completes it gets the offset after. The last offset is len(decode(ids)).
+        """
+        ids = [int(i) for i in ids]
+        if not ids:
+            return []
+        if not self._byte_level:
+            texts = self._tok.decode_batch([ids[: i + 1] for i in range(len(ids))],
+                                           skip_special_tokens=skip_special_tokens)
+            return [len(t) for t in texts]
+        table = self._bytes_table()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        out, n = [], 0
+        for i, tid in enumerate(ids):
+            if skip_special_tokens and tid in self._special_ids:
+                chunk = b""
+            else:
+                chunk = table[tid] if 0 <= tid < len(table) else b""
+            n += len(decoder.decode(chunk, final=i == len(ids) - 1))
+            out.append(n)
+        return out
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *,
+                            add_generation_prompt: bool = True) -> str:
+        """ChatML text for `messages` ({"role", "content"} dicts). Without a chat template
+        the message contents are joined (as the tiny model's tokenizer does)."""
+        if self.chat_format == "plain":
+            return "".join(m["content"] for m in messages)
+        if self.chat_format == "unsupported":
+            raise TokenizerError(
+                "this tokenizer's chat_template is not ChatML (no '<|im_start|>'): only ChatML "
+                "is formatted natively, and templates are never executed")
+        parts = []
+        if self.default_system is not None and (not messages or messages[0]["role"] != "system"):
+            parts.append(f"{IM_START}system\n{self.default_system}{IM_END}\n")
+        for m in messages:
+            parts.append(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n")
+        if add_generation_prompt:
+            parts.append(f"{IM_START}assistant\n")
+        return "".join(parts)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """eos, ChatML's end of turn, and any extra eos ids of generation_config.json."""
+        stops = [self.eos_id]
+        if self.chat_format == "chatml":
+            im_end = self._tok.token_to_id(IM_END)
+            if im_end is not None:
+                stops.append(im_end)
+        stops.extend(self._extra_stop_ids)
+        return list(dict.fromkeys(stops))
+
+    # ------------------------------------------------------------------ helpers
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, tid: int) -> str | None:
+        return self._tok.id_to_token(int(tid))
+
+    @property
+    def backend(self):
+        """The underlying `tokenizers.Tokenizer`."""
+        return self._tok
+
+    def _bytes_table(self) -> list[bytes]:
+        """Bytes of every id: the byte-alphabet spelling undone; added tokens verbatim."""
+        if self._token_bytes is None:
+            inverse = {c: b for b, c in byte_alphabet().items()}
+            size = self._tok.get_vocab_size(with_added_tokens=True)
+            added = {int(k): v.content for k, v in self._tok.get_added_tokens_decoder().items()}
+            table = []
+            for tid in range(size):
+                if tid in added:
+                    table.append(added[tid].encode("utf-8"))
+                    continue
+                piece = self._tok.id_to_token(tid) or ""
+                if all(ch in inverse for ch in piece):
+                    table.append(bytes(inverse[ch] for ch in piece))
+                else:
+                    table.append(piece.encode("utf-8"))
+            self._token_bytes = table
+        return self._token_bytes
+
+
+def _uses_byte_level(decoder_spec: Any) -> bool:
+    if not decoder_spec:
+        return False
+    if decoder_spec.get("type") == "ByteLevel":
+        return True
+    if decoder_spec.get("type") == "Sequence":
+        return any(_uses_byte_level(d) for d in decoder_spec.get("decoders", []))
+    return False

@@ -1,0 +1,115 @@
+"""Orbax checkpoints of the full train state, restorable onto any mesh.
+
+A checkpoint is a step directory with two items: `state` (a pytree of arrays: params,
+optimizer state, step, RNG key data) and `meta` (JSON: data iterator position, config,
+anything host-side). Orbax writes into a temporary directory and renames it when complete,
+so a run killed mid-save leaves the previous step as the latest complete one; a latest step
+that fails to restore (corrupted files) is skipped with a warning in favour of the one before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+def abstract_like(tree: Any, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs (with target shardings) describing where a restore should land."""
+    if shardings is None:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+class Checkpointer:
+    """Keep-last-N, save-every-N manager over `directory` (local path or gs://)."""
+
+    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, every: int = 1):
+        self.directory = str(directory)
+        if "://" not in self.directory:
+            self.directory = os.path.abspath(self.directory)
+        self.every = max(every, 1)
+        self._mngr = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            item_names=("state", "meta"))
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._mngr.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def should_save(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def save(self, step: int, state: Any, meta: dict | None = None, *, wait: bool = True) -> bool:
+        """Save `state` at `step`. Returns False (and saves nothing) if the step already exists,
+        which Orbax would otherwise ignore silently."""
+        if step in self._mngr.all_steps():
+            log.warning("checkpoint for step %d already exists in %s; not overwritten", step, self.directory)
+            return False
+        self._mngr.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
+        if wait:
+            self._mngr.wait_until_finished()
+        return True
+
+    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
+        """Restore onto the shardings in `abstract_state` (see `abstract_like`).
+
+        With `step=None`, tries the newest step first and falls back to older ones if it is
+        unreadable. Returns (step, state, meta) or None when there is no checkpoint. A state
+        whose structure or shapes do not match `abstract_state` raises ValueError.
+        """
+        steps = [step] if step is not None else self.all_steps()[::-1]
+        errors = []
+        for s in steps:
+            try:
+                out = self._mngr.restore(s, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+            except (ValueError, KeyError, TypeError) as e:
+                if _is_mismatch(e):
+                    raise ValueError(
+                        f"checkpoint step {s} in {self.directory} does not match the model/"
+                        f"optimizer being restored: {e}") from e
+                errors.append((s, e))
+                log.warning("checkpoint step %d in %s is unreadable (%s); trying an older one", s, self.directory, e)
+                continue
+            except Exception as e:  # corrupted files surface as many different error types
+                errors.append((s, e))
+                log.warning("checkpoint step %d in %s is unreadable (%s); trying an older one", s, self.directory, e)
+                continue
+            _check_shapes(abstract_state, out.state, s)
+            return s, out.state, dict(out.meta or {})
+        if errors and step is not None:
+            raise errors[0][1]
+        if errors:
+            log.warning("no readable checkpoint in %s (%d unreadable)", self.directory, len(errors))
+        return None
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+
+
+def _is_mismatch(e: Exception) -> bool:
+    text = str(e).lower()
+    return any(w in text for w in ("shape", "structure", "tree", "mismatch", "missing"))
+
+
+def _check_shapes(abstract: Any, restored: Any, step: int) -> None:
+    a = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    r = jax.tree.leaves(restored)
+    for (path, want), got in zip(a, r):
+        if tuple(want.shape) != tuple(np.shape(got)):
+            raise ValueError(
+                f"checkpoint step {step}: {jax.tree_util.keystr(path)} has shape {np.shape(got)}, "
+                f"the model expects {tuple(want.shape)}")

@@ -1,0 +1,119 @@
+"""Grain loading of the TFDS datasets: seeded shuffling, per-host shards, batches.
+
+A loader is a ``grain.DataLoader`` over ``builder.as_data_source(split)``. Its iterator
+has ``get_state()`` / ``set_state()``; the state is a small JSON document (bytes), so it
+can be stored next to a checkpoint, and a restored iterator yields exactly the batches
+the original would have yielded next.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+from grpo_jax.data.builders import BUILDERS
+
+# Grain (which imports JAX) is imported only when a loader is made, so random access
+# through ``data_source`` (e.g. ``Task.examples``) stays light.
+
+
+def build(name: str, data_dir: str | None = None, manual_dir: str | None = None):
+    """The prepared builder for ``name`` ("gsm8k" or "math"), building it if needed.
+
+    Building reads the official files from ``manual_dir`` (no network) and writes
+    array_record files under ``data_dir``; an already prepared dataset is reused.
+    """
+    import tensorflow_datasets as tfds  # already imported by builders; local for clarity
+
+    if name not in BUILDERS:
+        raise KeyError(f"unknown dataset {name!r}; available: {sorted(BUILDERS)}")
+    builder = BUILDERS[name](data_dir=data_dir, file_format="array_record")
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
+    )
+    return builder
+
+
+def data_source(name: str, split: str, data_dir: str | None = None, manual_dir: str | None = None):
+    """Random-access source of raw records (dicts of bytes) for one split."""
+    return build(name, data_dir, manual_dir).as_data_source(split)
+
+
+def decode_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """TFDS text features arrive as bytes; turn them into str (other values unchanged)."""
+    return {
+        key: value.decode("utf-8") if isinstance(value, bytes) else value
+        for key, value in record.items()
+    }
+
+
+@functools.cache
+def _apply_class():
+    import grain.python as grain
+
+    class Apply(grain.MapTransform):
+        """Decode a record, then apply the caller's transform (e.g. record -> Example)."""
+
+        def __init__(self, fn: Callable[[dict], Any] | None):
+            self.fn = fn
+
+        def map(self, record):
+            record = decode_record(record)
+            return record if self.fn is None else self.fn(record)
+
+    return Apply
+
+
+def _default_shard(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
+    if shard_index is not None and shard_count is not None:
+        return shard_index, shard_count
+    import jax  # only here: data code should not initialise JAX unless it must
+
+    return (
+        jax.process_index() if shard_index is None else shard_index,
+        jax.process_count() if shard_count is None else shard_count,
+    )
+
+
+def make_loader(
+    source,
+    *,
+    batch_size: int,
+    seed: int,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    shard_index: int | None = None,
+    shard_count: int | None = None,
+    drop_remainder: bool = True,
+    transform: Callable[[dict], Any] | None = None,
+) -> "grain.DataLoader":
+    """A Grain loader yielding lists of ``batch_size`` decoded (and transformed) records.
+
+    Each host reads its own shard ``shard_index`` of ``shard_count`` (default: this JAX
+    process of all processes); shards are made equal-sized by dropping the remainder so
+    that every host runs the same number of steps. ``num_epochs=None`` repeats forever,
+    reshuffling every epoch with a seed derived from ``seed``. ``drop_remainder`` drops a
+    last incomplete batch. Batches are Python lists (records hold strings, which do not
+    stack into arrays usefully).
+    """
+    import grain.python as grain
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    shard_index, shard_count = _default_shard(shard_index, shard_count)
+    sampler = grain.IndexSampler(
+        num_records=len(source),
+        shard_options=grain.ShardOptions(
+            shard_index=shard_index, shard_count=shard_count, drop_remainder=True
+        ),
+        shuffle=shuffle,
+        num_epochs=num_epochs,
+        seed=seed,
+    )
+    operations = [
+        _apply_class()(transform),
+        grain.Batch(batch_size=batch_size, drop_remainder=drop_remainder, batch_fn=list),
+    ]
+    # worker_count=0: records are tiny strings; worker processes would only add latency.
+    return grain.DataLoader(
+        data_source=source, sampler=sampler, operations=operations, worker_count=0
+    )

@@ -1,0 +1,174 @@
+"""Per-token log-probabilities of completions, computed without a [B, T, V] array.
+
+Every RL loss needs log π_θ(o_t | q, o_<t) at the sampled token only, yet the naive path
+materialises the full logits ``hidden @ unembed`` — for a 100k vocabulary, 1024 tokens
+and 64 rows that is 26 GB in float32, and autodiff keeps it alive for the backward pass.
+``token_logprobs`` instead walks the sequence in chunks of ``chunk_size`` positions under
+``lax.scan``; each chunk is a ``jax.checkpoint``-ed function, so the forward pass keeps
+only the chunk's inputs (hidden states and the unembedding) and the backward pass
+recomputes the chunk's [B, chunk, V] logits when it needs them. Peak logits memory is
+B × chunk × V, whatever T is.
+
+Conventions shared with the sampler (``grpo_jax.sampling``):
+  * temperature: log-probs are those of ``log_softmax(logits / T)``; T = 0 (greedy
+    decoding) is treated as T = 1, which is what the sampler reports for greedy tokens;
+  * logits are computed in float32 from float32 copies of the hidden states and the
+    unembedding matrix, whatever the model's compute dtype;
+  * the completion token t is predicted by the hidden state at sequence position
+    Tp + t − 1 of ``concat([prompt_tokens, tokens])`` with the model's default positions
+    (left-padded prompt, right-padded completion).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import model as model_lib
+from grpo_jax.config import ModelConfig
+
+__all__ = ["token_logprobs", "completion_hidden", "sequence_logprobs", "sequence_values",
+           "effective_temperature"]
+
+
+def effective_temperature(temperature):
+    """The divisor of the logits: T, or 1 for T = 0 (greedy sampling reports T = 1 log-probs).
+    A Python number gives a Python float; an array (traced) gives a float32 scalar."""
+    if isinstance(temperature, (int, float)):
+        return float(temperature) if temperature > 0 else 1.0
+    t = jnp.asarray(temperature, jnp.float32)
+    return jnp.where(t > 0, t, 1.0)
+
+
+def _chunk_logprobs(hidden, unembed, targets, temp, with_entropy):
+    """One chunk: hidden [B,c,E], unembed [E,V], targets [B,c] -> logp [B,c] (, entropy [B,c]).
+
+        log π(o_t) = z_t[o_t] − logsumexp_v z_t[v],   z_t = (h_t · W) / T
+
+    The target logit is h_t · W[:, o_t] (a gather of unembedding columns, like an embedding
+    lookup), so nothing indexes into the (possibly vocab-sharded) logits.
+    """
+    h = hidden.astype(jnp.float32)
+    w = unembed.astype(jnp.float32)
+    logits = jnp.einsum("bce,ev->bcv", h, w) / temp
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_w = jnp.take(w.T, targets, axis=0)  # [B,c,E]
+    target_logit = jnp.einsum("bce,bce->bc", h, target_w) / temp
+    logp = target_logit - lse
+    if not with_entropy:
+        return logp, None
+    # H = logsumexp(z) − Σ_v softmax(z)_v z_v ; a metric, never differentiated.
+    probs = jnp.exp(logits - lse[..., None])
+    entropy = jax.lax.stop_gradient(lse - jnp.sum(probs * logits, axis=-1))
+    return logp, entropy
+
+
+def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
+                   temperature: float = 1.0, chunk_size: int = 64,
+                   with_entropy: bool = False):
+    """log_softmax(hidden @ unembed / T) at ``targets``, chunked over the sequence axis.
+
+        logp[b, t] = log softmax(h[b,t] · W / T)[targets[b, t]]
+
+    Positions are processed ``chunk_size`` at a time (the last chunk zero-padded); each
+    chunk is rematerialised in the backward pass (``jax.checkpoint``), so neither the
+    forward nor the backward pass holds more than one [B, chunk_size, V] float32 array.
+    T = 0 is treated as T = 1 (``effective_temperature``).
+
+    Args:
+      hidden: ``[B, T, E]`` final hidden states (any float dtype).
+      unembed: ``[E, V]`` unembedding matrix (``model.unembed_matrix``).
+      targets: ``[B, T]`` int token ids whose log-probs are wanted.
+      temperature: T of the tempered distribution, 0 meaning 1 (a Python number, or a
+        scalar array so that changing it does not recompile).
+      chunk_size: sequence positions per chunk.
+      with_entropy: also return the entropy of every position's tempered distribution
+        (not differentiated: gradients through it are zero).
+
+    Returns:
+      ``logp [B, T]`` float32, or ``(logp, entropy)`` with ``entropy [B, T]`` float32.
+    """
+    chex.assert_rank([hidden, unembed, targets], [3, 2, 2])
+    chex.assert_equal_shape_prefix([hidden, targets], 2)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if unembed.shape[0] != hidden.shape[-1]:
+        raise ValueError(f"unembed {unembed.shape} does not map hidden size {hidden.shape[-1]}")
+    temp = jnp.asarray(effective_temperature(temperature), jnp.float32)
+    b, t, e = hidden.shape
+    c = max(1, min(chunk_size, t))
+    n = -(-t // c)
+    pad = n * c - t
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    # [B, n*c, ...] -> [n, B, c, ...]: scan over chunks.
+    hs = jnp.moveaxis(hidden.reshape(b, n, c, e), 1, 0)
+    ts = jnp.moveaxis(targets.astype(jnp.int32).reshape(b, n, c), 1, 0)
+
+    chunk_fn = jax.checkpoint(
+        lambda h, w, tg, tmp: _chunk_logprobs(h, w, tg, tmp, with_entropy), prevent_cse=False)
+
+    def body(_, xs):
+        h, tg = xs
+        return None, chunk_fn(h, unembed, tg, temp)
+
+    _, (logp, entropy) = jax.lax.scan(body, None, (hs, ts))
+    unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * c)[:, :t]
+    logp = unchunk(logp)
+    chex.assert_shape(logp, (b, t))
+    if not with_entropy:
+        return logp
+    return logp, unchunk(entropy)
+
+
+def completion_hidden(cfg: ModelConfig, params: Any, batch: Any) -> jax.Array:
+    """Hidden states that predict each completion token: ``[B, Tc, E]``.
+
+    Runs the model once on ``concat([prompt_tokens, tokens])[:, :-1]`` (the last
+    completion token predicts nothing) with mask ``concat([prompt_mask, mask])`` and the
+    default positions, and keeps positions Tp − 1 … Tp + Tc − 2. ``batch`` is anything
+    with ``prompt_tokens, prompt_mask, tokens, mask`` (a ``train_step.Batch`` or a
+    ``sampling.Rollout``). Prompts must be left-padded (the last prompt column is a real
+    token) and have at least one column.
+    """
+    tp = batch.prompt_tokens.shape[1]
+    tc = batch.tokens.shape[1]
+    if tp < 1 or tc < 1:
+        raise ValueError(f"need at least one prompt and one completion column, got Tp={tp}, Tc={tc}")
+    tokens = jnp.concatenate([batch.prompt_tokens, batch.tokens], axis=1)[:, :-1].astype(jnp.int32)
+    mask = jnp.concatenate([batch.prompt_mask, batch.mask], axis=1)[:, :-1].astype(bool)
+    hidden, _ = model_lib.forward_hidden(cfg, params, tokens, mask)
+    out = hidden[:, tp - 1:]
+    chex.assert_shape(out, (tokens.shape[0], tc, cfg.embed_dim))
+    return out
+
+
+def sequence_logprobs(cfg: ModelConfig, params: Any, batch: Any, *, temperature,
+                      chunk_size: int, with_entropy: bool = False):
+    """log π_θ(o_t | q, o_<t) of every completion token: ``[B, Tc]`` float32, 0 where
+    ``batch.mask`` is False (and ``(logp, entropy)`` when ``with_entropy``; entropy is 0
+    there too). One model forward (``completion_hidden``) + chunked ``token_logprobs``."""
+    hidden = completion_hidden(cfg, params, batch)
+    out = token_logprobs(hidden, model_lib.unembed_matrix(cfg, params), batch.tokens,
+                         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+    mask = batch.mask.astype(bool)
+    if with_entropy:
+        logp, entropy = out
+        return jnp.where(mask, logp, 0.0), jnp.where(mask, entropy, 0.0)
+    return jnp.where(mask, out, 0.0)
+
+
+def sequence_values(cfg: ModelConfig, value_params: Any, batch: Any) -> jax.Array:
+    """Value model V_ψ at every completion token: ``[B, Tc]`` float32, 0 where ``batch.mask``
+    is False. V(t) is read from the same hidden state that predicts token t, i.e. the value
+    of the state (q, o_<t) before o_t is emitted (``value_params`` carry a value head,
+    ``model.add_value_head``)."""
+    if "value_head" not in value_params:
+        raise ValueError("value_params have no value head; build them with model.add_value_head")
+    hidden = completion_hidden(cfg, value_params, batch)
+    values = model_lib.value_outputs(value_params, hidden)
+    return jnp.where(batch.mask.astype(bool), values, 0.0)

@@ -1,0 +1,71 @@
+"""AdamW with the DeepSeekMath multi-step learning-rate schedule.
+
+Schedule (paper §2.2.1 / §3.1): linear warmup to the peak over `warmup_steps`, the peak
+until 80% of training, 31.6% of the peak until 90%, then 10% of the peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from grpo_jax.config import OptimizerConfig
+
+
+def multistep_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
+    """lr(step) = peak·min(1, (step+1)/warmup) before 0.8·total, then ×0.316, then ×0.1 from 0.9·total.
+
+    `step` counts optimizer updates from 0; warmup reaches the peak on update `warmup_steps − 1`.
+    """
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    first, second = int(0.8 * total_steps), int(0.9 * total_steps)
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        warm = jnp.minimum(1.0, (step + 1.0) / max(warmup_steps, 1)) if warmup_steps > 0 else 1.0
+        factor = jnp.where(step < first, 1.0, jnp.where(step < second, 0.316, 0.1))
+        return peak_lr * warm * factor
+
+    return schedule
+
+
+def constant_schedule(peak_lr: float, warmup_steps: int) -> optax.Schedule:
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        return peak_lr * (jnp.minimum(1.0, (step + 1.0) / warmup_steps) if warmup_steps > 0 else 1.0)
+
+    return schedule
+
+
+def decay_mask(params: Any) -> Any:
+    """True for parameters that get weight decay: matrices (embeddings, projections), never
+    norms, biases or the scalar value bias. Stacked layers add a leading axis, so decide by
+    name rather than by rank."""
+
+    def keep(path, x):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        return not ("norm" in name or "bias" in name)
+
+    return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (b1, b2, eps, decoupled weight decay on `decay_mask`) after global-norm clipping,
+    optionally accumulating `grad_accum_steps` calls into one update (optax.MultiSteps)."""
+    if cfg.schedule == "multistep":
+        lr = multistep_schedule(cfg.peak_lr, cfg.warmup_steps, total_steps)
+    else:
+        lr = constant_schedule(cfg.peak_lr, cfg.warmup_steps)
+    parts = []
+    if cfg.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(cfg.grad_clip))
+    parts.append(optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                             mask=decay_mask))
+    tx = optax.chain(*parts)
+    if cfg.grad_accum_steps > 1:
+        tx = optax.MultiSteps(tx, every_k_schedule=cfg.grad_accum_steps)
+    return tx, lr

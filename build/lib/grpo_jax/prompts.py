@@ -1,0 +1,105 @@
+"""Prompts for instruction-tuned models: a task question in the model's chat format, with a
+chain-of-thought instruction that tells the model how to mark its final answer so the
+task's rule reward can read it.
+
+    text = build_prompt("Natalia sold 48 clips ...", tokenizer, task="gsm8k")
+    ids = encode_prompt("Natalia sold 48 clips ...", tokenizer, task="gsm8k")
+
+With a ChatML tokenizer (SmolLM2, Qwen2) the result is
+
+    <|im_start|>system\\n{system or the template's default}<|im_end|>\\n
+    <|im_start|>user\\n{instruction}\\n\\n{question}<|im_end|>\\n
+    <|im_start|>assistant\\n{assistant_prefix}          <- the model writes here
+
+| task      | the answer the reward reads                 | assistant_prefix                |
+| gsm8k     | the number after "####" (else the last one) | ""                              |
+| math      | the last \\boxed{...}                        | ""                              |
+| countdown | the expression in <answer>...</answer>      | "Let me solve this step by step.\\n<think>" |
+
+Countdown opens the <think> tag for the model (TinyZero / GRPO-Zero), which the
+Countdown reward expects. A tokenizer without a chat template (the tiny model's
+sentencepiece) gets the same content as plain text: instruction, "Question: ...",
+"Answer:" and the prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class PromptStyle:
+    """How one task is asked. `assistant_prefix` starts the assistant's turn; the model
+    continues from it. `system` (None = the chat template's default) is the system turn."""
+
+    instruction: str
+    assistant_prefix: str = ""
+    system: str | None = None
+
+
+STYLES: dict[str, PromptStyle] = {
+    "gsm8k": PromptStyle(
+        instruction=("Solve the following math word problem. Think step by step, writing one "
+                     "step per line. On the last line, write the final answer as a plain number "
+                     'in the form "#### <number>".')),
+    "math": PromptStyle(
+        instruction=("Solve the following math problem. Think step by step, and put the final "
+                     "answer inside \\boxed{}.")),
+    "countdown": PromptStyle(
+        instruction=("Solve the puzzle below. Think it through inside <think> </think> tags, then "
+                     "give only the final expression inside <answer> </answer> tags, for example "
+                     "<answer> (1 + 2) * 3 </answer>."),
+        assistant_prefix="Let me solve this step by step.\n<think>"),
+}
+
+
+def countdown_question(numbers: Sequence[int], target: int) -> str:
+    """The Countdown question for `numbers` and `target`."""
+    listed = ", ".join(str(int(n)) for n in numbers)
+    return (f"Using the numbers [{listed}], write an expression that equals {int(target)}. You may "
+            f"use + - * / and parentheses, and must use every number exactly once.")
+
+
+def get_style(task: str) -> PromptStyle:
+    if task not in STYLES:
+        raise KeyError(f"no prompt style for task {task!r}; known: {sorted(STYLES)}")
+    return STYLES[task]
+
+
+def build_messages(question: str, task: str = "gsm8k", *, style: PromptStyle | None = None,
+                   system: str | None = None) -> list[dict[str, str]]:
+    """The conversation: an optional system turn, then the instruction and the question."""
+    style = style or get_style(task)
+    system = system if system is not None else style.system
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    messages.append({"role": "user", "content": f"{style.instruction}\n\n{question.strip()}"})
+    return messages
+
+
+def is_chat_tokenizer(tokenizer) -> bool:
+    """True when the tokenizer formats conversations (ChatML); False for plain-text models."""
+    return getattr(tokenizer, "chat_format", "plain") not in ("plain",)
+
+
+def build_prompt(question: str, tokenizer, task: str = "gsm8k", *, style: PromptStyle | None = None,
+                 system: str | None = None) -> str:
+    """Prompt text in the tokenizer's chat format, ending where the model starts writing."""
+    style = style or get_style(task)
+    if is_chat_tokenizer(tokenizer):
+        messages = build_messages(question, task, style=style, system=system)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True) + style.assistant_prefix
+    head = f"{system}\n\n" if system else ""
+    return f"{head}{style.instruction}\n\nQuestion: {question.strip()}\nAnswer:\n{style.assistant_prefix}"
+
+
+def encode_prompt(question: str, tokenizer, task: str = "gsm8k", *, style: PromptStyle | None = None,
+                  system: str | None = None) -> list[int]:
+    """Token ids of `build_prompt` (with BOS when the tokenizer's model expects one)."""
+    text = build_prompt(question, tokenizer, task, style=style, system=system)
+    return tokenizer.encode(text, add_bos=bool(getattr(tokenizer, "add_bos", False)))
+
+
+def build_prompts(questions: Sequence[str], tokenizer, task: str = "gsm8k",
+                  **kwargs: Any) -> list[str]:
+    return [build_prompt(q, tokenizer, task, **kwargs) for q in questions]

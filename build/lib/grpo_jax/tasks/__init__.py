@@ -1,0 +1,127 @@
+"""Tasks: where questions come from and how completions are scored.
+
+A task turns a split into :class:`Example` s (a prompt that ends exactly where the model
+starts writing, a reference answer, and metadata) and scores completions (the generated
+text only, without the prompt):
+
+- ``reward(completion, example)``: outcome reward (format + correctness).
+- ``step_rewards(completion, example)``: process rewards, a list of
+  ``(end, reward)`` per step in order, where ``end`` is an exclusive CHARACTER offset
+  into the completion: ``completion[start:end]`` is the step including its trailing
+  newline. The trainer maps it to a token index with the tokenizer's character offsets:
+  the step ends at the token that covers character ``end - 1``. Tasks without a
+  step-level rule return the outcome reward as one step ending at ``len(completion)``.
+- ``extract_answer(completion)``: a canonical answer string (or None) for majority
+  voting; equal strings mean equal answers.
+- ``sft_text(example, rng, wrong_step_prob)``: a worked solution (completion text only;
+  the SFT document is ``example.prompt + sft_text``).
+
+Tasks are created by name: ``get_task("arithmetic", num_operands=3)``. Modules are
+imported on first use, so asking for ``arithmetic`` never imports TFDS.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+from typing import Any, Iterator
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One question. ``prompt`` ends where the model should start writing."""
+
+    prompt: str
+    answer: str
+    meta: dict = dataclasses.field(default_factory=dict, hash=False)
+
+
+SPLITS = ("train", "validation", "test")
+
+
+def as_random(rng: Any) -> random.Random:
+    """Accept a ``random.Random``, a ``numpy.random.Generator`` or an int seed."""
+    if isinstance(rng, random.Random):
+        return rng
+    if isinstance(rng, np.random.Generator):
+        return random.Random(int(rng.integers(0, 2**63 - 1)))
+    if isinstance(rng, (int, np.integer)):
+        return random.Random(int(rng))
+    raise TypeError(f"expected random.Random, numpy Generator or int, got {type(rng)}")
+
+
+class Task:
+    """Base class; subclasses set ``name`` and implement ``examples`` and ``reward``."""
+
+    name: str = ""
+    # A sampler may stop once one of these is generated; it stays part of the completion.
+    stop_strings: tuple[str, ...] = ()
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        """``n`` examples of ``split``; the same (split, n, seed) always gives the same list."""
+        raise NotImplementedError
+
+    def reward(self, completion: str, example: Example) -> float:
+        raise NotImplementedError
+
+    def step_rewards(self, completion: str, example: Example) -> list[tuple[int, float]]:
+        """Default: the outcome reward as a single step ending at the end of the completion."""
+        return [(len(completion), self.reward(completion, example))]
+
+    def extract_answer(self, completion: str) -> str | None:
+        raise NotImplementedError
+
+    def is_correct(self, answer: str | None, example: Example) -> bool:
+        """Whether an extracted answer (``extract_answer`` output) is right for ``example``."""
+        raise NotImplementedError
+
+    def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0) -> str:
+        raise NotImplementedError(f"task {self.name!r} has no worked solutions")
+
+    def sft_examples(
+        self, split: str, n: int, seed: int, wrong_step_prob: float = 0.0
+    ) -> list[tuple[Example, str]]:
+        """``n`` pairs ``(example, worked solution)`` for SFT, deterministic per seed;
+        ``wrong_step_prob`` > 0 makes the SFT model start imperfect (where supported)."""
+        rng = random.Random(f"sft/{seed}")
+        return [(ex, self.sft_text(ex, rng, wrong_step_prob)) for ex in self.examples(split, n, seed)]
+
+    def text_corpus(self, n: int, seed: int = 0) -> Iterator[str]:
+        """``n`` full documents (prompt + worked solution), e.g. to train a tokenizer."""
+        rng = random.Random(seed)
+        for example in self.examples("train", n, seed):
+            yield example.prompt + self.sft_text(example, rng)
+
+
+# name -> "module:Class"; imported lazily so cheap tasks never pull in TFDS.
+_REGISTRY: dict[str, str] = {
+    "arithmetic": "grpo_jax.tasks.arithmetic:ArithmeticTask",
+    "countdown": "grpo_jax.tasks.countdown:CountdownTask",
+    "gsm8k": "grpo_jax.tasks.gsm8k:Gsm8kTask",
+    "math": "grpo_jax.tasks.math_task:MathTask",
+}
+
+
+def register_task(name: str, target: str) -> None:
+    """Register ``"module:Class"`` under ``name`` (for tasks defined outside this package)."""
+    if name in _REGISTRY and _REGISTRY[name] != target:
+        raise ValueError(f"task {name!r} already registered as {_REGISTRY[name]}")
+    _REGISTRY[name] = target
+
+
+def available_tasks() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str, **kwargs) -> Task:
+    """Instantiate a registered task, passing ``kwargs`` to its constructor."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown task {name!r}; available: {available_tasks()}")
+    module_name, cls_name = _REGISTRY[name].split(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(**kwargs)
+
+
+__all__ = ["Example", "Task", "SPLITS", "as_random", "available_tasks", "get_task", "register_task"]

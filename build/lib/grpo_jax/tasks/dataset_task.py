@@ -1,0 +1,60 @@
+"""Shared base for tasks backed by a TFDS dataset (GSM8K, MATH)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from grpo_jax.tasks import Example, Task
+
+
+class DatasetTask(Task):
+    """Reads ``dataset`` ("gsm8k" / "math") through :mod:`grpo_jax.data.loading`.
+
+    ``data_dir`` is where TFDS keeps prepared datasets (TFDS default if None);
+    ``manual_dir`` holds the official files (TFDS default ``<data_dir>/downloads/manual``).
+    The dataset is built on first use if it is not prepared yet.
+    """
+
+    dataset: str = ""
+    splits: tuple[str, ...] = ("train", "test")
+
+    def __init__(self, data_dir: str | None = None, manual_dir: str | None = None):
+        self.data_dir = data_dir
+        self.manual_dir = manual_dir
+        self._sources: dict[str, Any] = {}
+
+    def to_example(self, record: dict) -> Example:
+        """A decoded record (str fields) -> Example."""
+        raise NotImplementedError
+
+    def source(self, split: str):
+        if split not in self.splits:
+            raise ValueError(f"{self.name} has splits {self.splits}, got {split!r}")
+        if split not in self._sources:
+            from grpo_jax.data import loading
+
+            self._sources[split] = loading.data_source(
+                self.dataset, split, self.data_dir, self.manual_dir
+            )
+        return self._sources[split]
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        """``n`` examples of ``split`` in a seeded random order (all of them if n exceeds
+        the split, or n < 0)."""
+        from grpo_jax.data import loading
+
+        source = self.source(split)
+        order = np.random.default_rng(seed).permutation(len(source))
+        if n >= 0:
+            order = order[:n]
+        return [self.to_example(loading.decode_record(source[int(i)])) for i in order]
+
+    def loader(self, split: str, *, batch_size: int, seed: int, **kwargs):
+        """A Grain loader of lists of Examples; ``kwargs`` go to ``loading.make_loader``
+        (shuffle, num_epochs, shard_index, shard_count, drop_remainder)."""
+        from grpo_jax.data import loading
+
+        return loading.make_loader(
+            self.source(split), batch_size=batch_size, seed=seed, transform=self.to_example, **kwargs
+        )

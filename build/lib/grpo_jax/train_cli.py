@@ -1,0 +1,207 @@
+"""Train any algorithm on any task from a preset: the generic CLI, on one host or a pod slice.
+
+    grpo-train --preset cpu-tiny rl.algorithm=sft run.steps=200 run.run_dir=runs/sft
+    grpo-train --preset smollm2-135m run.run_dir=runs/smollm2-grpo
+    grpo-train --preset deepseekmath-rl-7b run.pretrained=/ckpt/hf-folder \\
+        run.run_dir=gs://BUCKET/grpo_jax/ds7b mesh.slice=v5p-128
+
+(`grpo-train` is installed with the package; `python experiments/train.py` is the same.)
+
+Run it the same way on every host of a pod slice (`launch/run.py train ...` does): it joins
+the multi-process runtime first (`grpo_jax.distributed.initialize`: TPU auto-detect, or
+GRPO_JAX_COORDINATOR / GRPO_JAX_NUM_PROCESSES / GRPO_JAX_PROCESS_ID), and only process 0
+logs, shows the progress bar and writes metrics.
+
+What it builds from the config:
+* the task `data.task` (arithmetic / countdown knobs from `data.*`; GSM8K / MATH read the
+  official files from `data.data_dir`);
+* the model: `run.pretrained` set → `grpo_jax.pretrained.load` (GGUF, HF folder, or
+  `smollm2-135m`) with its own tokenizer; empty → random init of `model.*` with a
+  sentencepiece tokenizer trained on the task's text. That tokenizer is trained once, on
+  process 0, saved as `<run.run_dir>/tokenizer.model` and sent to the other processes, so
+  all processes (and every relaunch of the run) use the same one;
+* `rl.algorithm=sft` trains on the task's worked solutions; the others sample.
+
+Resume: a run whose `run.run_dir` holds checkpoints continues from the newest readable one
+(same step, optimizer state and RNG), so re-running the same command after a crash or a
+Spot-VM preemption picks up where it stopped; a finished run exits at once. Keep
+`run.run_dir` on storage that outlives the VM (gs://...) for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+
+from grpo_jax import config as config_lib  # no jax import: --help stays instant
+
+log = logging.getLogger("train")
+TOKENIZER_FILE = "tokenizer.model"
+TOKENIZER_CORPUS = 2000  # documents of the task's text the tokenizer is trained on
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_lib.add_config_args(p)
+    p.add_argument("--tokenizer-vocab", type=int, default=64,
+                   help="sentencepiece vocabulary size for a randomly initialised model (default 64)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    return p
+
+
+# ============================================================================ pieces
+
+def make_task(cfg: config_lib.Config):
+    from grpo_jax.tasks import get_task
+
+    d = cfg.data
+    if d.task == "arithmetic":
+        return get_task("arithmetic", num_operands=d.num_operands, max_digits=d.max_digits, slip=d.slip)
+    if d.task in ("gsm8k", "math"):
+        return get_task(d.task, manual_dir=d.data_dir or None)
+    return get_task(d.task)
+
+
+def _path(run_dir: str, name: str):
+    from etils import epath  # local paths and gs:// alike (Orbax uses it too)
+
+    return epath.Path(run_dir) / name
+
+
+def shared_tokenizer(task, run_dir: str, *, vocab_size: int, seed: int = 0):
+    """The run's sentencepiece tokenizer, identical on every process.
+
+    Process 0 loads `<run_dir>/tokenizer.model` if it exists (a resumed run keeps its
+    vocabulary), else trains one on the task's text and saves it there; the model bytes
+    then go to every other process (`distributed.broadcast_bytes`)."""
+    from grpo_jax import distributed
+    from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
+
+    proto = None
+    if distributed.is_main_process():
+        path = _path(run_dir, TOKENIZER_FILE)
+        if path.exists():
+            proto = path.read_bytes()
+            log.info("tokenizer: %s", path)
+        else:
+            tokenizer = train_sentencepiece(task.text_corpus(TOKENIZER_CORPUS, seed=seed), vocab_size=vocab_size)
+            with tempfile.TemporaryDirectory() as tmp:
+                tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))
+                with open(os.path.join(tmp, TOKENIZER_FILE), "rb") as f:
+                    proto = f.read()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(proto)
+            log.info("tokenizer: trained %d pieces on the %s text, saved to %s",
+                     tokenizer.vocab_size, task.name, path)
+    return SentencePieceTokenizer(distributed.broadcast_bytes(proto))
+
+
+def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: int):
+    """(params, tokenizer); sets cfg.model to the model actually used and re-validates."""
+    import jax
+
+    from grpo_jax.model import init_params
+
+    if cfg.run.pretrained:
+        from grpo_jax import pretrained
+
+        runtime = {k: getattr(cfg.model, k) for k in ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat")}
+        model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
+        if tokenizer is None:
+            raise SystemExit(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
+        cfg.model = model_cfg
+        cfg.validate()
+    else:
+        tokenizer = shared_tokenizer(task, cfg.run.run_dir, vocab_size=tokenizer_vocab, seed=cfg.data.seed)
+        cfg.model.vocab_size = tokenizer.vocab_size
+        cfg.validate()
+        params = init_params(cfg.model, jax.random.key(cfg.run.seed), mesh)
+    return params, tokenizer
+
+
+def sft_data_fn(cfg: config_lib.Config, task):
+    """`rl.algorithm=sft`: step -> (prompts, worked solutions), a function of (seed, step)
+    only, so a resumed run sees the data an uninterrupted one would have."""
+    d = cfg.data
+
+    def sft_data(step: int):
+        pairs = task.sft_examples("train", d.batch_size, d.seed * 1_000_003 + step,
+                                  wrong_step_prob=d.wrong_step_prob)
+        return [ex.prompt for ex, _ in pairs], [solution for _, solution in pairs]
+
+    return sft_data
+
+
+def write_config(cfg: config_lib.Config) -> None:
+    from grpo_jax import distributed
+
+    if distributed.is_main_process():
+        path = _path(cfg.run.run_dir, "config.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(cfg.to_json())
+
+
+# ============================================================================ main
+
+def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progress: bool = True):
+    """Build everything for `cfg`, resume from `cfg.run.run_dir` if it holds a checkpoint,
+    train to `cfg.run.steps`. Returns the Trainer (closed); `trainer.history` has the
+    metrics of the steps run now. `task` overrides `data.task` (tests pass their own)."""
+    from grpo_jax.sharding import make_mesh
+    from grpo_jax.trainer import Trainer
+
+    task = make_task(cfg) if task is None else task
+    mesh = make_mesh(cfg.mesh)
+    params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
+    write_config(cfg)
+    sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
+    trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
+                      sft_data=sft_data, progress=progress, resume=True)
+    try:
+        if trainer.start_step >= cfg.run.steps:
+            log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,
+                     trainer.start_step, cfg.run.steps)
+        else:
+            trainer.train()  # the Trainer logs "resumed from step N" when it restored one
+    finally:
+        trainer.close()
+    return trainer
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)  # options and overrides in any order
+    try:
+        cfg = config_lib.config_from_args(args)  # bad overrides fail here, before any device work
+    except config_lib.ConfigError as e:
+        parser.error(str(e))
+    if args.print_config:
+        print(cfg.to_json())
+        return 0
+
+    from grpo_jax import distributed
+
+    distributed.initialize()  # before anything touches a device
+    import jax
+
+    main_process = distributed.is_main_process()
+    # Warnings from every process; progress messages (ours, not Orbax's) from process 0 only.
+    logging.basicConfig(level=logging.WARNING, format=f"[%(asctime)s p{jax.process_index()}] %(message)s",
+                        datefmt="%H:%M:%S")
+    for name in ("train", "grpo_jax"):
+        logging.getLogger(name).setLevel(logging.INFO if main_process else logging.WARNING)
+    log.info("%d process(es), %d devices (%s); run dir %s", jax.process_count(), jax.device_count(),
+             jax.devices()[0].platform, cfg.run.run_dir)
+    t0 = time.perf_counter()
+    trainer = train(cfg, tokenizer_vocab=args.tokenizer_vocab, progress=not args.no_progress)
+    if main_process and trainer.history:
+        last = trainer.history[-1]
+        shown = {k: round(v, 4) for k, v in last.items() if k in ("loss", "reward_mean", "kl", "eval_accuracy")}
+        log.info("step %d/%d in %.0f s: %s", last["step"], cfg.run.steps, time.perf_counter() - t0,
+                 json.dumps(shown))
+    return 0

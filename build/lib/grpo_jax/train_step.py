@@ -1,0 +1,426 @@
+"""One jitted, sharded train step for every algorithm of the unified paradigm.
+
+    step(state, batch) -> (state, metrics)
+
+What happens inside, in order (``make_train_step``):
+
+1. ``algorithm.prepare`` — once per batch, no gradients, micro-batch by micro-batch:
+   the log-probs and values that the μ updates share (π_θold when μ > 1 or PPO, π_ref
+   when the algorithm needs it, the PPO value model), then advantages (GRPO group-
+   relative / process, PPO's KL-shaped rewards + GAE + whitening) and the loss mask.
+2. μ = rl.num_updates optimiser updates on the same batch (``lax.scan``). Each splits
+   the batch into rl.num_micro_batches micro-batches (``lax.scan``), sums the gradient of
+   the loss *numerator* and the denominators (``losses.aggregate_parts``), and divides
+   once: 1 or 4 micro-batches give the same gradient up to float rounding, for every
+   aggregation mode. PPO's value model is updated in the same step by its own optimiser.
+   An update whose denominator is 0 (no valid token) leaves params and optimiser state
+   unchanged.
+3. Metrics: every loss-side metric is a ratio of sums accumulated over micro-batches,
+   averaged over the μ updates; ``logprob_mismatch_max`` is taken at the first update,
+   where π_θ is still the policy that sampled the batch.
+
+Hyperparameters: the rl.* values that do not change which arrays exist (β's value, ε,
+γ, λ, temperature, aggregation mode, KL estimator, supervision, the boolean switches) are
+an ``algorithms.RLHParams`` argument, not constants, so one compiled program serves them
+all; ``static_config_key`` lists what is compiled in.
+
+Sharding: ``jax.jit`` with explicit in/out shardings — params (policy, reference, value
+model, optimiser moments) per the logical-axis rules (``model.param_shardings``), batch
+rows over ('data', 'fsdp'), metrics replicated — and the state donated. One compiled
+program per batch shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from grpo_jax import model as model_lib
+from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorithm,
+                                 split_micro_batches)
+from grpo_jax.config import Config
+from grpo_jax.sharding import batch_sharding, replicated
+
+__all__ = ["Batch", "TrainState", "TrainStep", "METRIC_NAMES", "make_batch", "batch_from_rollout",
+           "init_train_state", "make_train_step", "reset_reference", "opt_state_shardings",
+           "static_config_key"]
+
+# Always present in the metrics dict (0 where the algorithm has no such quantity,
+# groups_kept_fraction 1). Algorithms may add more (e.g. PPO's return_mean, DPO's dpo_accuracy).
+METRIC_NAMES = ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "adv_mean", "adv_std",
+                "grad_norm", "tokens", "logprob_mismatch_max", "value_loss",
+                "groups_kept_fraction", "reward_mean")
+
+
+@flax.struct.dataclass
+class Batch:
+    """One batch of B rows. Row p·G + g is output g for question p (DPO: row 2p chosen,
+    2p+1 rejected). Completion token t of a row is predicted from its prompt and tokens <t."""
+
+    prompt_tokens: Any  # [B, Tp] int32, left-padded
+    prompt_mask: Any  # [B, Tp] bool
+    tokens: Any  # [B, Tc] int32, completion, right-padded
+    mask: Any  # [B, Tc] bool, real completion tokens incl. the stop token
+    sample_logprobs: Any  # [B, Tc] f32, the sampler's log-probs (0 if not sampled)
+    rewards: Any  # [B] f32, outcome reward / score per output
+    correct: Any  # [B] bool, rule correctness (RFT / Online RFT)
+    truncated: Any  # [B] bool, hit max_new_tokens without a stop token
+    step_rewards: Any  # [B, S] f32, process-supervision reward per step
+    step_end: Any  # [B, S] int32, completion token index where each step ends
+    step_mask: Any  # [B, S] bool, real steps
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything the step updates (all device arrays; None fields hold nothing)."""
+
+    step: Any  # int32 scalar: train steps taken
+    params: Any
+    opt_state: Any
+    ref_params: Any = None  # frozen π_ref; None unless the algorithm needs one (β > 0, DPO)
+    value_params: Any = None  # PPO's value model V_ψ (a trunk + value head)
+    value_opt_state: Any = None
+
+
+# ============================================================================ host side
+
+def make_batch(prompt_tokens, prompt_mask, tokens, mask, *, sample_logprobs=None, rewards=None,
+               correct=None, truncated=None, step_rewards=None, step_end=None,
+               step_mask=None) -> Batch:
+    """A Batch with defaults for what is not given: zero log-probs and rewards, not
+    correct, not truncated, and one empty step slot (S = 1, step_mask False)."""
+    tokens = _host(tokens, np.int32)
+    rows, tc = tokens.shape
+    zeros = lambda shape, dtype: np.zeros(shape, dtype)
+    step_rewards = zeros((rows, 1), np.float32) if step_rewards is None else _host(step_rewards, np.float32)
+    s = step_rewards.shape[1]
+    return Batch(
+        prompt_tokens=_host(prompt_tokens, np.int32), prompt_mask=_host(prompt_mask, bool),
+        tokens=tokens, mask=_host(mask, bool),
+        sample_logprobs=zeros((rows, tc), np.float32) if sample_logprobs is None else _host(sample_logprobs, np.float32),
+        rewards=zeros((rows,), np.float32) if rewards is None else _host(rewards, np.float32),
+        correct=zeros((rows,), bool) if correct is None else _host(correct, bool),
+        truncated=zeros((rows,), bool) if truncated is None else _host(truncated, bool),
+        step_rewards=step_rewards,
+        step_end=zeros((rows, s), np.int32) if step_end is None else _host(step_end, np.int32),
+        step_mask=zeros((rows, s), bool) if step_mask is None else _host(step_mask, bool))
+
+
+def batch_from_rollout(rollout, rewards, correct, step_rewards=None, step_end=None,
+                       step_mask=None) -> Batch:
+    """Host-side: a sampler ``Rollout`` plus host-computed rewards -> ``Batch``.
+
+    ``truncated`` = not ``rollout.finished`` (cut at max_new_tokens); the sampler's arrays
+    are kept as they are (already on device); rewards etc. are numpy.
+    """
+    rows = rollout.tokens.shape[0]
+    rewards = np.asarray(rewards, np.float32).reshape(rows)
+    correct = np.asarray(correct, bool).reshape(rows)
+    step_rewards = np.zeros((rows, 1), np.float32) if step_rewards is None else np.asarray(step_rewards, np.float32)
+    s = step_rewards.shape[1]
+    step_end = np.zeros((rows, s), np.int32) if step_end is None else np.asarray(step_end, np.int32)
+    step_mask = np.zeros((rows, s), bool) if step_mask is None else np.asarray(step_mask, bool)
+    return Batch(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
+                 tokens=rollout.tokens, mask=rollout.mask, sample_logprobs=rollout.logprobs,
+                 rewards=rewards, correct=correct, truncated=~_host(rollout.finished, bool),
+                 step_rewards=step_rewards, step_end=step_end, step_mask=step_mask)
+
+
+def _host(x, dtype):
+    return np.asarray(x).astype(dtype, copy=False)
+
+
+# ============================================================================ state
+
+def _mesh_of(tree) -> Mesh | None:
+    meshes = {x.sharding.mesh for x in jax.tree.leaves(tree)
+              if isinstance(getattr(x, "sharding", None), NamedSharding)}
+    return meshes.pop() if len(meshes) == 1 else None
+
+
+def opt_state_shardings(tx: optax.GradientTransformation, param_shapes: Any,
+                        param_shardings: Any, mesh: Mesh) -> Any:
+    """Shardings of ``tx.init(params)``: every sub-tree shaped like the params (Adam's
+    moments, accumulated gradients) is sharded like the params; anything else (counts)
+    is replicated."""
+    abstract = jax.eval_shape(tx.init, param_shapes)
+    pdef = jax.tree.structure(param_shapes)
+
+    def like_params(x):
+        return jax.tree.structure(x) == pdef
+
+    return jax.tree.map(lambda x: param_shardings if like_params(x) else replicated(mesh),
+                        abstract, is_leaf=like_params)
+
+
+def _shapes(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _copy(tree):
+    """A fresh copy with its own buffers and the same shardings (eager per-leaf copies):
+    the reference must survive the donation of the policy."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+
+
+def _init_opt(tx, params):
+    mesh = _mesh_of(params)
+    if mesh is None:
+        return tx.init(params)
+    shardings = opt_state_shardings(tx, _shapes(params), jax.tree.map(lambda x: x.sharding, params), mesh)
+    return jax.jit(tx.init, out_shardings=shardings)(params)
+
+
+def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
+                     value_params=None, value_tx: optax.GradientTransformation | None = None
+                     ) -> TrainState:
+    """The state for ``cfg.rl.algorithm``: optimiser state(s), and a copy of ``params`` as
+    the frozen reference only when the algorithm needs one (GRPO/PPO with β > 0, DPO);
+    β = 0 and SFT/RFT keep no reference at all. PPO needs ``value_params`` (e.g.
+    ``model.add_value_head(cfg.model, params, key, mesh)``) and ``value_tx``.
+    ``params`` and ``value_params`` are copied (the step donates the state's buffers, so
+    the caller's arrays, e.g. a frozen π_sft used for sampling, stay valid)."""
+    algo = get_algorithm(cfg.rl.algorithm)
+    params = _copy(jax.tree.map(jnp.asarray, params))
+    mesh = _mesh_of(params)
+    step = jnp.zeros((), jnp.int32)
+    if mesh is not None:
+        step = jax.device_put(step, replicated(mesh))
+    ref = _copy(params) if algo.needs_reference(cfg) else None
+    value_opt_state = None
+    if algo.needs_value_model:
+        if value_params is None or value_tx is None:
+            raise ValueError(f"{algo.name} trains a value model: pass value_params "
+                             "(model.add_value_head) and value_tx")
+        # Own buffers: add_value_head shares the trunk arrays with the policy.
+        value_params = _copy(jax.tree.map(jnp.asarray, value_params))
+        value_opt_state = _init_opt(value_tx, value_params)
+    else:
+        value_params = None
+    return TrainState(step=step, params=params, opt_state=_init_opt(tx, params), ref_params=ref,
+                      value_params=value_params, value_opt_state=value_opt_state)
+
+
+def reset_reference(state: TrainState) -> TrainState:
+    """π_ref ← π_θ (iterative GRPO, Algorithm 1 line 3). No-op when no reference is kept."""
+    if state.ref_params is None:
+        return state
+    return state.replace(ref_params=_copy(state.params))
+
+
+# ============================================================================ device side
+
+def _combine(acc: dict, new: dict) -> dict:
+    out = {}
+    for name, (value, count) in new.items():
+        a_value, a_count = acc[name]
+        combined = jnp.maximum(a_value, value) if name in MAX_METRICS else a_value + value
+        out[name] = (combined, a_count + count)
+    return out
+
+
+def _finish(parts: dict) -> dict:
+    out = {}
+    for name, (value, count) in parts.items():
+        if name in MAX_METRICS:
+            out[name] = jnp.asarray(value, jnp.float32)
+        else:
+            out[name] = jnp.where(count > 0, value / jnp.where(count > 0, count, 1.0), 0.0)
+    return out
+
+
+def _f32_parts(metrics: dict) -> dict:
+    return {k: (jnp.asarray(v, jnp.float32), jnp.asarray(c, jnp.float32)) for k, (v, c) in metrics.items()}
+
+
+def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> Callable:
+    rl = cfg.rl
+    num_micro = rl.num_micro_batches
+
+    def loss_fn(params, value_params, micro_batch, extras, hp):
+        num, den, metrics = algo.loss_parts(params, micro_batch, extras, cfg, hp,
+                                            value_params=value_params)
+        return num, (jnp.asarray(den, jnp.float32), _f32_parts(metrics))
+
+    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+
+    def one_micro_batch(params, value_params, micro, hp):
+        (num, (den, metrics)), grads = grad_fn(params, value_params, *micro, hp)
+        return grads, num, den, metrics
+
+    def gradients(params, value_params, batch, extras, hp):
+        """Σ over micro-batches of grad(numerator), numerator, denominator, metric parts."""
+        if num_micro == 1:
+            return one_micro_batch(params, value_params, (batch, extras), hp)
+        micro = split_micro_batches((batch, extras), num_micro, algo.micro_batch_unit)
+        first = jax.tree.map(lambda x: x[0], micro)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                             jax.eval_shape(one_micro_batch, params, value_params, first, hp))
+
+        def body(acc, mb):
+            grads, num, den, metrics = one_micro_batch(params, value_params, mb, hp)
+            a_grads, a_num, a_den, a_metrics = acc
+            return (jax.tree.map(jnp.add, a_grads, grads), a_num + num, a_den + den,
+                    _combine(a_metrics, metrics)), None
+
+        acc, _ = jax.lax.scan(body, zeros, micro)
+        return acc
+
+    def apply(tx_, params, opt_state, grads, ok):
+        updates, new_opt_state = tx_.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        keep = lambda new, old: jnp.where(ok, new, old)
+        return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
+
+    def update(carry, batch, extras, hp):
+        params, opt_state, value_params, value_opt_state = carry
+        grads, num, den, metric_parts = gradients(params, value_params, batch, extras, hp)
+        ok = den > 0
+        scale = 1.0 / jnp.where(ok, den, 1.0)
+        policy_grads, value_grads = jax.tree.map(lambda g: g * scale, grads)
+        metrics = _finish(metric_parts)
+        metrics["grad_norm"] = optax.global_norm(policy_grads)
+        params, opt_state = apply(tx, params, opt_state, policy_grads, ok)
+        if value_params is not None:
+            metrics["value_grad_norm"] = optax.global_norm(value_grads)
+            value_params, value_opt_state = apply(value_tx, value_params, value_opt_state,
+                                                  value_grads, ok)
+        return (params, opt_state, value_params, value_opt_state), metrics
+
+    def step(state: TrainState, batch: Batch, hp: RLHParams):
+        extras, prep_metrics = algo.prepare(state, batch, cfg, hp, group_size=group_size)
+        carry = (state.params, state.opt_state, state.value_params, state.value_opt_state)
+        if rl.num_updates == 1:
+            carry, metrics = update(carry, batch, extras, hp)
+        else:
+            carry, per_update = jax.lax.scan(lambda c, _: update(c, batch, extras, hp), carry,
+                                             None, length=rl.num_updates)
+            metrics = {k: v[0] if k in MAX_METRICS else jnp.mean(v) for k, v in per_update.items()}
+        params, opt_state, value_params, value_opt_state = carry
+        out = {name: jnp.zeros((), jnp.float32) for name in METRIC_NAMES}
+        out["groups_kept_fraction"] = jnp.ones((), jnp.float32)
+        out.update({k: jnp.asarray(v, jnp.float32) for k, v in prep_metrics.items()})
+        out.update(metrics)
+        out["tokens"] = jnp.sum(batch.mask.astype(jnp.float32))
+        out["reward_mean"] = jnp.mean(batch.rewards.astype(jnp.float32))
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                                  value_params=value_params, value_opt_state=value_opt_state)
+        return new_state, out
+
+    return step
+
+
+def static_config_key(cfg: Config, group_size: int | None = None) -> tuple:
+    """What a compiled step depends on (everything else in cfg.rl is ``RLHParams`` data):
+    the model, the algorithm, μ, the micro-batch count, the chunk size, G, and whether a
+    reference model exists."""
+    algo = get_algorithm(cfg.rl.algorithm)
+    rl = cfg.rl
+    return (dataclasses.astuple(cfg.model), rl.algorithm, rl.num_updates, rl.num_micro_batches,
+            rl.logprob_chunk_size, rl.group_size if group_size is None else int(group_size),
+            algo.needs_reference(cfg))
+
+
+@dataclasses.dataclass
+class TrainStep:
+    """``step(state, batch) -> (state, metrics)``; compiled once per batch shape (AOT), the
+    rl.* values of ``cfg`` passed as data (``RLHParams``).
+
+    ``fn(state, batch, hp)`` is the unjitted step (for ``jax.make_jaxpr``);
+    ``compiled(state, batch)`` the executable for that batch shape (``.memory_analysis()``);
+    ``with_config(cfg)`` a step for another config that reuses the compiled programs when
+    only RLHParams values differ.
+    """
+
+    cfg: Config
+    algorithm: Algorithm
+    mesh: Mesh
+    tx: Any
+    value_tx: Any
+    group_size: int
+    fn: Callable
+    state_shardings: TrainState
+    _cache: dict = dataclasses.field(default_factory=dict)
+
+    def batch_shardings(self, batch: Batch) -> Batch:
+        return jax.tree.map(lambda x: batch_sharding(self.mesh, np.ndim(x), np.shape(x)[0]), batch)
+
+    def hparams(self) -> RLHParams:
+        return jax.device_put(RLHParams.from_config(self.cfg.rl), replicated(self.mesh))
+
+    def _place(self, state: TrainState, batch: Batch):
+        return (jax.device_put(state, self.state_shardings),
+                jax.device_put(batch, self.batch_shardings(batch)))
+
+    def compiled(self, state: TrainState, batch: Batch):
+        """The compiled executable for this batch's shapes (compiling it the first time)."""
+        key = tuple((np.shape(x), jnp.result_type(x).name) for x in jax.tree.leaves(batch))
+        if key not in self._cache:
+            hp_sharding = replicated(self.mesh)
+            jitted = jax.jit(
+                self.fn, in_shardings=(self.state_shardings, self.batch_shardings(batch), hp_sharding),
+                out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
+            state, batch = self._place(state, batch)
+            self._cache[key] = jitted.lower(state, batch, self.hparams()).compile()
+        return self._cache[key]
+
+    def with_config(self, cfg: Config) -> "TrainStep":
+        """The step for ``cfg``: shares compiled programs with this one when
+        ``static_config_key`` agrees, else builds (and will compile) a new one."""
+        if static_config_key(cfg, self.group_size) == static_config_key(self.cfg, self.group_size):
+            return dataclasses.replace(self, cfg=cfg)
+        return make_train_step(cfg, self.tx, self.mesh, value_tx=self.value_tx,
+                               group_size=self.group_size)
+
+    def _check(self, state: TrainState) -> None:
+        wants_ref = self.algorithm.needs_reference(self.cfg)
+        if (state.ref_params is not None) != wants_ref:
+            raise ValueError(
+                f"state.ref_params is {'set' if state.ref_params is not None else 'None'} but "
+                f"{self.algorithm.name} with rl.beta={self.cfg.rl.beta} "
+                f"{'needs' if wants_ref else 'keeps no'} reference; build the state with "
+                "init_train_state(cfg, ...) for the same config")
+
+    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        self._check(state)
+        compiled = self.compiled(state, batch)
+        state, batch = self._place(state, batch)
+        return compiled(state, batch, self.hparams())
+
+
+def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, *,
+                    value_tx: optax.GradientTransformation | None = None,
+                    group_size: int | None = None) -> TrainStep:
+    """The train step for ``cfg.rl.algorithm`` on ``mesh`` (see the module docstring).
+
+    ``tx`` updates the policy, ``value_tx`` the PPO value model (required for PPO).
+    ``group_size`` G defaults to cfg.rl.group_size (GRPO: rows = questions × G). Only
+    ``static_config_key(cfg)`` is compiled in; the other rl.* values are passed as data on
+    every call (``step.with_config(new_cfg)`` reuses the compiled programs).
+    """
+    algo = get_algorithm(cfg.rl.algorithm)
+    if algo.needs_value_model and value_tx is None:
+        raise ValueError(f"{algo.name} trains a value model: pass value_tx")
+    group_size = cfg.rl.group_size if group_size is None else int(group_size)
+    param_sh = model_lib.param_shardings(cfg.model, mesh)
+    param_shapes = model_lib.param_shapes(cfg.model)
+    state_sh = TrainState(
+        step=replicated(mesh), params=param_sh,
+        opt_state=opt_state_shardings(tx, param_shapes, param_sh, mesh),
+        ref_params=param_sh if algo.needs_reference(cfg) else None)
+    if algo.needs_value_model:
+        value_sh = model_lib.param_shardings(cfg.model, mesh, value_head=True)
+        value_shapes = model_lib.param_shapes(cfg.model, value_head=True)
+        state_sh = state_sh.replace(
+            value_params=value_sh,
+            value_opt_state=opt_state_shardings(value_tx, value_shapes, value_sh, mesh))
+    fn = _build_step(cfg, algo, tx, value_tx, group_size)
+    return TrainStep(cfg=cfg, algorithm=algo, mesh=mesh, tx=tx, value_tx=value_tx,
+                     group_size=group_size, fn=fn, state_shardings=state_sh)

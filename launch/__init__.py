@@ -1,1 +1,0 @@
-"""Cloud TPU launch scripts (create, setup, run, delete); shared code in `launch.common`."""
