@@ -156,7 +156,7 @@ def preference_pairs(rollout, scores: Scores, group_size: int, num_pairs: int) -
 def evaluate(cfg: Config, params, task: Task, tokenizer: Tokenizer, examples: Sequence[Example], *,
              key, mesh=None, num_samples: int = 0, temperature: float = 1.0,
              ks: Sequence[int] = ()) -> dict[str, float]:
-    """Greedy accuracy; with `num_samples` > 0 also Pass@K and Maj@K (K in `ks`) from that many
+    """Greedy accuracy and mean reward; with `num_samples` > 0 also Pass@K and Maj@K (K in `ks`) from that many
     samples per question at `temperature` (the paper's Figure 7 setting)."""
     from grpo_jax.evaluation import maj_at_k, pass_at_k
 
@@ -167,7 +167,7 @@ def evaluate(cfg: Config, params, task: Task, tokenizer: Tokenizer, examples: Se
     greedy = jax.tree.map(to_host, greedy)
     texts = [tokenizer.decode(completion_ids(greedy, r, tokenizer.stop_ids)) for r in range(len(examples))]
     acc = np.mean([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(texts, examples)])
-    out = {"accuracy": float(acc)}
+    out = {"accuracy": float(acc), "reward": float(np.mean([task.reward(t, ex) for t, ex in zip(texts, examples)]))}
     if num_samples > 0:
         ro = sampling.sample(cfg.model, params, prompts, key=jax.random.fold_in(key, 1),
                              group_size=num_samples, max_new_tokens=cfg.rl.max_new_tokens,
