@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from grpo_jax import reward_models as rm_lib
+from grpo_jax.reward_models import scorer as rm_scorer, training as rm_training
 from grpo_jax.config import ModelConfig
+from grpo_jax.model import add_value_head
 from grpo_jax.reward_models import LabelledSample, ReplayBuffer, RewardModel
 from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus
 from grpo_jax.tokenizer import train_sentencepiece
@@ -123,14 +125,14 @@ def test_labelled_samples_agree_with_the_rule_reward(task):
 
 def test_step_ends_map_to_the_newline_tokens(tok):
     s = _sample()
-    enc = rm_lib._encode(tok, s.prompt, s.completion, [e for e, _ in s.step_labels], 48)
+    enc = rm_scorer.encode(tok, s.prompt, s.completion, [e for e, _ in s.step_labels], 48)
     assert enc.tokens[0] == tok.bos_id and enc.tokens[-1] == tok.eos_id
     prompt_len = len(tok.encode(s.prompt, add_bos=True))
     for (end, _), idx in zip(s.step_labels, enc.step_index):
         assert tok.decode(enc.tokens[prompt_len: idx + 1]) == s.completion[:end]
     # Left truncation keeps the end; a step whose end token falls off is marked -1.
     for keep in (20, 13, 12, 7):
-        short = rm_lib._encode(tok, s.prompt, s.completion, [e for e, _ in s.step_labels], keep)
+        short = rm_scorer.encode(tok, s.prompt, s.completion, [e for e, _ in s.step_labels], keep)
         assert len(short.tokens) == keep and short.tokens == enc.tokens[-keep:]
         cut = len(enc.tokens) - keep
         assert list(short.step_index) == [i - cut if i >= cut else -1 for i in enc.step_index]
@@ -140,7 +142,7 @@ def test_step_ends_map_to_the_newline_tokens(tok):
 def test_pairs_prefer_the_same_prompt():
     a_good, a_bad = _sample("A", "x", True), _sample("A", "y", False)
     b_good, c_bad = _sample("B", "x", True), _sample("C", "y", False)
-    pairs, same = rm_lib._pairs([a_good, a_bad, b_good, c_bad], random.Random(0))
+    pairs, same = rm_training._pairs([a_good, a_bad, b_good, c_bad], random.Random(0))
     assert same == 1 and pairs[0] == (0, 1)
     samples = [a_good, a_bad, b_good, c_bad]
     assert all(samples[c].correct and not samples[w].correct for c, w in pairs)
@@ -184,7 +186,7 @@ def test_training_batches_hold_the_replay_fraction(tok, data):
     new, old = train[:400], train[400:1200]
     for kind, loss, batch_size, want in [("outcome", "pointwise", 20, 2), ("process", "pointwise", 32, 3),
                                          ("outcome", "pairwise", 20, 1), ("outcome", "pairwise", 64, 3)]:
-        source = rm_lib._BatchSource(tok, new, old, kind=kind, loss=loss, batch_size=batch_size,
+        source = rm_training._BatchSource(tok, new, old, kind=kind, loss=loss, batch_size=batch_size,
                                      replay_fraction=0.1, max_len=48, seed=0)
         for _ in range(5):
             batch, from_history = source.next()
@@ -193,7 +195,7 @@ def test_training_batches_hold_the_replay_fraction(tok, data):
             if loss == "pairwise":  # rows [0, P) chosen, [P, 2P) rejected
                 p = batch_size // 2
                 assert batch["label"][:p].all() and not batch["label"][p:].any()
-    source = rm_lib._BatchSource(tok, new, [], kind="outcome", loss="pointwise", batch_size=20,
+    source = rm_training._BatchSource(tok, new, [], kind="outcome", loss="pointwise", batch_size=20,
                                  replay_fraction=0.1, max_len=48, seed=0)
     assert source.next()[1] == 0  # no history: nothing to mix
 
@@ -310,7 +312,7 @@ def test_bad_inputs_are_clear_errors(cfg, tok, trunk):
         train(cfg, tok, [("Q", "A", True)], steps=1, progress=False)
     with pytest.raises(ValueError, match="no value head"):
         RewardModel(cfg, trunk, tok, "outcome")
-    model = RewardModel(cfg, rm_lib._fresh_value_head(cfg, trunk, jax.random.key(0)), tok, "outcome")
+    model = RewardModel(cfg, add_value_head(cfg, trunk, jax.random.key(0)), tok, "outcome")
     with pytest.raises(ValueError, match="2 prompts but 1 completions"):
         model.score(["a", "b"], ["c"])
     with pytest.raises(ValueError, match="process reward model"):
