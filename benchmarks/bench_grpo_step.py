@@ -46,7 +46,7 @@ class OurGRPOStep:
         from grpo_jax import train_step as ts
         from grpo_jax.config import smollm2_135m
 
-        self.ts, self.sharding = ts, sharding
+        self.sharding = sharding
         cfg = smollm2_135m()
         self.mesh = sharding.mesh_from_shape((1, 1, 1))
         # Params on the mesh from the start, as the train step returns them: otherwise the
@@ -69,7 +69,7 @@ class OurGRPOStep:
         self.last: dict[str, float] = {}
 
     def __call__(self) -> float:
-        from grpo_jax import sampling
+        from grpo_jax import batching, sampling
 
         sw = common.Stopwatch()
         self.calls += 1
@@ -84,7 +84,7 @@ class OurGRPOStep:
             tokens = np.asarray(rollout.tokens)
             texts = [self.tok.decode(row.tolist()) for row in tokens]
             rewards = np.array([common.count_letter_reward(t) for t in texts], np.float32)
-            batch = self.ts.batch_from_rollout(rollout, rewards, np.zeros(len(texts), bool))
+            batch = batching.batch_from_rollout(rollout, rewards, np.zeros(len(texts), bool))
             batch = self.sharding.shard_batch(batch, self.mesh)
         with sw("step"):
             self.state, metrics = self.step_fn(self.state, batch)

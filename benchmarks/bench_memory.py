@@ -43,7 +43,7 @@ def abstract(tree, shardings):
 def step_memory(cfg, mesh_shape, rows: int, tp: int, tc: int) -> dict:
     """memory_analysis of the train step for `cfg` on a mesh, from abstract inputs."""
     from grpo_jax import model as model_lib
-    from grpo_jax import optimizer, sharding
+    from grpo_jax import batching, optimizer, sharding
     from grpo_jax import train_step as ts
     from grpo_jax.algorithms import RLHParams, get_algorithm
 
@@ -64,8 +64,8 @@ def step_memory(cfg, mesh_shape, rows: int, tp: int, tc: int) -> dict:
         state = state.replace(value_params=abstract(vshapes, sh.value_params),
                               value_opt_state=abstract(jax.eval_shape(value_tx.init, vshapes),
                                                        sh.value_opt_state))
-    host = ts.make_batch(np.zeros((rows, tp), np.int32), np.ones((rows, tp), bool),
-                         np.zeros((rows, tc), np.int32), np.ones((rows, tc), bool))
+    host = batching.make_batch(np.zeros((rows, tp), np.int32), np.ones((rows, tp), bool),
+                               np.zeros((rows, tc), np.int32), np.ones((rows, tc), bool))
     batch = abstract(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), host),
                      step.batch_shardings(host))
     jitted = jax.jit(step.fn, in_shardings=(sh, step.batch_shardings(host), sharding.replicated(mesh)),

@@ -38,7 +38,7 @@ class Point:
         cfg = cpu_tiny()
         cfg.model.max_seq_len = prompt_len + new_tokens + 1
         cfg.rl.group_size, cfg.rl.beta, cfg.rl.max_new_tokens = group, 0.04, new_tokens
-        self.cfg, self.g, self.n, self.ts, self.sharding = cfg, group, new_tokens, ts, sharding
+        self.cfg, self.g, self.n, self.sharding = cfg, group, new_tokens, sharding
         rng = np.random.default_rng(seed)
         self.prompts = rng.integers(3, cfg.model.vocab_size, (prompts, prompt_len)).tolist()
         tx, _ = optimizer.make_optimizer(cfg.optimizer, 1000)
@@ -62,7 +62,7 @@ class Point:
         self.peak_bytes = common.peak_bytes(self.step.compiled(self.state, batch).memory_analysis())
 
     def _sample(self):
-        from grpo_jax import sampling
+        from grpo_jax import batching, sampling
 
         self.calls += 1
         out = sampling.sample(self.cfg.model, self.state.params, self.prompts, key=jax.random.key(self.calls),
@@ -71,7 +71,7 @@ class Point:
 
     def _batch(self, rollout):
         rewards = np.asarray(rollout.tokens).mean(axis=1).astype(np.float32)
-        batch = self.ts.batch_from_rollout(rollout, rewards, np.zeros(len(rewards), bool))
+        batch = batching.batch_from_rollout(rollout, rewards, np.zeros(len(rewards), bool))
         return self.sharding.shard_batch(batch, self.mesh)
 
     def __call__(self) -> dict:

@@ -64,7 +64,7 @@ class OurUpdate:
 
     def __init__(self, cfg, params, rows: int, prompt_ids: np.ndarray, completion_ids: np.ndarray,
                  rewards: np.ndarray):
-        from grpo_jax import optimizer, sharding
+        from grpo_jax import batching, optimizer, sharding
         from grpo_jax import train_step as ts
 
         self.cfg = cfg
@@ -72,8 +72,8 @@ class OurUpdate:
         self.mesh = sharding.mesh_from_shape((1, 1, 1))
         self.state = ts.init_train_state(cfg, params, tx)
         self.step = ts.make_train_step(cfg, tx, self.mesh)
-        batch = ts.make_batch(prompt_ids, np.ones(prompt_ids.shape, bool), completion_ids,
-                              np.ones(completion_ids.shape, bool), rewards=rewards)
+        batch = batching.make_batch(prompt_ids, np.ones(prompt_ids.shape, bool), completion_ids,
+                                    np.ones(completion_ids.shape, bool), rewards=rewards)
         self.batch = sharding.shard_batch(batch, self.mesh)
         start = time.perf_counter()
         compiled = self.step.compiled(self.state, self.batch)

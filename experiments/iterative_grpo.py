@@ -27,7 +27,8 @@ from grpo_jax.reward_models import (ReplayBuffer, label_completions, labelled_sa
                                     pairwise_accuracy, train_reward_model)
 from grpo_jax.sharding import to_host
 from grpo_jax.tokenizer import encode_prompt
-from grpo_jax.trainer import completion_ids, evaluate
+from grpo_jax.batching import completion_ids
+from grpo_jax.trainer import evaluate
 
 
 def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt: int, seed: int,

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from grpo_jax.losses import as_float
+
 __all__ = [
     "group_relative_advantages",
     "nonconstant_groups",
@@ -27,12 +29,6 @@ __all__ = [
     "whiten",
     "ppo_token_rewards",
 ]
-
-
-def _float(x: jax.Array) -> jax.Array:
-    """Casts to a float dtype of at least float32 precision (bf16 rewards are upcast)."""
-    x = jnp.asarray(x)
-    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def nonconstant_groups(rewards: jax.Array) -> jax.Array:
@@ -76,7 +72,7 @@ def group_relative_advantages(
       ``[P, G]`` advantages, float (at least float32).
     """
     chex.assert_rank(rewards, 2)
-    r = _float(rewards)
+    r = as_float(rewards)
     num_outputs = r.shape[1]
     if num_outputs - ddof <= 0:
         return jnp.zeros_like(r)
@@ -131,7 +127,7 @@ def process_advantages(
     chex.assert_equal_shape([step_rewards, step_end, step_mask])
     chex.assert_type(step_end, int)
     num_p, num_g, num_s = step_rewards.shape
-    r = _float(step_rewards)
+    r = as_float(step_rewards)
     valid = step_mask.astype(bool)
 
     count = jnp.sum(valid, axis=(1, 2), keepdims=True)
@@ -195,8 +191,8 @@ def gae(
     """
     chex.assert_rank(rewards, 2)
     chex.assert_equal_shape([rewards, values, mask])
-    r = _float(rewards)
-    v = _float(values).astype(r.dtype)
+    r = as_float(rewards)
+    v = as_float(values).astype(r.dtype)
     m = mask.astype(bool)
 
     def step(carry, xs):
@@ -238,7 +234,7 @@ def whiten(
       Same shape as ``x``.
     """
     chex.assert_equal_shape([x, mask])
-    x = _float(x)
+    x = as_float(x)
     m = mask.astype(bool)
     count = jnp.maximum(jnp.sum(m), 1)
     mean = jnp.sum(jnp.where(m, x, 0.0)) / count
@@ -282,10 +278,10 @@ def ppo_token_rewards(
     chex.assert_equal_shape_prefix([score, logp], 1)
     m = mask.astype(bool)
     num_tokens = logp.shape[1]
-    kl_reward = -beta * (_float(logp) - _float(ref_logp))
+    kl_reward = -beta * (as_float(logp) - as_float(ref_logp))
     positions = jnp.arange(num_tokens)
     last = jnp.max(jnp.where(m, positions, -1), axis=1)  # -1 if the row is empty
     is_last = positions[None, :] == last[:, None]
-    rewards = jnp.where(m, kl_reward, 0.0) + jnp.where(is_last, _float(score)[:, None], 0.0)
+    rewards = jnp.where(m, kl_reward, 0.0) + jnp.where(is_last, as_float(score)[:, None], 0.0)
     chex.assert_shape(rewards, logp.shape)
     return rewards

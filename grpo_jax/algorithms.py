@@ -57,7 +57,7 @@ import numpy as np
 
 from grpo_jax import advantages as adv_lib
 from grpo_jax import losses
-from grpo_jax.config import Config, RLConfig
+from grpo_jax.config import SUPERVISIONS, Config, RLConfig
 from grpo_jax.logprobs import sequence_logprobs, sequence_values
 
 __all__ = [
@@ -122,9 +122,6 @@ def map_micro_batches(fn: Callable[[Any], Any], tree: Any, num: int, unit: int =
 
 # ----------------------------------------------------------------- hyperparameters
 
-SUPERVISIONS = ("outcome", "process")
-
-
 @flax.struct.dataclass
 class RLHParams:
     """The rl.* values the train step reads as data (scalars; modes as indices into
@@ -169,10 +166,6 @@ def _hp(cfg: Config, hp: RLHParams | None) -> RLHParams:
 
 # ----------------------------------------------------------------- shared helpers
 
-def _f32(x) -> jax.Array:
-    return jnp.asarray(x, jnp.float32)
-
-
 def _token_mean_parts(x, mask) -> tuple[jax.Array, jax.Array]:
     return losses.aggregate_parts(x, mask, "token_mean")
 
@@ -212,7 +205,7 @@ def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
     if entropy is not None:
         metrics["entropy"] = _token_mean_parts(entropy, mask)
     if algo.data_source != "dataset":
-        gap = jnp.where(mask, jnp.abs(_f32(batch.sample_logprobs) - _f32(logp)), 0.0)
+        gap = jnp.where(mask, jnp.abs(losses.as_float(batch.sample_logprobs) - losses.as_float(logp)), 0.0)
         metrics["logprob_mismatch_max"] = (jnp.max(gap), jnp.asarray(1.0, jnp.float32))
     return metrics
 
@@ -237,7 +230,6 @@ class Algorithm:
     name: str = ""
     data_source: str = "policy"
     reward: str = "none"
-    gradient_coefficient: str = ""
     needs_value_model: bool = False
     micro_batch_unit: int = 1
 
@@ -317,7 +309,7 @@ class Algorithm:
         """numerator / denominator (0 when nothing is valid): the scalar loss of a whole
         batch given its log-probs; what the unified-paradigm tests differentiate."""
         num, den, _ = self.loss_parts_from_logprobs(logp, batch, extras, cfg, hp, values=values)
-        return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+        return losses.safe_divide(num, den)
 
 
 # ----------------------------------------------------------------- SFT / RFT
@@ -335,7 +327,6 @@ class SFT(Algorithm):
     name: str = "sft"
     data_source: str = "dataset"
     reward: str = "none"
-    gradient_coefficient: str = "1"
 
     def logprob_temperature(self, hp):
         return 1.0
@@ -369,7 +360,6 @@ class RFT(SFT):
     name: str = "rft"
     data_source: str = "sft_policy"
     reward: str = "rule"
-    gradient_coefficient: str = "1 if o correct else 0"
 
     def logprob_temperature(self, hp):
         return hp.temperature
@@ -416,7 +406,6 @@ class DPO(Algorithm):
     name: str = "dpo"
     data_source: str = "sft_policy_pairs"
     reward: str = "rule"
-    gradient_coefficient: str = "±β σ(β log π_θ(o−)/π_ref(o−) − β log π_θ(o+)/π_ref(o+))"
     micro_batch_unit: int = 2
 
     def needs_reference(self, cfg: Config) -> bool:
@@ -429,14 +418,14 @@ class DPO(Algorithm):
                              f"{batch.tokens.shape[0]}")
         if ref_logp is None:
             raise ValueError("DPO needs reference log-probs")
-        return {"loss_mask": batch.mask.astype(bool), "ref_logp": _f32(ref_logp)}, {}
+        return {"loss_mask": batch.mask.astype(bool), "ref_logp": losses.as_float(ref_logp)}, {}
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
         hp = _hp(cfg, hp)
         mask = extras["loss_mask"]
         count = jnp.sum(mask.astype(jnp.float32), axis=1)
-        log_ratio = jnp.where(mask, _f32(logp) - extras["ref_logp"], 0.0)
+        log_ratio = jnp.where(mask, losses.as_float(logp) - extras["ref_logp"], 0.0)
         seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(count, 1.0)  # ℓ(o), Eq. 12
         pairs = seq.reshape(-1, 2)
         valid = jnp.all(count.reshape(-1, 2) > 0, axis=1)
@@ -479,7 +468,6 @@ class PPO(Algorithm):
     name: str = "ppo"
     data_source: str = "policy"
     reward: str = "model"
-    gradient_coefficient: str = "A_t (GAE)"
     needs_value_model: bool = True
 
     def needs_reference(self, cfg: Config) -> bool:
@@ -495,8 +483,8 @@ class PPO(Algorithm):
             raise ValueError("PPO needs old log-probs and old values")
         mask = batch.mask.astype(bool)
         loss_mask = _truncation_mask(batch, hp)
-        old_logp, old_values = _f32(old_logp), _f32(old_values)
-        ref = _f32(ref_logp) if (self.needs_reference(cfg) and ref_logp is not None) else old_logp
+        old_logp, old_values = losses.as_float(old_logp), losses.as_float(old_values)
+        ref = losses.as_float(ref_logp) if (self.needs_reference(cfg) and ref_logp is not None) else old_logp
         token_rewards = adv_lib.ppo_token_rewards(batch.rewards, old_logp, ref, mask, hp.beta)
         advantages, returns = adv_lib.gae(token_rewards, old_values, mask, gamma=hp.gamma,
                                           lam=hp.lam)
@@ -506,7 +494,7 @@ class PPO(Algorithm):
         adv_mean, adv_std = _masked_mean_std(advantages, loss_mask)
         kl_num, kl_den = _token_mean_parts(old_logp - ref, loss_mask)
         metrics = {"adv_mean": adv_mean, "adv_std": adv_std,
-                   "kl": jnp.where(kl_den > 0, kl_num / jnp.maximum(kl_den, 1.0), 0.0),
+                   "kl": losses.safe_divide(kl_num, kl_den),
                    "return_mean": _masked_mean_std(returns, loss_mask)[0],
                    "value_mean": _masked_mean_std(old_values, loss_mask)[0]}
         extras = {"loss_mask": loss_mask, "advantages": advantages, "returns": returns,
@@ -538,7 +526,7 @@ def _process_group_stats(step_rewards, step_mask, eps: float = 1e-6):
     """Per group [P]: whether the valid step rewards vary, and std(R) + eps (ddof 0), as in
     ``advantages.process_advantages``."""
     valid = step_mask.astype(bool)
-    r = _f32(step_rewards)
+    r = losses.as_float(step_rewards)
     count = jnp.sum(valid, axis=(1, 2))
     safe = jnp.maximum(count, 1)
     mean = jnp.sum(jnp.where(valid, r, 0.0), axis=(1, 2)) / safe
@@ -570,7 +558,6 @@ class GRPO(Algorithm):
     name: str = "grpo"
     data_source: str = "policy"
     reward: str = "model"
-    gradient_coefficient: str = "Â_i,t + β(π_ref/π_θ − 1)"
 
     def needs_reference(self, cfg: Config) -> bool:
         return cfg.rl.beta > 0
@@ -586,7 +573,7 @@ class GRPO(Algorithm):
                              f"{group_size} outputs")
         num_p = rows // group_size
         # outcome supervision
-        rewards = _f32(batch.rewards).reshape(num_p, group_size)
+        rewards = losses.as_float(batch.rewards).reshape(num_p, group_size)
         scaled = adv_lib.group_relative_advantages(rewards, scale_by_std=True)
         centred = adv_lib.group_relative_advantages(rewards, scale_by_std=False)
         outcome = jnp.where(hp.scale_by_std, scaled, centred)
@@ -594,7 +581,7 @@ class GRPO(Algorithm):
         outcome_varies = adv_lib.nonconstant_groups(rewards)
         # process supervision
         shape = (num_p, group_size, batch.step_rewards.shape[1])
-        step_rewards = _f32(batch.step_rewards).reshape(shape)
+        step_rewards = losses.as_float(batch.step_rewards).reshape(shape)
         step_mask = batch.step_mask.astype(bool).reshape(shape)
         process = adv_lib.process_advantages(
             step_rewards, batch.step_end.astype(jnp.int32).reshape(shape), step_mask, tc)
@@ -620,11 +607,11 @@ class GRPO(Algorithm):
                    "groups_kept_fraction": jnp.mean(kept.astype(jnp.float32))}
         extras = {"loss_mask": loss_mask, "advantages": adv}
         if old_logp is not None:
-            extras["old_logp"] = _f32(old_logp)
+            extras["old_logp"] = losses.as_float(old_logp)
         if self.needs_reference(cfg):
             if ref_logp is None:
                 raise ValueError("GRPO with rl.beta > 0 needs reference log-probs")
-            extras["ref_logp"] = _f32(ref_logp)
+            extras["ref_logp"] = losses.as_float(ref_logp)
         return extras, metrics
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,

@@ -15,6 +15,13 @@ from typing import Any, Callable, Sequence
 
 
 REMAT_POLICIES = ("none", "full", "dots")
+# The names each choice accepts, kept here (jax-free, so `--help` and validation stay instant)
+# and imported by the modules that implement them (algorithms, losses, sharding).
+ALGORITHM_NAMES = ("sft", "rft", "online_rft", "dpo", "ppo", "grpo")
+KL_KINDS = ("k1", "k2", "k3")
+AGGREGATION_MODES = ("sequence_mean", "token_mean", "constant")
+SUPERVISIONS = ("outcome", "process")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 class ConfigError(ValueError):
@@ -51,7 +58,7 @@ class ModelConfig:
             raise ConfigError(
                 f"model.num_heads={self.num_heads} must be a multiple of "
                 f"model.num_kv_heads={self.num_kv_heads} (grouped-query attention)")
-        _choice(self, "dtype", ("float32", "bfloat16", "float16"))
+        _choice(self, "dtype", DTYPE_NAMES)
         _choice(self, "param_dtype", ("float32", "bfloat16"))
         _choice(self, "remat", REMAT_POLICIES)
         if self.rope_theta <= 0 or self.rope_scaling_factor <= 0 or self.rms_eps <= 0:
@@ -138,10 +145,10 @@ class RLConfig:
     reward_model: str = ""  # path of a trained reward model; empty = rule reward
 
     def validate(self) -> None:
-        _choice(self, "algorithm", ("sft", "rft", "online_rft", "dpo", "ppo", "grpo"))
-        _choice(self, "kl_estimator", ("k1", "k2", "k3"))
-        _choice(self, "supervision", ("outcome", "process"))
-        _choice(self, "aggregation", ("sequence_mean", "token_mean", "constant"))
+        _choice(self, "algorithm", ALGORITHM_NAMES)
+        _choice(self, "kl_estimator", KL_KINDS)
+        _choice(self, "supervision", SUPERVISIONS)
+        _choice(self, "aggregation", AGGREGATION_MODES)
         _positive(self, "group_size")
         _positive(self, "num_updates")
         _positive(self, "max_new_tokens")

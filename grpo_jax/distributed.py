@@ -17,7 +17,7 @@ How a multi-process run divides the work (every process runs the same program):
 * **Checkpoints.** Every process calls save/restore; Orbax writes each array's shards
   from the process that holds them, into one shared directory (gs://... on a pod slice).
 * **Logging.** Metrics files and progress bars are written by process 0 only
-  (`metrics.is_main_process`).
+  (`is_main_process`).
 * **Host-only values** that must agree across processes (a tokenizer trained on process
   0, say) are shared with `broadcast_bytes`.
 

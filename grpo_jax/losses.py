@@ -31,6 +31,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.config import AGGREGATION_MODES, KL_KINDS
+
 __all__ = [
     "KL_KINDS",
     "AGGREGATION_MODES",
@@ -46,17 +48,21 @@ __all__ = [
     "entropy_from_logits",
 ]
 
-KL_KINDS = ("k1", "k2", "k3")
-AGGREGATION_MODES = ("sequence_mean", "token_mean", "constant")
-
 KLKind = Literal["k1", "k2", "k3"]
 AggregationMode = Literal["sequence_mean", "token_mean", "constant"]
 
 
-def _float(x: jax.Array) -> jax.Array:
-    """Casts to a float dtype of at least float32 precision (bf16 log-probs are upcast)."""
+def as_float(x: jax.Array) -> jax.Array:
+    """Casts to a float dtype of at least float32 precision (bf16 log-probs and rewards are
+    upcast); what every loss, advantage and metric computes in."""
     x = jnp.asarray(x)
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def safe_divide(num: jax.Array, den: jax.Array) -> jax.Array:
+    """num / den where den > 0, else 0, with finite gradients either way (a batch or
+    micro-batch without a valid token contributes nothing instead of NaN)."""
+    return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
 
 
 # --------------------------------------------------------------------------- KL
@@ -82,7 +88,7 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: KLKind = "k3") -> jax
       Same shape as ``logp``: the per-token estimate (not masked).
     """
     chex.assert_equal_shape([logp, ref_logp])
-    logp, ref_logp = _float(logp), _float(ref_logp)
+    logp, ref_logp = as_float(logp), as_float(ref_logp)
     if kind == "k3":
         d = ref_logp - logp
         return jnp.expm1(d) - d
@@ -99,8 +105,8 @@ def _ratio_and_advantages(logp, old_logp, advantages):
     chex.assert_equal_shape([logp, old_logp])
     chex.assert_rank(advantages, 2)
     chex.assert_is_broadcastable(advantages.shape, logp.shape)
-    ratio = jnp.exp(_float(logp) - _float(old_logp))
-    return ratio, _float(advantages)
+    ratio = jnp.exp(as_float(logp) - as_float(old_logp))
+    return ratio, as_float(advantages)
 
 
 def clipped_surrogate(
@@ -220,7 +226,7 @@ def aggregate_parts(
     """
     chex.assert_rank(per_token, 2)
     chex.assert_equal_shape([per_token, mask])
-    x = _float(per_token)
+    x = as_float(per_token)
     m = mask.astype(x.dtype)
     weighted = jnp.where(m != 0, x * m, 0.0)  # garbage at padded positions never leaks
     if mode == "sequence_mean":
@@ -261,7 +267,7 @@ def aggregate(
       Float scalar, ``numerator / denominator`` of ``aggregate_parts``.
     """
     num, den = aggregate_parts(per_token, mask, mode, constant_length=constant_length)
-    return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+    return safe_divide(num, den)
 
 
 # ----------------------------------------------------------------- other losses
@@ -292,7 +298,7 @@ def value_loss(
     """
     chex.assert_rank(values, 2)
     chex.assert_equal_shape([values, old_values, returns, mask])
-    v, v_old, ret = _float(values), _float(old_values), _float(returns)
+    v, v_old, ret = as_float(values), as_float(old_values), as_float(returns)
     loss = jnp.square(v - ret)
     if clip_eps is not None:
         v_clipped = v_old + jnp.clip(v - v_old, -clip_eps, clip_eps)
@@ -331,8 +337,8 @@ def dpo_loss(
     chex.assert_equal_shape(
         [policy_chosen_logp, policy_rejected_logp, ref_chosen_logp, ref_rejected_logp]
     )
-    chosen = _float(policy_chosen_logp) - _float(ref_chosen_logp)
-    rejected = _float(policy_rejected_logp) - _float(ref_rejected_logp)
+    chosen = as_float(policy_chosen_logp) - as_float(ref_chosen_logp)
+    rejected = as_float(policy_rejected_logp) - as_float(ref_rejected_logp)
     margin = beta * (chosen - rejected)
     return jax.nn.softplus(-margin)
 
@@ -350,7 +356,7 @@ def sft_loss(logp: jax.Array) -> jax.Array:
     Returns:
       Same shape: −logp (not masked).
     """
-    return -_float(logp)
+    return -as_float(logp)
 
 
 def entropy_from_logits(logits: jax.Array) -> jax.Array:
@@ -367,7 +373,7 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
     """
     if jnp.ndim(logits) < 1:
         raise ValueError(f"logits need a vocabulary axis; got shape {jnp.shape(logits)}")
-    logits = _float(logits)
+    logits = as_float(logits)
     log_p = jax.nn.log_softmax(logits, axis=-1)
     p = jnp.exp(log_p)
     safe_log_p = jnp.where(p > 0, log_p, 0.0)

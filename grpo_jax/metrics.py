@@ -6,13 +6,10 @@ import json
 import math
 from typing import Any, Mapping
 
-import jax
 import numpy as np
 from etils import epath
 
-
-def is_main_process() -> bool:
-    return jax.process_index() == 0
+from grpo_jax.distributed import is_main_process
 
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:

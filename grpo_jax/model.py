@@ -242,16 +242,6 @@ class Transformer(nn.Module):
             new_cache = KVCache(k=new_kv[0], v=new_kv[1], mask=key_mask, index=write_index + t)
         return hidden, new_cache
 
-    def unembed_matrix(self):
-        """[E, V] matrix that maps hidden states to logits."""
-        return self.embedding.T if self.cfg.tie_embeddings else self.lm_head
-
-    def logits(self, hidden):
-        return hidden.astype(jnp.float32) @ self.unembed_matrix().astype(jnp.float32)
-
-    def values(self, hidden):
-        return hidden.astype(jnp.float32) @ self.value_kernel.astype(jnp.float32) + self.value_bias
-
 
 # ----------------------------------------------------------------------------- functional API
 

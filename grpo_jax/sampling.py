@@ -81,11 +81,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
-from grpo_jax.sharding import batch_sharding, logical_to_sharding, replicated, to_global
+from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, replicated, to_global
 
 MIN_BUCKET = 16
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
@@ -140,12 +140,6 @@ def _global_key(key, mesh: Mesh):
         data = to_global(jax.random.key_data(key), replicated(mesh))
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
     return to_global(key, replicated(mesh))
-
-
-def _mesh_of(params) -> Mesh | None:
-    shardings = {getattr(x, "sharding", None) for x in jax.tree.leaves(params)}
-    meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
-    return meshes.pop() if len(meshes) == 1 else None
 
 
 def _validate(cfg: ModelConfig, prompts, *, group_size, max_new_tokens, temperature, top_k,
@@ -434,7 +428,7 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     prompts = _validate(cfg, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_k=top_k, top_p=top_p,
                         stop_tokens=stop_tokens, pad_id=pad_id)
-    mesh = _mesh_of(params) if mesh is None else mesh
+    mesh = mesh_of(params) if mesh is None else mesh
     if mesh is not None and mesh.size == 1:
         mesh = None  # one device: nothing to shard, and the unsharded programs are reused
     host = _host_batch(prompts, group_size, max_new_tokens, pad_id, _batch_degree(mesh))

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from grpo_jax.config import MeshConfig
+from grpo_jax.config import DTYPE_NAMES, MeshConfig
+from grpo_jax.slices import MESH_AXES  # defined there, without jax, for the launch scripts
 
-MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical name -> mesh axes (tried in order; a tuple shards one dim over several axes).
 LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
@@ -153,6 +153,14 @@ def to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+def mesh_of(tree: Any) -> Mesh | None:
+    """The one mesh every NamedSharding-placed leaf of ``tree`` lives on; None when the
+    leaves are not on a mesh or on several."""
+    meshes = {x.sharding.mesh for x in jax.tree.leaves(tree)
+              if isinstance(getattr(x, "sharding", None), NamedSharding)}
+    return meshes.pop() if len(meshes) == 1 else None
+
+
 def shard_batch(batch: Any, mesh: Mesh) -> Any:
     """Place every array of a pytree on the mesh, batch-sharded along its first dimension.
     Every process passes the same global batch. Raises if leaves disagree on the batch size."""
@@ -185,11 +193,4 @@ def per_device_bytes(tree: Any) -> int:
     return total
 
 
-def tree_shardings(params_axes: Any, params_shape: Any, mesh: Mesh) -> Any:
-    """Map a pytree of logical-axis tuples and a matching pytree of shapes to shardings."""
-    return jax.tree.map(lambda names, s: logical_to_sharding(names, s.shape, mesh),
-                        params_axes, params_shape,
-                        is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(n, (str, type(None))) for n in x))
-
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {name: jnp.dtype(name) for name in DTYPE_NAMES}

@@ -202,8 +202,9 @@ def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int 
         f"optimizer.warmup_steps={min(20, sft_steps // 10)}"]).validate()
     mesh = make_mesh(cfg.mesh)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
-    sft = Trainer(sft_cfg, task=task, tokenizer=tokenizer, params=init_params(cfg.model, jax.random.key(cfg.run.seed), mesh),
-                  mesh=mesh, sft_data=sft_data_fn(sft_cfg, task), eval_examples=[], progress=progress)
+    params = init_params(cfg.model, jax.random.key(cfg.run.seed), mesh)
+    sft = Trainer(sft_cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
+                  sft_data=sft_data_fn(sft_cfg, task), eval_examples=[], progress=progress)
     sft.train()  # like rl.train(): a no-op when the run dir already holds the last step
     sft.close()
     before = evaluate(cfg, sft.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)

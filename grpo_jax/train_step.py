@@ -40,41 +40,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
+from grpo_jax import losses
 from grpo_jax import model as model_lib
 from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorithm,
                                  split_micro_batches)
+from grpo_jax.batching import Batch
 from grpo_jax.config import Config
-from grpo_jax.sharding import batch_sharding, replicated
+from grpo_jax.sharding import batch_sharding, mesh_of, replicated
 
-__all__ = ["Batch", "TrainState", "TrainStep", "METRIC_NAMES", "make_batch", "batch_from_rollout",
-           "init_train_state", "make_train_step", "reset_reference", "opt_state_shardings",
-           "static_config_key"]
+__all__ = ["TrainState", "TrainStep", "METRIC_NAMES", "init_train_state", "make_train_step", "reset_reference",
+           "opt_state_shardings", "static_config_key"]
 
 # Always present in the metrics dict (0 where the algorithm has no such quantity,
 # groups_kept_fraction 1). Algorithms may add more (e.g. PPO's return_mean, DPO's dpo_accuracy).
 METRIC_NAMES = ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "adv_mean", "adv_std",
                 "grad_norm", "tokens", "logprob_mismatch_max", "value_loss",
                 "groups_kept_fraction", "reward_mean")
-
-
-@flax.struct.dataclass
-class Batch:
-    """One batch of B rows. Row p·G + g is output g for question p (DPO: row 2p chosen,
-    2p+1 rejected). Completion token t of a row is predicted from its prompt and tokens <t."""
-
-    prompt_tokens: Any  # [B, Tp] int32, left-padded
-    prompt_mask: Any  # [B, Tp] bool
-    tokens: Any  # [B, Tc] int32, completion, right-padded
-    mask: Any  # [B, Tc] bool, real completion tokens incl. the stop token
-    sample_logprobs: Any  # [B, Tc] f32, the sampler's log-probs (0 if not sampled)
-    rewards: Any  # [B] f32, outcome reward / score per output
-    correct: Any  # [B] bool, rule correctness (RFT / Online RFT)
-    truncated: Any  # [B] bool, hit max_new_tokens without a stop token
-    step_rewards: Any  # [B, S] f32, process-supervision reward per step
-    step_end: Any  # [B, S] int32, completion token index where each step ends
-    step_mask: Any  # [B, S] bool, real steps
 
 
 @flax.struct.dataclass
@@ -89,61 +72,7 @@ class TrainState:
     value_opt_state: Any = None
 
 
-# ============================================================================ host side
-
-def make_batch(prompt_tokens, prompt_mask, tokens, mask, *, sample_logprobs=None, rewards=None,
-               correct=None, truncated=None, step_rewards=None, step_end=None,
-               step_mask=None) -> Batch:
-    """A Batch with defaults for what is not given: zero log-probs and rewards, not
-    correct, not truncated, and one empty step slot (S = 1, step_mask False)."""
-    tokens = _host(tokens, np.int32)
-    rows, tc = tokens.shape
-    zeros = lambda shape, dtype: np.zeros(shape, dtype)
-    step_rewards = zeros((rows, 1), np.float32) if step_rewards is None else _host(step_rewards, np.float32)
-    s = step_rewards.shape[1]
-    return Batch(
-        prompt_tokens=_host(prompt_tokens, np.int32), prompt_mask=_host(prompt_mask, bool),
-        tokens=tokens, mask=_host(mask, bool),
-        sample_logprobs=zeros((rows, tc), np.float32) if sample_logprobs is None else _host(sample_logprobs, np.float32),
-        rewards=zeros((rows,), np.float32) if rewards is None else _host(rewards, np.float32),
-        correct=zeros((rows,), bool) if correct is None else _host(correct, bool),
-        truncated=zeros((rows,), bool) if truncated is None else _host(truncated, bool),
-        step_rewards=step_rewards,
-        step_end=zeros((rows, s), np.int32) if step_end is None else _host(step_end, np.int32),
-        step_mask=zeros((rows, s), bool) if step_mask is None else _host(step_mask, bool))
-
-
-def batch_from_rollout(rollout, rewards, correct, step_rewards=None, step_end=None,
-                       step_mask=None) -> Batch:
-    """Host-side: a sampler ``Rollout`` plus host-computed rewards -> ``Batch``.
-
-    ``truncated`` = not ``rollout.finished`` (cut at max_new_tokens); the sampler's arrays
-    are kept as they are (already on device); rewards etc. are numpy.
-    """
-    rows = rollout.tokens.shape[0]
-    rewards = np.asarray(rewards, np.float32).reshape(rows)
-    correct = np.asarray(correct, bool).reshape(rows)
-    step_rewards = np.zeros((rows, 1), np.float32) if step_rewards is None else np.asarray(step_rewards, np.float32)
-    s = step_rewards.shape[1]
-    step_end = np.zeros((rows, s), np.int32) if step_end is None else np.asarray(step_end, np.int32)
-    step_mask = np.zeros((rows, s), bool) if step_mask is None else np.asarray(step_mask, bool)
-    return Batch(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
-                 tokens=rollout.tokens, mask=rollout.mask, sample_logprobs=rollout.logprobs,
-                 rewards=rewards, correct=correct, truncated=~_host(rollout.finished, bool),
-                 step_rewards=step_rewards, step_end=step_end, step_mask=step_mask)
-
-
-def _host(x, dtype):
-    return np.asarray(x).astype(dtype, copy=False)
-
-
 # ============================================================================ state
-
-def _mesh_of(tree) -> Mesh | None:
-    meshes = {x.sharding.mesh for x in jax.tree.leaves(tree)
-              if isinstance(getattr(x, "sharding", None), NamedSharding)}
-    return meshes.pop() if len(meshes) == 1 else None
-
 
 def opt_state_shardings(tx: optax.GradientTransformation, param_shapes: Any,
                         param_shardings: Any, mesh: Mesh) -> Any:
@@ -171,7 +100,7 @@ def _copy(tree):
 
 
 def _init_opt(tx, params):
-    mesh = _mesh_of(params)
+    mesh = mesh_of(params)
     if mesh is None:
         return tx.init(params)
     shardings = opt_state_shardings(tx, _shapes(params), jax.tree.map(lambda x: x.sharding, params), mesh)
@@ -189,7 +118,7 @@ def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
     the caller's arrays, e.g. a frozen π_sft used for sampling, stay valid)."""
     algo = get_algorithm(cfg.rl.algorithm)
     params = _copy(jax.tree.map(jnp.asarray, params))
-    mesh = _mesh_of(params)
+    mesh = mesh_of(params)
     step = jnp.zeros((), jnp.int32)
     if mesh is not None:
         step = jax.device_put(step, replicated(mesh))
@@ -232,7 +161,7 @@ def _finish(parts: dict) -> dict:
         if name in MAX_METRICS:
             out[name] = jnp.asarray(value, jnp.float32)
         else:
-            out[name] = jnp.where(count > 0, value / jnp.where(count > 0, count, 1.0), 0.0)
+            out[name] = losses.safe_divide(value, count)
     return out
 
 

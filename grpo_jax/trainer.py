@@ -16,139 +16,33 @@ at step s produces exactly the steps an uninterrupted run would have.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from grpo_jax import checkpointing, sampling
 from grpo_jax.algorithms import get_algorithm
+from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
+                               texts_to_batch)
 from grpo_jax.config import Config
-from grpo_jax.metrics import MetricsWriter, is_main_process
+from grpo_jax.distributed import is_main_process
+from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import make_optimizer
 from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global, to_host
 from grpo_jax.tasks import Example, Task
-from grpo_jax.tokenizer import Tokenizer, char_to_token_index, encode_prompt
-from grpo_jax.train_step import Batch, batch_from_rollout, init_train_state, make_train_step
+from grpo_jax.tokenizer import Tokenizer, encode_prompt
+from grpo_jax.train_step import init_train_state, make_train_step
 
 log = logging.getLogger(__name__)
 
-MAX_STEPS_PER_OUTPUT = 16  # process supervision: steps beyond this merge into the last one
 
-
-# ============================================================================ host side: scoring
-
-@dataclasses.dataclass
-class Scores:
-    """Host-side judgement of B completions (row p*G+g)."""
-
-    texts: list[str]
-    rewards: np.ndarray  # [B] float32
-    correct: np.ndarray  # [B] bool
-    step_rewards: np.ndarray  # [B,S] float32
-    step_end: np.ndarray  # [B,S] int32, completion token index where the step ends
-    step_mask: np.ndarray  # [B,S] bool
-
-
-def completion_ids(rollout, row: int, stop_ids: Sequence[int]) -> list[int]:
-    """The real completion tokens of one row, without its trailing stop token."""
-    ids = np.asarray(rollout.tokens[row])[np.asarray(rollout.mask[row])].tolist()
-    if ids and ids[-1] in stop_ids:
-        ids = ids[:-1]
-    return ids
-
-
-def score_rollout(task: Task, tokenizer: Tokenizer, examples: Sequence[Example], rollout,
-                  group_size: int, *, reward_model=None, process: bool = False) -> Scores:
-    """Decode each completion and score it with the task's rules (or a reward model).
-
-    Model text is untrusted: it only ever reaches the task's reward functions, which parse
-    it with bounded whitelisted evaluators and never eval it.
-    """
-    tokens = np.asarray(rollout.tokens)
-    b = tokens.shape[0]
-    stop_ids = list(tokenizer.stop_ids)
-    ids_per_row = [completion_ids(rollout, r, stop_ids) for r in range(b)]
-    texts = [tokenizer.decode(ids) for ids in ids_per_row]
-    row_examples = [examples[r // group_size] for r in range(b)]
-    correct = np.array([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(texts, row_examples)], bool)
-    if reward_model is not None and reward_model.kind == "outcome":
-        rewards = np.asarray(reward_model.score([ex.prompt for ex in row_examples], texts), np.float32)
-    else:
-        rewards = np.array([task.reward(t, ex) for t, ex in zip(texts, row_examples)], np.float32)
-    s = MAX_STEPS_PER_OUTPUT if process else 1
-    step_rewards = np.zeros((b, s), np.float32)
-    step_end = np.zeros((b, s), np.int32)
-    step_mask = np.zeros((b, s), bool)
-    if process:
-        if reward_model is not None and reward_model.kind == "process":
-            steps_per_row = reward_model.step_scores([ex.prompt for ex in row_examples], texts)
-        else:
-            steps_per_row = [task.step_rewards(t, ex) for t, ex in zip(texts, row_examples)]
-        for r, (ids, steps) in enumerate(zip(ids_per_row, steps_per_row)):
-            if not ids:
-                continue
-            ends = tokenizer.token_end_offsets(ids)
-            steps = list(steps)
-            if len(steps) > s:  # merge the tail: the last kept step ends where the last one did
-                steps = steps[: s - 1] + [(steps[-1][0], float(np.mean([v for _, v in steps[s - 1:]])))]
-            for j, (char_end, value) in enumerate(steps):
-                step_rewards[r, j] = value
-                step_end[r, j] = char_to_token_index(ends, char_end)
-                step_mask[r, j] = True
-    return Scores(texts, rewards, correct, step_rewards, step_end, step_mask)
-
-
-def texts_to_batch(tokenizer: Tokenizer, prompts: Sequence[str], completions: Sequence[str], *,
-                   max_new_tokens: int, prompt_bucket: int | None = None) -> Batch:
-    """Teacher-forced batch (SFT data): left-padded prompts, right-padded completions + eos."""
-    p_ids = [encode_prompt(tokenizer, p) for p in prompts]
-    c_ids = [(tokenizer.encode(c) + [tokenizer.eos_id])[:max_new_tokens] for c in completions]
-    tp = prompt_bucket or sampling.bucket_length(max(len(x) for x in p_ids))
-    if max(len(x) for x in p_ids) > tp:
-        raise ValueError(f"a prompt has {max(len(x) for x in p_ids)} tokens, more than the bucket {tp}")
-    b = len(prompts)
-    pt = np.full((b, tp), tokenizer.pad_id, np.int32)
-    pm = np.zeros((b, tp), bool)
-    ct = np.full((b, max_new_tokens), tokenizer.pad_id, np.int32)
-    cm = np.zeros((b, max_new_tokens), bool)
-    for i, (p, c) in enumerate(zip(p_ids, c_ids)):
-        pt[i, tp - len(p):] = p
-        pm[i, tp - len(p):] = True
-        ct[i, : len(c)] = c
-        cm[i, : len(c)] = True
-    ones = np.ones((b,), np.float32)
-    return Batch(prompt_tokens=pt, prompt_mask=pm, tokens=ct, mask=cm,
-                 sample_logprobs=np.zeros((b, max_new_tokens), np.float32), rewards=ones,
-                 correct=np.ones((b,), bool), truncated=np.zeros((b,), bool),
-                 step_rewards=np.zeros((b, 1), np.float32), step_end=np.zeros((b, 1), np.int32),
-                 step_mask=np.zeros((b, 1), bool))
-
-
-def preference_pairs(rollout, scores: Scores, group_size: int, num_pairs: int) -> tuple[Any, np.ndarray]:
-    """DPO data from G samples per question: rows (chosen, rejected) = (first correct, first
-    incorrect) per question that has both, padded to `num_pairs` pairs with fully masked rows
-    (zero gradient) so the compiled shape never changes. Returns (row arrays, pair mask)."""
-    rows, valid = [], []
-    for p in range(len(scores.correct) // group_size):
-        group = range(p * group_size, (p + 1) * group_size)
-        good = [r for r in group if scores.correct[r]]
-        bad = [r for r in group if not scores.correct[r]]
-        if good and bad and len(rows) < 2 * num_pairs:
-            rows += [good[0], bad[0]]
-            valid += [True, True]
-    while len(rows) < 2 * num_pairs:
-        rows += [0, 0]
-        valid += [False, False]
-    return np.array(rows), np.array(valid)
 
 
 # ============================================================================ evaluation

@@ -14,7 +14,7 @@ import pytest
 from grpo_jax import advantages as adv_lib
 from grpo_jax import algorithms as alg
 from grpo_jax.config import Config, RLConfig
-from grpo_jax.train_step import make_batch
+from grpo_jax.batching import make_batch
 
 B, TC, G = 8, 6, 4
 

@@ -64,3 +64,16 @@ def test_json_round_trip_and_argparse():
     assert config.config_from_args(args).rl.group_size == 16
     with pytest.raises(ConfigError, match="expects int"):
         config.Config.from_dict({"model": {"num_layers": "x"}})
+
+
+def test_choice_lists_are_the_implementations():
+    # config keeps the names jax-free; the modules that implement them must offer exactly those.
+    from grpo_jax import algorithms, losses, sharding
+
+    assert tuple(algorithms.ALGORITHMS) == config.ALGORITHM_NAMES
+    assert losses.KL_KINDS is config.KL_KINDS and losses.AGGREGATION_MODES is config.AGGREGATION_MODES
+    assert tuple(sharding.DTYPES) == config.DTYPE_NAMES
+    for name in config.ALGORITHM_NAMES:
+        config.load_config("cpu-tiny", [f"rl.algorithm={name}"])
+    with pytest.raises(config.ConfigError, match="rl.algorithm"):
+        config.load_config("cpu-tiny", ["rl.algorithm=reinforce"])

@@ -9,7 +9,7 @@ import pytest
 
 from grpo_jax import logprobs, losses, model
 from grpo_jax.config import ModelConfig
-from grpo_jax.train_step import make_batch
+from grpo_jax.batching import make_batch
 
 TINY = ModelConfig(vocab_size=64, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=8, mlp_dim=64, max_seq_len=64)

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax import logprobs, model
+from grpo_jax import batching, logprobs, model
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, ModelConfig, RLConfig
 from grpo_jax.sharding import mesh_from_shape
@@ -38,7 +38,7 @@ def _cfg(**rl) -> Config:
     return cfg.validate()
 
 
-def _batch() -> ts.Batch:
+def _batch() -> batching.Batch:
     rng = np.random.default_rng(0)
     plen = rng.integers(3, TP + 1, B)
     pmask = np.arange(TP)[None] >= (TP - plen)[:, None]
@@ -46,7 +46,7 @@ def _batch() -> ts.Batch:
     cmask = np.arange(TC)[None] < clen[:, None]
     rewards = np.array([1.0, 0.0, 1.0, 0.5, 0.3, 0.3, 0.3, 0.3])  # group 1: zero variance
     steps = np.array([[0, 3, 7]] * B)
-    return ts.make_batch(
+    return batching.make_batch(
         np.where(pmask, rng.integers(1, 64, (B, TP)), 0), pmask,
         np.where(cmask, rng.integers(1, 64, (B, TC)), 0), cmask,
         rewards=rewards, correct=rewards > 0.4, truncated=clen == TC,
@@ -186,7 +186,7 @@ def test_batch_from_rollout_fields():
 
     rollout = FakeRollout(BATCH.prompt_tokens, BATCH.prompt_mask, BATCH.tokens, BATCH.mask,
                           np.full((B, TC), -1.0, np.float32), ~BATCH.truncated)
-    batch = ts.batch_from_rollout(rollout, rewards=list(range(B)), correct=[True] * B)
+    batch = batching.batch_from_rollout(rollout, rewards=list(range(B)), correct=[True] * B)
     np.testing.assert_array_equal(batch.truncated, BATCH.truncated)
     assert batch.rewards.dtype == np.float32 and batch.correct.all()
     assert batch.step_rewards.shape == (B, 1) and not batch.step_mask.any()
@@ -382,8 +382,8 @@ def test_logprob_mismatch_with_the_sampler(params, temperature):
     rollout = sampling.sample(TINY, policy, prompts, key=jax.random.key(3), group_size=G,
                               max_new_tokens=TC, temperature=temperature, stop_tokens=[0])
     assert rollout.tokens.shape == (B, TC) and rollout.prompt_tokens.shape == (B, TP)
-    batch = ts.batch_from_rollout(rollout, rewards=np.arange(B, dtype=np.float32) % 3,
-                                  correct=np.zeros(B, bool))
+    batch = batching.batch_from_rollout(rollout, rewards=np.arange(B, dtype=np.float32) % 3,
+                                        correct=np.zeros(B, bool))
     assert batch.truncated.dtype == bool
     _, (m,) = _run(cfg, params, batch=batch)
     assert m["logprob_mismatch_max"] < 1e-4, m["logprob_mismatch_max"]
