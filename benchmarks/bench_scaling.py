@@ -16,6 +16,7 @@ script (or `--png`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -36,7 +37,7 @@ class Point:
         from grpo_jax.config import cpu_tiny
 
         cfg = cpu_tiny()
-        cfg.model.max_seq_len = prompt_len + new_tokens + 1
+        cfg.model = dataclasses.replace(cfg.model, max_seq_len=prompt_len + new_tokens + 1)
         cfg.rl.group_size, cfg.rl.beta, cfg.rl.max_new_tokens = group, 0.04, new_tokens
         self.cfg, self.g, self.n, self.sharding = cfg, group, new_tokens, sharding
         rng = np.random.default_rng(seed)

@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     from grpo_jax import model as model_lib
 
     tiny = cpu_tiny()
-    tiny.model.max_seq_len = max(tiny.model.max_seq_len, seq)
+    tiny.model = dataclasses.replace(tiny.model, max_seq_len=max(tiny.model.max_seq_len, seq))
     tiny.rl.group_size = group
     tiny.rl.beta = 0.04
     tparams = model_lib.init_params(tiny.model, jax.random.key(0))

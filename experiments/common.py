@@ -8,6 +8,7 @@ checkpoint plus the tokenizer), so the second ablation reuses the first one's st
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 
@@ -61,7 +62,7 @@ def tokenizer_for(task, cfg, root: str, vocab: int):
         os.makedirs(root, exist_ok=True)
         tok = train_sentencepiece(task.text_corpus(2000, seed=cfg.data.seed), vocab_size=vocab)
         tok.save(path)
-    cfg.model.vocab_size = tok.vocab_size
+    cfg.model = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size)
     cfg.validate()
     return tok
 
@@ -74,9 +75,8 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
     sft_cfg.run.steps = args.sft_steps
     sft_cfg.run.eval_every = 0
     sft_cfg.run.checkpoint_every = args.sft_steps
-    sft_cfg.optimizer.peak_lr = args.sft_lr
-    sft_cfg.optimizer.schedule = "multistep"
-    sft_cfg.optimizer.warmup_steps = 20
+    sft_cfg.optimizer = dataclasses.replace(sft_cfg.optimizer, peak_lr=args.sft_lr, schedule="multistep",
+                                            warmup_steps=20)
     sft_cfg.data.batch_size = args.sft_batch
     sft_cfg.validate()
     pairs = task.sft_examples("train", args.sft_steps * args.sft_batch, cfg.data.seed,

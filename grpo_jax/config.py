@@ -28,9 +28,12 @@ class ConfigError(ValueError):
     """A configuration key, type or value that cannot be used."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
-    """Llama-family decoder shape. `head_dim` 0 means embed_dim // num_heads."""
+    """Llama-family decoder shape. `head_dim` 0 means embed_dim // num_heads.
+
+    Frozen, so it is hashable and can key the caches of jitted functions directly; change a
+    field with `dataclasses.replace` (overrides do)."""
 
     vocab_size: int = 512
     embed_dim: int = 128
@@ -90,9 +93,10 @@ class MeshConfig:
             raise ConfigError(f"at most one ICI axis may be -1 and no DCN axis, got ici={ici} dcn={dcn}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW with the paper's multi-step schedule (warmup, ×0.316 at 80%, ×0.1 at 90%)."""
+    """AdamW with the paper's multi-step schedule (warmup, ×0.316 at 80%, ×0.1 at 90%).
+    Frozen like `ModelConfig` (a jit cache key of reward-model training)."""
 
     peak_lr: float = 1e-3
     warmup_steps: int = 10
@@ -362,7 +366,11 @@ def _set(cfg: Config, key: str, raw: Any) -> None:
     if parts[1] not in hints:
         raise ConfigError(
             f"unknown config key {key!r}; {parts[0]} has fields {sorted(hints)}")
-    setattr(section, parts[1], _parse_value(raw, hints[parts[1]], key))
+    value = _parse_value(raw, hints[parts[1]], key)
+    if type(section).__dataclass_params__.frozen:
+        setattr(cfg, parts[0], dataclasses.replace(section, **{parts[1]: value}))
+    else:
+        setattr(section, parts[1], value)
 
 
 def apply_overrides(cfg: Config, overrides: Sequence[str]) -> Config:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -119,7 +120,7 @@ def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: 
         cfg.validate()
     else:
         tokenizer = shared_tokenizer(task, cfg.run.run_dir, vocab_size=tokenizer_vocab, seed=cfg.data.seed)
-        cfg.model.vocab_size = tokenizer.vocab_size
+        cfg.model = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
         cfg.validate()
         params = init_params(cfg.model, jax.random.key(cfg.run.seed), mesh)
     return params, tokenizer

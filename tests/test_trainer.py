@@ -1,6 +1,7 @@
 """The trainer end to end on tiny configs: learning, exact resume, every algorithm, bad configs."""
 
 import copy
+import dataclasses
 
 import jax
 import numpy as np
@@ -51,7 +52,7 @@ def _cfg(tmp_path, tok, *overrides):
         "rl.group_size=4", "rl.max_new_tokens=8", "data.batch_size=4", "data.eval_size=4",
         "optimizer.peak_lr=3e-3", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
         "run.eval_every=0", "run.checkpoint_every=2", f"run.run_dir={tmp_path}", *overrides])
-    cfg.model.vocab_size = tok.vocab_size
+    cfg.model = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size)
     return cfg.validate()
 
 

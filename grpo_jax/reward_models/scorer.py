@@ -96,14 +96,8 @@ def token_values(cfg: ModelConfig, params, tokens, mask):
     return model_lib.value_outputs(params, hidden)  # [B, T] float32
 
 
-def _frozen(dc) -> tuple:
-    """A hashable key for a config dataclass (jitted functions are cached per config)."""
-    return (type(dc).__name__,) + tuple(sorted(dataclasses.asdict(dc).items()))
-
-
 @functools.lru_cache(maxsize=32)
-def _values_fn(cfg_key: tuple):
-    cfg = ModelConfig(**dict(cfg_key[1:]))
+def _values_fn(cfg: ModelConfig):
     return jax.jit(functools.partial(token_values, cfg))
 
 
@@ -138,7 +132,7 @@ class RewardModel:
         self.cfg, self.params, self.tokenizer, self.kind = cfg, params, tokenizer, kind
         self.loss, self.transform, self.process_reduce = loss, transform, process_reduce
         self.step_ends, self.max_batch, self.trained_steps = step_ends, max_batch, trained_steps
-        self._values = _values_fn(_frozen(cfg))
+        self._values = _values_fn(cfg)
 
     # ------------------------------------------------------------------ scoring
     def _raw(self, prompts: Sequence[str], completions: Sequence[str],

@@ -16,8 +16,7 @@ from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig, OptimizerConfig
 from grpo_jax.optimizer import make_optimizer
 from grpo_jax.reward_models.data import LabelledSample, ReplayBuffer, replay_count
-from grpo_jax.reward_models.scorer import (KINDS, LOSSES, RewardModel, _frozen, bucket, encode, pad_batch,
-                                           token_values)
+from grpo_jax.reward_models.scorer import KINDS, LOSSES, RewardModel, bucket, encode, pad_batch, token_values
 from grpo_jax.tokenizer import Tokenizer
 
 
@@ -58,11 +57,10 @@ def _loss_and_metrics(cfg: ModelConfig, kind: str, loss: str, params, batch):
 
 
 @functools.lru_cache(maxsize=16)
-def _train_step_fn(cfg_key: tuple, kind: str, loss: str, opt_key: tuple, total_steps: int):
+def _train_step_fn(cfg: ModelConfig, kind: str, loss: str, opt_cfg: OptimizerConfig, total_steps: int):
     """(jitted update, optimizer, lr schedule), cached so that repeated training runs with
     the same shapes and settings (continued training, tests) compile once."""
-    cfg = ModelConfig(**dict(cfg_key[1:]))
-    tx, schedule = make_optimizer(OptimizerConfig(**dict(opt_key[1:])), total_steps)
+    tx, schedule = make_optimizer(opt_cfg, total_steps)
 
     def step(params, opt_state, batch):
         (value, metrics), grads = jax.value_and_grad(
@@ -250,7 +248,7 @@ def train_reward_model(
         if "value_head" not in params:
             params = model_lib.add_value_head(cfg_model, params, jax.random.key(seed))
     opt_cfg = optimizer or OptimizerConfig(peak_lr=lr, warmup_steps=min(10, steps // 10))
-    train_step, tx, schedule = _train_step_fn(_frozen(cfg_model), kind, loss, _frozen(opt_cfg), steps)
+    train_step, tx, schedule = _train_step_fn(cfg_model, kind, loss, opt_cfg, steps)
     opt_state = tx.init(params)
     lrs = np.asarray(jax.vmap(schedule)(jnp.arange(steps)))
 
