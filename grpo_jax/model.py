@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from grpo_jax.config import ModelConfig
-from grpo_jax.sharding import DTYPES, logical_to_sharding
+from grpo_jax.sharding import DTYPES, constrain, logical_to_sharding
 
 Params = Any
 _NEG = -1e30  # finite: a fully masked row (a pad query) must give a uniform softmax, not NaN
@@ -177,7 +177,8 @@ class Block(nn.Module):
             RMSNorm(self.cfg, name="attn_norm")(x), positions, q_slot, key_mask, kv, write_index)
         x = x + h
         x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
-        return x, new_kv
+        # The residual stream between layers: rows over ('data', 'fsdp'), per the rules table.
+        return constrain(x, ("batch", "seq", "embed")), new_kv
 
 
 _REMAT_POLICIES = {

@@ -30,9 +30,13 @@ def plot_history(history: Sequence[Mapping], keys: Sequence[str], path: str, *, 
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _save(fig, path: str) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)  # figures stay open until closed: a long run would leak them
     return path
 
 
@@ -81,7 +85,4 @@ def plot_runs(curves: Mapping[str, Sequence[Sequence[float]]], steps: Sequence[f
     ax.legend()
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

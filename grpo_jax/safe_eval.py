@@ -427,50 +427,40 @@ def evaluate(
         return None
 
 
-def literals(node: Node) -> list[Fraction]:
-    """Numeric literals of a tree in reading order (Countdown: which numbers were used)."""
-    out: list[Fraction] = []
-    stack = [node]
+def _children(n: Node) -> list[Node]:
+    """Direct subtrees in reading order (a root's index first: ``\\sqrt[3]{8}``)."""
+    if isinstance(n, Neg):
+        return [n.operand]
+    if isinstance(n, Sum):
+        return [t for _, t in n.terms]
+    if isinstance(n, Product):
+        return [f for _, f in n.factors]
+    if isinstance(n, Pow):
+        return [n.base, n.exponent]
+    if isinstance(n, Root):
+        return [n.radicand] if n.index is None else [n.index, n.radicand]
+    return []
+
+
+def _leaves(node: Node, kind: type) -> list:
+    """Every ``kind`` node of a tree in reading order; iterative, so depth costs no stack."""
+    out, stack = [], [node]
     while stack:
         n = stack.pop()
-        if isinstance(n, Num):
-            out.append(n.value)
-        elif isinstance(n, Neg):
-            stack.append(n.operand)
-        elif isinstance(n, Sum):
-            stack.extend(t for _, t in reversed(n.terms))
-        elif isinstance(n, Product):
-            stack.extend(f for _, f in reversed(n.factors))
-        elif isinstance(n, Pow):
-            stack.extend((n.exponent, n.base))
-        elif isinstance(n, Root):
-            stack.append(n.radicand)
-            if n.index is not None:
-                stack.append(n.index)
+        if isinstance(n, kind):
+            out.append(n)
+        stack.extend(reversed(_children(n)))
     return out
+
+
+def literals(node: Node) -> list[Fraction]:
+    """Numeric literals of a tree in reading order (Countdown: which numbers were used)."""
+    return [n.value for n in _leaves(node, Num)]
 
 
 def variables(node: Node) -> set[str]:
     """Names of the free variables of a tree."""
-    out: set[str] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, Var):
-            out.add(n.name)
-        elif isinstance(n, Neg):
-            stack.append(n.operand)
-        elif isinstance(n, Sum):
-            stack.extend(t for _, t in n.terms)
-        elif isinstance(n, Product):
-            stack.extend(f for _, f in n.factors)
-        elif isinstance(n, Pow):
-            stack.extend((n.base, n.exponent))
-        elif isinstance(n, Root):
-            stack.append(n.radicand)
-            if n.index is not None:
-                stack.append(n.index)
-    return out
+    return {n.name for n in _leaves(node, Var)}
 
 
 def safe_eval(text: str, *, latex: bool = False, limits: Limits | None = None) -> Value | None:

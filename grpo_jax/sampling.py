@@ -85,7 +85,7 @@ from jax.sharding import Mesh
 
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
-from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, replicated, to_global
+from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, on_mesh, replicated, to_global
 
 MIN_BUCKET = 16
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
@@ -382,20 +382,33 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool,
     return tokens, mask, logps, finished, steps, cache
 
 
+class _OnMesh:
+    """A jitted program that is traced, lowered and run on its mesh (``sharding.on_mesh``), so
+    the model's activation constraints apply; the mesh is entered outside the trace, as jax
+    requires."""
+
+    def __init__(self, jitted: Any, mesh: Mesh | None):
+        self.jitted, self.mesh = jitted, mesh
+
+    def __call__(self, *args, **kwargs):
+        with on_mesh(self.mesh):
+            return self.jitted(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        with on_mesh(self.mesh):
+            return self.jitted.lower(*args, **kwargs)
+
+
 @functools.lru_cache(maxsize=32)
-def _jitted(kind: str, cfg_items: tuple, mesh: Mesh | None, *static) -> Any:
+def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, *static) -> _OnMesh:
     """One jit object per (kind, model shape, mesh, compile-time settings); jax's own cache
     then keys on array shapes."""
-    cfg = ModelConfig(**dict(cfg_items))
     if kind == "prefill":
-        return jax.jit(functools.partial(_prefill, cfg, mesh), static_argnames=("cache_len",))
-    return jax.jit(functools.partial(_decode, cfg, mesh, *static), static_argnames=("num_cols",),
-                   donate_argnums=(1,))  # the cache
-
-
-def _sampling_cfg(cfg: ModelConfig) -> tuple:
-    # Forward only: remat and the scan flag do not change the parameter tree, only training.
-    return tuple(sorted(dataclasses.asdict(dataclasses.replace(cfg, remat="none")).items()))
+        jitted = jax.jit(functools.partial(_prefill, cfg, mesh), static_argnames=("cache_len",))
+    else:
+        jitted = jax.jit(functools.partial(_decode, cfg, mesh, *static), static_argnames=("num_cols",),
+                         donate_argnums=(1,))  # the cache
+    return _OnMesh(jitted, mesh)
 
 
 # ============================================================================ glue
@@ -445,10 +458,11 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     src_rows, prompt_lens, row_ids, row_valid = row_arrays
 
     # -- device: prefill once per prompt, then the decode loop
-    cfg_items = _sampling_cfg(cfg)
+    # Forward only: remat changes training, not sampling, so every remat policy shares one program.
+    forward_cfg = dataclasses.replace(cfg, remat="none")
     tp, tc = host.prompt_tokens.shape[1], host.completion_bucket
-    prefill = _jitted("prefill", cfg_items, mesh)
-    decode = _jitted("decode", cfg_items, mesh, bool(unroll), bool(top_k > 0 or top_p < 1.0))
+    prefill = _jitted("prefill", forward_cfg, mesh)
+    decode = _jitted("decode", forward_cfg, mesh, bool(unroll), bool(top_k > 0 or top_p < 1.0))
     shared = src_rows if group_size > 1 else None
     cache, logits0 = prefill(params, *prompt_arrays, shared, cache_len=tp + tc)
     tokens, mask, logps, finished, steps, _ = decode(

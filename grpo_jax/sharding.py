@@ -9,6 +9,7 @@ failing at compile time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -123,6 +124,22 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mes
 
 def logical_to_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(names, shape, mesh))
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """An activation sharding: ``x`` constrained to the spec its logical axis names get from
+    ``LOGICAL_RULES`` on the mesh being traced under (``on_mesh``). Outside a mesh (one
+    device, the bare model in tests, init) ``x`` is returned unchanged."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(names, x.shape, mesh))
+
+
+def on_mesh(mesh: Mesh | None):
+    """Context for tracing (jit, lower) the model's programs on ``mesh``: there ``constrain``
+    applies the rules table to activations. A mesh of None is a no-op context."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -48,7 +48,7 @@ from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorith
                                  split_micro_batches)
 from grpo_jax.batching import Batch
 from grpo_jax.config import Config
-from grpo_jax.sharding import batch_sharding, mesh_of, replicated
+from grpo_jax.sharding import batch_sharding, mesh_of, on_mesh, replicated
 
 __all__ = ["TrainState", "TrainStep", "METRIC_NAMES", "init_train_state", "make_train_step", "reset_reference",
            "opt_state_shardings", "static_config_key"]
@@ -252,7 +252,7 @@ def static_config_key(cfg: Config, group_size: int | None = None) -> tuple:
     reference model exists."""
     algo = get_algorithm(cfg.rl.algorithm)
     rl = cfg.rl
-    return (dataclasses.astuple(cfg.model), rl.algorithm, rl.num_updates, rl.num_micro_batches,
+    return (cfg.model, rl.algorithm, rl.num_updates, rl.num_micro_batches,
             rl.logprob_chunk_size, rl.group_size if group_size is None else int(group_size),
             algo.needs_reference(cfg))
 
@@ -297,7 +297,8 @@ class TrainStep:
                 self.fn, in_shardings=(self.state_shardings, self.batch_shardings(batch), hp_sharding),
                 out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
             state, batch = self._place(state, batch)
-            self._cache[key] = jitted.lower(state, batch, self.hparams()).compile()
+            with on_mesh(self.mesh):  # the model's activation constraints (sharding.constrain)
+                self._cache[key] = jitted.lower(state, batch, self.hparams()).compile()
         return self._cache[key]
 
     def with_config(self, cfg: Config) -> "TrainStep":

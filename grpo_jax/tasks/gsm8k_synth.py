@@ -32,6 +32,7 @@ from typing import Callable
 
 from grpo_jax import rewards
 from grpo_jax.tasks import SPLITS, Example
+from grpo_jax.tasks.arithmetic import apply_op
 from grpo_jax.tasks.gsm8k import PROMPT, Gsm8kTask
 
 _PEOPLE = (("Maya", "she"), ("Liam", "he"), ("Sofia", "she"), ("Noah", "he"), ("Ava", "she"),
@@ -45,17 +46,11 @@ _FOODS = ("cookies", "muffins", "brownies", "pancakes", "dumplings")
 # ============================================================================ solution lines
 
 def _op(a: int, op: str, b: int) -> int:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        if b == 0 or a % b:
-            raise ValueError(f"inexact division {a}/{b}")
-        return a // b
-    raise ValueError(f"unknown operator {op!r}")
+    """``apply_op``, but a template that divides inexactly is a bug here, not a slip."""
+    value = apply_op(a, op, b)
+    if value is None:
+        raise ValueError(f"inexact division {a}/{b}")
+    return value
 
 
 class _Solution:
