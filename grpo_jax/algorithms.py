@@ -206,6 +206,12 @@ def _kl(logp, ref_logp, hp: RLHParams):
     return jax.lax.switch(jnp.asarray(hp.kl_estimator, jnp.int32), branches, logp, ref_logp)
 
 
+def _sampler_truncates(cfg: Config) -> bool:
+    """Top-k / top-p sampling: the batch was drawn from a truncated distribution, so the
+    sampler's recorded log-probs (not a recomputed π_θ) are π_θold at the first update."""
+    return cfg.rl.top_k > 0 or cfg.rl.top_p < 1.0
+
+
 def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
     mask = batch.mask.astype(bool)
     metrics: Metrics = {}
@@ -564,7 +570,9 @@ class GRPO(Algorithm):
     centred). rl.skip_zero_variance_groups drops groups whose rewards are all equal from
     the loss (and its denominator; DAPO dynamic sampling); rl.mask_truncated drops outputs
     that hit max_new_tokens. β = 0 keeps no reference model at all; μ = 1 computes no
-    separate π_θold forward (ρ = exp(logp − stop_gradient(logp))).
+    separate π_θold forward (ρ = exp(logp − stop_gradient(logp))), except after top-k /
+    top-p sampling, where π_θold is the sampler's recorded log-prob of the truncated
+    distribution it drew from (so ρ = π_θ / π_sampler).
     """
 
     name: str = "grpo"
@@ -619,6 +627,8 @@ class GRPO(Algorithm):
                    "groups_varying_fraction": jnp.mean(varies.astype(jnp.float32)),
                    "groups_kept_fraction": jnp.mean(kept.astype(jnp.float32))}
         extras = {"loss_mask": loss_mask, "advantages": adv}
+        if old_logp is None and _sampler_truncates(cfg):
+            old_logp = batch.sample_logprobs
         if old_logp is not None:
             extras["old_logp"] = _f32(old_logp)
         if self.needs_reference(cfg):

@@ -1,0 +1,69 @@
+"""Issue 18: settings that were silently ignored or did something other than their name.
+
+Each test here failed before its fix. Everything runs on log-prob arrays or tiny configs.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import algorithms as alg
+from grpo_jax.config import Config, RLConfig
+from grpo_jax.train_step import make_batch
+
+B, TC, G = 8, 6, 4
+
+
+def _cfg(**rl) -> Config:
+    cfg = Config()
+    cfg.rl = dataclasses.replace(RLConfig(group_size=G), **rl)
+    return cfg
+
+
+def _batch(seed=0, rows=B, tc=TC, **kw):
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, tc + 1, rows)
+    lens[0] = tc
+    mask = np.arange(tc)[None] < lens[:, None]
+    fields = dict(
+        sample_logprobs=np.where(mask, -rng.uniform(0.1, 3, (rows, tc)), 0.0),
+        rewards=rng.normal(size=rows), correct=rng.random(rows) < 0.5, truncated=lens == tc,
+        step_rewards=rng.normal(size=(rows, 3)),
+        step_end=np.sort(rng.integers(0, tc, (rows, 3)), axis=1),
+        step_mask=rng.random((rows, 3)) < 0.8)
+    fields.update(kw)
+    return make_batch(np.ones((rows, 2), np.int32), np.ones((rows, 2), bool),
+                      rng.integers(0, 50, (rows, tc)), mask, **fields)
+
+
+def _logps(seed, batch):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(np.where(batch.mask, -rng.uniform(0.1, 3, batch.mask.shape), 0.0), jnp.float32)
+
+
+def _lengths(batch):
+    return np.asarray(batch.mask).sum(1).astype(np.float64)
+
+
+def _group_adv(batch):
+    r = np.asarray(batch.rewards, np.float64).reshape(-1, G)
+    return ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6)).reshape(-1)
+
+
+# ----------------------------------------------------------------- fix 7
+
+def test_truncated_sampling_uses_the_samplers_logprobs_as_pi_old():
+    """top-k: at μ = 1 the ratio is π_θ / π_sampler (the sampler's renormalised log-probs),
+    not 1. Unclipped (wide ε): d loss / d logp = −Â ρ / (|o| B)."""
+    cfg, batch = _cfg(beta=0.0, top_k=5, eps_low=0.999, eps_high=1e6), _batch(3)
+    algo = alg.get_algorithm("grpo")
+    logp = _logps(4, batch)
+    extras, _ = algo.extras_from_logprobs(batch, cfg)
+    grad = jax.grad(lambda lp: algo.loss_from_logprobs(lp, batch, extras, cfg))(logp)
+    rho = np.exp(np.asarray(logp, np.float64) - np.asarray(batch.sample_logprobs, np.float64))
+    expected = np.where(batch.mask, -_group_adv(batch)[:, None] * rho / _lengths(batch)[:, None] / B, 0.0)
+    np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-4, atol=1e-6)
+    assert np.abs(rho[np.asarray(batch.mask)] - 1).max() > 0.5  # the ratio is far from 1 here
