@@ -67,3 +67,32 @@ def test_truncated_sampling_uses_the_samplers_logprobs_as_pi_old():
     expected = np.where(batch.mask, -_group_adv(batch)[:, None] * rho / _lengths(batch)[:, None] / B, 0.0)
     np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-4, atol=1e-6)
     assert np.abs(rho[np.asarray(batch.mask)] - 1).max() > 0.5  # the ratio is far from 1 here
+
+
+# ----------------------------------------------------------------- fix 2
+
+@pytest.mark.parametrize("mu,k,expected", [
+    # 10 train steps, multistep (×0.316 from step 8, ×0.1 from step 9), no warmup
+    (2, 1, [1.0] * 16 + [0.316] * 2 + [0.1] * 2),  # μ = 2: two updates per train step
+    (1, 2, [1.0] * 4 + [0.316]),  # k = 2: one update per two train steps (steps 0,2,4,6,8)
+    (1, 1, [1.0] * 8 + [0.316, 0.1]),
+])
+def test_schedule_counts_train_steps_for_any_mu_and_accumulation(mu, k, expected):
+    """Drive the real optimiser with μ calls per train step; b1 = b2 = 0 Adam makes each
+    applied update's size equal to the learning rate, so this measures the rate applied."""
+    from grpo_jax.config import OptimizerConfig
+    from grpo_jax.optimizer import make_optimizer, updates_applied
+
+    cfg = OptimizerConfig(peak_lr=1.0, warmup_steps=0, schedule="multistep", weight_decay=0.0,
+                          grad_clip=0.0, b1=0.0, b2=0.0, eps=1e-12, grad_accum_steps=k)
+    tx, lr = make_optimizer(cfg, 10, updates_per_step=mu)
+    params = {"w": jnp.zeros(())}
+    state = tx.init(params)
+    applied = []
+    for _ in range(10 * mu):
+        u, state = tx.update({"w": jnp.ones(())}, state, params)
+        if float(u["w"]) != 0.0:
+            applied.append(-float(u["w"]))
+    np.testing.assert_allclose(applied, expected, rtol=1e-5)
+    assert updates_applied(cfg, 10, mu) == len(expected)
+    np.testing.assert_allclose(float(lr(len(expected) - 1)), expected[-1], rtol=1e-6)
