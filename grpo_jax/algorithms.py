@@ -259,9 +259,12 @@ class Algorithm:
         return False
 
     def logprob_temperature(self, hp: RLHParams):
-        """Temperature of the policy whose log-probs enter the loss: the sampling
-        temperature rl.temperature (T = 0 -> 1), so that ρ = 1 on-policy."""
-        return hp.temperature
+        """Temperature of the policy whose log-probs enter the loss. One rule: likelihood
+        objectives (SFT, RFT, Online RFT, DPO) train the model's own distribution, T = 1,
+        whatever rl.temperature, so RFT is SFT on correct outputs (Eq. 10) and DPO's
+        ℓ = log π_θ/π_ref compares the models themselves; importance-ratio objectives
+        (PPO, GRPO) override this with the sampling temperature, so that ρ = 1 on-policy."""
+        return 1.0
 
     # -- once per batch
     def prepare(self, state: Any, batch: Any, cfg: Config, hp: RLHParams | None = None, *,
@@ -343,9 +346,6 @@ class SFT(Algorithm):
     reward: str = "none"
     gradient_coefficient: str = "1"
 
-    def logprob_temperature(self, hp):
-        return 1.0
-
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
         hp = _hp(cfg, hp)
@@ -369,16 +369,13 @@ class RFT(SFT):
     loss = aggregate(−𝕀(o) log π_θ(o_t|q,o_<t)): incorrect outputs stay in the
     denominator with zero weight (the expectation is over all sampled outputs).
     ``batch.correct`` carries 𝕀(o); rl.mask_truncated drops truncated outputs. Log-probs
-    at the sampling temperature.
+    at T = 1, as SFT's (``Algorithm.logprob_temperature``).
     """
 
     name: str = "rft"
     data_source: str = "sft_policy"
     reward: str = "rule"
     gradient_coefficient: str = "1 if o correct else 0"
-
-    def logprob_temperature(self, hp):
-        return hp.temperature
 
     def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
                              ref_logp=None, old_values=None):
@@ -415,8 +412,8 @@ class DPO(Algorithm):
     (Eq. 12's per-token-mean form), averaged over pairs; rows 2p / 2p+1 of a batch are the
     chosen / rejected outputs of pair p, and a pair is never split across micro-batches.
     β = rl.dpo_beta. (Eq. 14 leaves out the constant factor β that autodiff gives.)
-    rl.aggregation does not apply: the loss is a mean over pairs. Log-probs at the
-    sampling temperature, for π_θ and π_ref alike.
+    rl.aggregation does not apply: the loss is a mean over pairs. Log-probs at T = 1, for
+    π_θ and π_ref alike (``Algorithm.logprob_temperature``).
     """
 
     name: str = "dpo"
@@ -490,6 +487,9 @@ class PPO(Algorithm):
 
     def needs_reference(self, cfg: Config) -> bool:
         return cfg.rl.beta > 0
+
+    def logprob_temperature(self, hp):
+        return hp.temperature
 
     def needs_old_logprobs(self, cfg: Config) -> bool:
         return True  # the KL part of the reward is computed from π_θold
@@ -582,6 +582,9 @@ class GRPO(Algorithm):
 
     def needs_reference(self, cfg: Config) -> bool:
         return cfg.rl.beta > 0
+
+    def logprob_temperature(self, hp):
+        return hp.temperature
 
     def needs_old_logprobs(self, cfg: Config) -> bool:
         return cfg.rl.num_updates > 1

@@ -96,3 +96,47 @@ def test_schedule_counts_train_steps_for_any_mu_and_accumulation(mu, k, expected
     np.testing.assert_allclose(applied, expected, rtol=1e-5)
     assert updates_applied(cfg, 10, mu) == len(expected)
     np.testing.assert_allclose(float(lr(len(expected) - 1)), expected[-1], rtol=1e-6)
+
+
+# ----------------------------------------------------------------- fix 4
+
+def _tiny_model():
+    from grpo_jax.config import ModelConfig
+    from grpo_jax.model import init_params
+
+    mcfg = ModelConfig(vocab_size=64, embed_dim=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                       head_dim=8, mlp_dim=32, max_seq_len=32)
+    return mcfg, init_params(mcfg, jax.random.key(0))
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("sft", 1.0), ("rft", 1.0), ("online_rft", 1.0), ("dpo", 1.0), ("ppo", 0.7), ("grpo", 0.7)])
+def test_one_temperature_rule(name, expected):
+    """Likelihood objectives at T = 1, importance-ratio objectives at rl.temperature."""
+    hp = alg.RLHParams.from_config(RLConfig(temperature=0.7))
+    assert float(alg.get_algorithm(name).logprob_temperature(hp)) == pytest.approx(expected)
+
+
+def test_rft_is_sft_on_correct_outputs_at_any_temperature():
+    """Eq. 10: with T = 0.7 sampling, RFT's loss equals SFT's on the correct outputs
+    (same tokens, same model, same denominator)."""
+    mcfg, params = _tiny_model()
+    batch = _batch(7)
+    batch = batch.replace(tokens=np.asarray(batch.tokens) % 64)
+    results = {}
+    for name in ("sft", "rft"):
+        cfg = _cfg(temperature=0.7)
+        cfg.model = mcfg
+        a = alg.get_algorithm(name)
+        extras, _ = a.extras_from_logprobs(batch, cfg)
+        num, den, _ = a.loss_parts(params, batch, extras, cfg)
+        results[name] = float(num / den)
+    correct = np.asarray(batch.correct)
+    sft_only_correct = batch.replace(mask=np.asarray(batch.mask) & correct[:, None])
+    cfg = _cfg(temperature=0.7)
+    cfg.model = mcfg
+    sft = alg.get_algorithm("sft")
+    extras = {"loss_mask": jnp.asarray(sft_only_correct.mask)}
+    num, _, _ = sft.loss_parts(params, sft_only_correct, extras, cfg)
+    # RFT keeps incorrect outputs in the denominator with weight 0 (the B outputs)
+    np.testing.assert_allclose(results["rft"], float(num) / B, rtol=1e-5)
