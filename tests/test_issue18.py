@@ -140,3 +140,100 @@ def test_rft_is_sft_on_correct_outputs_at_any_temperature():
     num, _, _ = sft.loss_parts(params, sft_only_correct, extras, cfg)
     # RFT keeps incorrect outputs in the denominator with weight 0 (the B outputs)
     np.testing.assert_allclose(results["rft"], float(num) / B, rtol=1e-5)
+
+
+# ----------------------------------------------------------------- fixes 1 and 5 (scoring)
+
+class _CharTok:
+    """One token per character (ids = ord), stop id 0."""
+    stop_ids = (0,)
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+    def token_end_offsets(self, ids):
+        return list(range(1, len(ids) + 1))
+
+
+class _LineTask:
+    """Each line is a step; a step's reward is 1 if the line is 'ok' else 0."""
+
+    def extract_answer(self, text):
+        return text
+
+    def is_correct(self, answer, ex):
+        return False
+
+    def reward(self, text, ex):
+        return -1.0
+
+    def step_rewards(self, text, ex):
+        out, pos = [], 0
+        for line in text.split("\n"):
+            pos += len(line) + 1
+            out.append((min(pos, len(text)), 1.0 if line == "ok" else 0.0))
+        return out
+
+
+class _FakeRM:
+    def __init__(self, kind):
+        self.kind = kind
+
+    def score(self, prompts, texts):
+        return np.arange(len(texts), dtype=np.float32) + 10.0
+
+    def step_scores(self, prompts, texts):
+        return [[(len(t), 100.0 + i)] for i, t in enumerate(texts)]
+
+
+def _rollout(texts, width=96):
+    tokens = np.zeros((len(texts), width), np.int32)
+    mask = np.zeros((len(texts), width), bool)
+    for r, t in enumerate(texts):
+        ids = [ord(c) for c in t] + [0]
+        tokens[r, :len(ids)] = ids
+        mask[r, :len(ids)] = True
+    from types import SimpleNamespace
+    return SimpleNamespace(tokens=tokens, mask=mask)
+
+
+@pytest.mark.parametrize("kind", ["outcome", "process"])
+@pytest.mark.parametrize("process", [False, True])
+def test_a_reward_model_of_either_kind_reaches_the_rewards(kind, process):
+    from grpo_jax.tasks import Example
+    from grpo_jax.trainer import score_rollout
+
+    texts = ["ok\nno", "ok"]
+    scores = score_rollout(_LineTask(), _CharTok(), [Example(prompt="q", answer="a")],
+                           _rollout(texts), 2, reward_model=_FakeRM(kind), process=process)
+    np.testing.assert_array_equal(scores.rewards, [10.0, 11.0])  # never the rule's -1
+    if process:  # the fake model's one step per output, ending on the last character
+        np.testing.assert_array_equal(scores.step_rewards[:, 0], [100.0, 101.0])
+        np.testing.assert_array_equal(scores.step_end[:, 0], [4, 1])
+        assert scores.step_mask[:, 0].all() and not scores.step_mask[:, 1:].any()
+
+
+def test_process_supervision_keeps_every_step():
+    """20 steps, the wrong one last: all 20 kept (step axis bucketed to 32), none merged."""
+    from grpo_jax.tasks import Example
+    from grpo_jax.trainer import score_rollout
+
+    long = "\n".join(["ok"] * 19 + ["no"])
+    scores = score_rollout(_LineTask(), _CharTok(), [Example(prompt="q", answer="a")],
+                           _rollout([long, "ok"]), 2, process=True)
+    assert scores.step_rewards.shape == (2, 32)
+    np.testing.assert_array_equal(scores.step_mask.sum(1), [20, 1])
+    np.testing.assert_array_equal(scores.step_rewards[0, :20], [1.0] * 19 + [0.0])
+    np.testing.assert_array_equal(scores.step_end[0, :20], np.arange(2, 60, 3)[:20].clip(max=58))
+
+
+@pytest.mark.parametrize("algorithm", ["rft", "online_rft", "dpo", "sft"])
+def test_reward_model_with_a_rule_reward_algorithm_is_refused(algorithm, tmp_path):
+    from grpo_jax.config import ConfigError, apply_overrides, get_preset
+    from grpo_jax.trainer import Trainer
+
+    cfg = apply_overrides(get_preset("cpu-tiny"), [f"rl.algorithm={algorithm}",
+                                                   f"run.run_dir={tmp_path}"]).validate()
+    with pytest.raises(ConfigError, match=f"rl.reward_model.*{algorithm}"):
+        Trainer(cfg, task=_LineTask(), tokenizer=_CharTok(), params=None,
+                reward_model=_FakeRM("outcome"), sft_data=lambda s: ([], []), progress=False)
