@@ -142,7 +142,6 @@ class RLHParams:
     gamma: Any
     lam: Any
     value_clip: Any
-    vf_coef: Any
     whiten_advantages: Any
     dpo_beta: Any
     temperature: Any
@@ -158,7 +157,7 @@ class RLHParams:
             skip_zero_variance_groups=b(rl.skip_zero_variance_groups),
             mask_truncated=b(rl.mask_truncated),
             aggregation=i(losses.AGGREGATION_MODES.index(rl.aggregation)),
-            gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip), vf_coef=f(rl.vf_coef),
+            gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip),
             whiten_advantages=b(rl.whiten_advantages), dpo_beta=f(rl.dpo_beta),
             temperature=f(rl.temperature))
 
@@ -472,9 +471,11 @@ class PPO(Algorithm):
     token rewards r_t = r_φ(q,o)·[t last] − β log(π_θold(o_t)/π_ref(o_t)) (Eq. 2,
     ``advantages.ppo_token_rewards``); A, R = GAE(γ = rl.gamma, λ = rl.lam); optional
     whitening of A over the batch's loss tokens (rl.whiten_advantages).
-    loss = aggregate(−min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + vf_coef · ½(V_ψ − R)²
+    loss = aggregate(−min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + ½(V_ψ − R)²
     [clipped around V_ψold by rl.value_clip, 0 = off]); the value model V_ψ has its own
-    parameters and optimiser and is trained in the same step. rl.kl_estimator does not
+    parameters and AdamW and is trained in the same step: the two terms share no
+    parameter, so no value-loss coefficient is needed (Adam would cancel it); the value
+    model's step size is optimizer.value_lr_scale × peak_lr. rl.kl_estimator does not
     apply (the penalty is Eq. 2's log-ratio inside the reward); the ``kl`` metric is its
     token mean. adv_mean / adv_std describe the advantages that enter the loss.
     """
@@ -531,7 +532,7 @@ class PPO(Algorithm):
         args = (values, extras["old_values"], extras["returns"], mask)
         vloss = jnp.where(hp.value_clip > 0, losses.value_loss(*args, clip_eps=hp.value_clip),
                           losses.value_loss(*args))
-        num, den = _aggregate_parts(-surrogate + hp.vf_coef * vloss, mask, hp)
+        num, den = _aggregate_parts(-surrogate + vloss, mask, hp)
         pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
         v_num, _ = _aggregate_parts(vloss, mask, hp)
         metrics = {"loss": (num, den), "pg_loss": (pg_num, den), "value_loss": (v_num, den)}

@@ -96,10 +96,14 @@ class OptimizerConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0  # global norm; 0 disables
     grad_accum_steps: int = 1
+    # PPO's value model V_ψ has its own AdamW (Adam is invariant to a loss coefficient, so a
+    # vf_coef on a separate model would do nothing): its peak lr is peak_lr × this.
+    value_lr_scale: float = 1.0
 
     def validate(self) -> None:
-        if self.peak_lr <= 0:
-            raise ConfigError(f"optimizer.peak_lr must be > 0, got {self.peak_lr}")
+        if self.peak_lr <= 0 or self.value_lr_scale <= 0:
+            raise ConfigError(f"optimizer.peak_lr and value_lr_scale must be > 0, got "
+                              f"{self.peak_lr}, {self.value_lr_scale}")
         if self.warmup_steps < 0 or self.grad_accum_steps < 1 or self.grad_clip < 0:
             raise ConfigError("optimizer.warmup_steps >= 0, grad_accum_steps >= 1, grad_clip >= 0")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
@@ -126,7 +130,6 @@ class RLConfig:
     gamma: float = 1.0  # PPO GAE
     lam: float = 0.95
     value_clip: float = 0.2  # 0 disables value clipping
-    vf_coef: float = 0.5
     whiten_advantages: bool = True
     dpo_beta: float = 0.1
     temperature: float = 1.0

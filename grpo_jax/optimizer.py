@@ -6,6 +6,7 @@ until 80% of training, 31.6% of the peak until 90%, then 10% of the peak.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -57,6 +58,11 @@ def updates_applied(cfg: OptimizerConfig, train_steps: int, updates_per_step: in
     """AdamW updates applied after ``train_steps`` train steps of ``updates_per_step`` (μ)
     optimiser calls each, ``cfg.grad_accum_steps`` calls accumulating into one update."""
     return (train_steps * updates_per_step) // cfg.grad_accum_steps
+
+
+def value_optimizer_config(cfg: OptimizerConfig) -> OptimizerConfig:
+    """The PPO value model's optimiser: the policy's, at peak_lr × value_lr_scale."""
+    return dataclasses.replace(cfg, peak_lr=cfg.peak_lr * cfg.value_lr_scale)
 
 
 def make_optimizer(cfg: OptimizerConfig, total_steps: int, *, updates_per_step: int = 1

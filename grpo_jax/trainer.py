@@ -33,7 +33,7 @@ from grpo_jax.algorithms import get_algorithm
 from grpo_jax.config import Config, ConfigError
 from grpo_jax.metrics import MetricsWriter, is_main_process
 from grpo_jax.model import add_value_head, param_shardings
-from grpo_jax.optimizer import make_optimizer, updates_applied
+from grpo_jax.optimizer import make_optimizer, updates_applied, value_optimizer_config
 from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global, to_host
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, char_to_token_index, encode_prompt
@@ -226,7 +226,7 @@ class Trainer:
         if self.algorithm.needs_value_model:
             value_params = add_value_head(cfg.model, params, jax.random.key(cfg.run.seed + 1), self.mesh)
             value_tx = optax.apply_if_finite(make_optimizer(
-                cfg.optimizer, cfg.run.steps, updates_per_step=cfg.rl.num_updates)[0], 10**9)
+                value_optimizer_config(cfg.optimizer), cfg.run.steps, updates_per_step=cfg.rl.num_updates)[0], 10**9)
         self.sft_params = params if self.algorithm.data_source.startswith("sft_policy") else None
         self.step_fn = make_train_step(cfg, tx, self.mesh, value_tx=value_tx, group_size=self._group_size())
         # On the mesh from the start, so a restored checkpoint lands in the same shards.

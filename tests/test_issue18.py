@@ -237,3 +237,20 @@ def test_reward_model_with_a_rule_reward_algorithm_is_refused(algorithm, tmp_pat
     with pytest.raises(ConfigError, match=f"rl.reward_model.*{algorithm}"):
         Trainer(cfg, task=_LineTask(), tokenizer=_CharTok(), params=None,
                 reward_model=_FakeRM("outcome"), sft_data=lambda s: ([], []), progress=False)
+
+
+# ----------------------------------------------------------------- fix 3
+
+def test_value_model_learning_rate_is_its_own_setting():
+    """rl.vf_coef is gone (Adam on a separate value model cancels it); the value model's
+    step size is optimizer.value_lr_scale × peak_lr, applied by its own AdamW."""
+    from grpo_jax.config import OptimizerConfig
+    from grpo_jax.optimizer import make_optimizer, value_optimizer_config
+
+    assert not hasattr(RLConfig(), "vf_coef")
+    cfg = OptimizerConfig(peak_lr=0.5, warmup_steps=0, schedule="constant", weight_decay=0.0,
+                          grad_clip=0.0, b1=0.0, b2=0.0, eps=1e-12, value_lr_scale=0.1)
+    tx, _ = make_optimizer(value_optimizer_config(cfg), 10)
+    p = {"w": jnp.zeros(())}
+    u, _ = tx.update({"w": jnp.ones(())}, tx.init(p), p)
+    np.testing.assert_allclose(float(u["w"]), -0.05, rtol=1e-5)
