@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -19,6 +20,30 @@ REMAT_POLICIES = ("none", "full", "dots")
 
 class ConfigError(ValueError):
     """A configuration key, type or value that cannot be used."""
+
+
+class ConfigWarning(UserWarning):
+    """A configuration value that the chosen algorithm never reads."""
+
+
+_SAMPLED = ("rft", "online_rft", "dpo", "ppo", "grpo")
+
+# Which algorithms read each rl.* field (the rest read all of them). A field set away from
+# its default for an algorithm not listed changes nothing, so `Config.validate` warns.
+RL_READERS: dict[str, tuple[str, ...]] = {
+    "group_size": _SAMPLED,
+    "beta": ("ppo", "grpo"),
+    "kl_estimator": ("grpo", "dpo"),  # DPO: its logged kl only
+    "eps_low": ("ppo", "grpo"), "eps_high": ("ppo", "grpo"),
+    "scale_by_std": ("grpo",), "supervision": ("grpo",),
+    "skip_zero_variance_groups": ("grpo",),
+    "mask_truncated": ("rft", "online_rft", "ppo", "grpo"),
+    "aggregation": ("sft", "rft", "online_rft", "ppo", "grpo"),
+    "gamma": ("ppo",), "lam": ("ppo",), "value_clip": ("ppo",), "whiten_advantages": ("ppo",),
+    "dpo_beta": ("dpo",),
+    "temperature": _SAMPLED, "top_k": _SAMPLED, "top_p": _SAMPLED,
+    "reward_model": ("ppo", "grpo"),
+}
 
 
 @dataclass
@@ -159,6 +184,10 @@ class RLConfig:
             raise ConfigError(f"rl.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not (0 < self.top_p <= 1) or self.top_k < 0:
             raise ConfigError("rl.top_p must be in (0, 1] and rl.top_k >= 0")
+        if self.supervision == "process" and self.algorithm != "grpo":
+            raise ConfigError(
+                f"rl.supervision=process is only read by grpo (step rewards -> process "
+                f"advantages); rl.algorithm={self.algorithm} would train on outcome rewards")
         if self.algorithm == "grpo" and self.group_size == 1 and self.scale_by_std:
             raise ConfigError(
                 "rl.group_size=1 with rl.scale_by_std=true: a group of one output has no "
@@ -177,7 +206,6 @@ class DataConfig:
     num_operands: int = 3
     max_digits: int = 2
     eval_size: int = 64
-    sft_examples: int = 2000
     wrong_step_prob: float = 0.3
     slip: str = "random"  # arithmetic SFT errors: random | carry (systematic; see tasks/arithmetic.py)
     seed: int = 0
@@ -230,7 +258,20 @@ class Config:
             raise ConfigError(
                 f"model.max_seq_len={self.model.max_seq_len} leaves no room for a prompt "
                 f"plus rl.max_new_tokens={self.rl.max_new_tokens}")
+        for message in self.unused_options():
+            warnings.warn(message, ConfigWarning, stacklevel=2)
         return self
+
+    def unused_options(self) -> list[str]:
+        """One message per rl.* field set away from its default that rl.algorithm never
+        reads (``RL_READERS``)."""
+        default, out = RLConfig(), []
+        for name, readers in RL_READERS.items():
+            value = getattr(self.rl, name)
+            if self.rl.algorithm not in readers and value != getattr(default, name):
+                out.append(f"rl.{name}={value!r} is ignored by rl.algorithm={self.rl.algorithm} "
+                           f"(read only by {', '.join(readers)})")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
