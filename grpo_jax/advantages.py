@@ -22,6 +22,8 @@ from jax import lax
 __all__ = [
     "group_relative_advantages",
     "nonconstant_groups",
+    "rloo_advantages",
+    "reinforce_pp_advantages",
     "process_advantages",
     "gae",
     "whiten",
@@ -89,6 +91,52 @@ def group_relative_advantages(
     adv = jnp.where(varies, centred, 0.0)
     chex.assert_shape(adv, rewards.shape)
     return adv
+
+
+def rloo_advantages(rewards: jax.Array) -> jax.Array:
+    """REINFORCE leave-one-out baseline (RLOO; Ahmadian et al. 2024, "Back to Basics").
+
+        Â_i = r_i − 1/(G−1) Σ_{j≠i} r_j  =  G/(G−1) · (r_i − mean(r))
+
+    Each output's baseline is the mean reward of the other G − 1 outputs of its question
+    (unbiased: the baseline does not depend on o_i). No std scaling. G = 1 gives zeros.
+
+    Args:
+      rewards: ``[P, G]``.
+
+    Returns:
+      ``[P, G]`` advantages (one per output; broadcast over its tokens).
+    """
+    chex.assert_rank(rewards, 2)
+    r = _float(rewards)
+    num_outputs = r.shape[1]
+    if num_outputs < 2:
+        return jnp.zeros_like(r)
+    return (r - jnp.mean(r, axis=1, keepdims=True)) * (num_outputs / (num_outputs - 1))
+
+
+def reinforce_pp_advantages(rewards: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+    """REINFORCE++ with a group baseline (Hu 2025, "REINFORCE++"): centre in the group,
+    normalise over the whole batch.
+
+        Â_i = (r_i − mean_group(r)) / (std_batch(r − mean_group(r)) + eps)
+
+    The batch-level std (all P·G outputs, population std) replaces GRPO's per-group std,
+    which the paper argues over-weights groups with small spread. (REINFORCE++'s KL
+    shaping of the reward is GRPO's β-term here, added in the loss.) An all-constant
+    batch gives zeros.
+
+    Args:
+      rewards: ``[P, G]``.
+
+    Returns:
+      ``[P, G]`` advantages.
+    """
+    chex.assert_rank(rewards, 2)
+    r = _float(rewards)
+    centred = r - jnp.mean(r, axis=1, keepdims=True)
+    std = jnp.sqrt(jnp.mean(jnp.square(centred)))
+    return jnp.where(std > 0, centred / (std + eps), 0.0)
 
 
 def process_advantages(

@@ -145,6 +145,7 @@ class RLHParams:
     whiten_advantages: Any
     dpo_beta: Any
     temperature: Any
+    tis_cap: Any
 
     @classmethod
     def from_config(cls, rl: RLConfig) -> "RLHParams":
@@ -159,7 +160,7 @@ class RLHParams:
             aggregation=i(losses.AGGREGATION_MODES.index(rl.aggregation)),
             gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip),
             whiten_advantages=b(rl.whiten_advantages), dpo_beta=f(rl.dpo_beta),
-            temperature=f(rl.temperature))
+            temperature=f(rl.temperature), tis_cap=f(rl.tis_cap))
 
 
 def _hp(cfg: Config, hp: RLHParams | None) -> RLHParams:
@@ -206,9 +207,10 @@ def _kl(logp, ref_logp, hp: RLHParams):
 
 
 def _sampler_truncates(cfg: Config) -> bool:
-    """Top-k / top-p sampling: the batch was drawn from a truncated distribution, so the
-    sampler's recorded log-probs (not a recomputed π_θ) are π_θold at the first update."""
-    return cfg.rl.top_k > 0 or cfg.rl.top_p < 1.0
+    """Top-k / top-p sampling without TIS: the batch was drawn from a truncated
+    distribution, so the sampler's recorded log-probs (not a recomputed π_θ) are π_θold at
+    the first update. With rl.tis_cap > 0 the TIS weight corrects for the sampler instead."""
+    return (cfg.rl.top_k > 0 or cfg.rl.top_p < 1.0) and cfg.rl.tis_cap == 0
 
 
 def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
@@ -219,7 +221,30 @@ def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
     if algo.data_source != "dataset":
         gap = jnp.where(mask, jnp.abs(_f32(batch.sample_logprobs) - _f32(logp)), 0.0)
         metrics["logprob_mismatch_max"] = (jnp.max(gap), jnp.asarray(1.0, jnp.float32))
+        metrics["logprob_mismatch_mean"] = _token_mean_parts(gap, mask)
     return metrics
+
+
+def _policy_objective(logp, old_logp, adv, mask, batch, cfg: Config, hp: RLHParams):
+    """Per-token policy objective of rl.policy_loss (to be maximised) and its metrics:
+    ``clipped`` (PPO/GRPO, ``losses.clipped_surrogate``), ``gspo``
+    (``losses.gspo_surrogate``) or ``cispo`` (``losses.cispo_objective``); times the TIS
+    weight min(π_θold/π_sampler, rl.tis_cap) when rl.tis_cap > 0 (``losses.tis_weights``).
+    The mode is compiled in (a Python branch on cfg); ε and the cap are traced."""
+    kind, eps = cfg.rl.policy_loss, dict(eps_low=hp.eps_low, eps_high=hp.eps_high)
+    if kind == "gspo":
+        objective = losses.gspo_surrogate(logp, old_logp, adv, mask, **eps)
+    elif kind == "cispo":
+        objective = losses.cispo_objective(logp, old_logp, adv, **eps)
+    else:
+        objective = losses.clipped_surrogate(logp, old_logp, adv, **eps)
+    metrics = _surrogate_metrics(logp, old_logp, adv, mask, hp)
+    if cfg.rl.tis_cap > 0:
+        weight = losses.tis_weights(old_logp, batch.sample_logprobs, hp.tis_cap)
+        objective = objective * weight
+        capped = jnp.exp(_f32(old_logp) - _f32(batch.sample_logprobs)) > hp.tis_cap
+        metrics["tis_capped_fraction"] = _token_mean_parts(capped.astype(jnp.float32), mask)
+    return objective, metrics
 
 
 # ----------------------------------------------------------------- the interface
@@ -527,8 +552,7 @@ class PPO(Algorithm):
             raise ValueError("PPO's loss needs the value model's values")
         mask = extras["loss_mask"]
         adv, old_logp = extras["advantages"], extras["old_logp"]
-        surrogate = losses.clipped_surrogate(logp, old_logp, adv, eps_low=hp.eps_low,
-                                             eps_high=hp.eps_high)
+        surrogate, policy_metrics = _policy_objective(logp, old_logp, adv, mask, batch, cfg, hp)
         args = (values, extras["old_values"], extras["returns"], mask)
         vloss = jnp.where(hp.value_clip > 0, losses.value_loss(*args, clip_eps=hp.value_clip),
                           losses.value_loss(*args))
@@ -536,7 +560,7 @@ class PPO(Algorithm):
         pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
         v_num, _ = _aggregate_parts(vloss, mask, hp)
         metrics = {"loss": (num, den), "pg_loss": (pg_num, den), "value_loss": (v_num, den)}
-        metrics.update(_surrogate_metrics(logp, old_logp, adv, mask, hp))
+        metrics.update(policy_metrics)
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
         return num, den, metrics
 
@@ -574,6 +598,12 @@ class GRPO(Algorithm):
     separate π_θold forward (ρ = exp(logp − stop_gradient(logp))), except after top-k /
     top-p sampling, where π_θold is the sampler's recorded log-prob of the truncated
     distribution it drew from (so ρ = π_θ / π_sampler).
+
+    Variants (compiled in): rl.advantage_estimator = grpo (above) | rloo
+    (``advantages.rloo_advantages``) | reinforce_pp (``advantages.reinforce_pp_advantages``);
+    rl.policy_loss = clipped (above) | gspo (``losses.gspo_surrogate``) | cispo
+    (``losses.cispo_objective``); rl.tis_cap > 0 multiplies the policy term by
+    ``losses.tis_weights`` (π_θold against the sampler's log-probs).
     """
 
     name: str = "grpo"
@@ -590,8 +620,9 @@ class GRPO(Algorithm):
     def needs_old_logprobs(self, cfg: Config) -> bool:
         return cfg.rl.num_updates > 1
 
-    def group_advantages(self, batch, hp: RLHParams, group_size: int):
-        """(advantages [B, Tc], group varies [P]) from outcome or process rewards."""
+    def group_advantages(self, batch, hp: RLHParams, group_size: int, estimator: str = "grpo"):
+        """(advantages [B, Tc], group varies [P]) from outcome or process rewards;
+        ``estimator`` (rl.advantage_estimator) picks the outcome baseline."""
         rows, tc = batch.tokens.shape
         if group_size < 1 or rows % group_size:
             raise ValueError(f"GRPO batch of {rows} rows is not a whole number of groups of "
@@ -599,9 +630,14 @@ class GRPO(Algorithm):
         num_p = rows // group_size
         # outcome supervision
         rewards = _f32(batch.rewards).reshape(num_p, group_size)
-        scaled = adv_lib.group_relative_advantages(rewards, scale_by_std=True)
-        centred = adv_lib.group_relative_advantages(rewards, scale_by_std=False)
-        outcome = jnp.where(hp.scale_by_std, scaled, centred)
+        if estimator == "rloo":
+            outcome = adv_lib.rloo_advantages(rewards)
+        elif estimator == "reinforce_pp":
+            outcome = adv_lib.reinforce_pp_advantages(rewards)
+        else:
+            scaled = adv_lib.group_relative_advantages(rewards, scale_by_std=True)
+            centred = adv_lib.group_relative_advantages(rewards, scale_by_std=False)
+            outcome = jnp.where(hp.scale_by_std, scaled, centred)
         outcome = jnp.broadcast_to(outcome.reshape(rows, 1), (rows, tc))
         outcome_varies = adv_lib.nonconstant_groups(rewards)
         # process supervision
@@ -622,7 +658,7 @@ class GRPO(Algorithm):
                              ref_logp=None, old_values=None):
         hp = _hp(cfg, hp)
         group_size = cfg.rl.group_size if group_size is None else group_size
-        adv, varies = self.group_advantages(batch, hp, group_size)
+        adv, varies = self.group_advantages(batch, hp, group_size, cfg.rl.advantage_estimator)
         kept = jnp.logical_or(~jnp.asarray(hp.skip_zero_variance_groups), varies)
         loss_mask = _truncation_mask(batch, hp) & jnp.repeat(kept, group_size)[:, None]
         adv = jnp.where(loss_mask, adv, 0.0)
@@ -648,8 +684,7 @@ class GRPO(Algorithm):
         old_logp = extras.get("old_logp")
         if old_logp is None:  # μ = 1: π_θold = π_θ
             old_logp = jax.lax.stop_gradient(logp)
-        surrogate = losses.clipped_surrogate(logp, old_logp, adv, eps_low=hp.eps_low,
-                                             eps_high=hp.eps_high)
+        surrogate, policy_metrics = _policy_objective(logp, old_logp, adv, mask, batch, cfg, hp)
         per_token = -surrogate
         metrics: Metrics = {}
         if self.needs_reference(cfg):
@@ -659,7 +694,7 @@ class GRPO(Algorithm):
         num, den = _aggregate_parts(per_token, mask, hp)
         pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
         metrics.update({"loss": (num, den), "pg_loss": (pg_num, den)})
-        metrics.update(_surrogate_metrics(logp, old_logp, adv, mask, hp))
+        metrics.update(policy_metrics)
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
         return num, den, metrics
 

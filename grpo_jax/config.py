@@ -43,6 +43,9 @@ RL_READERS: dict[str, tuple[str, ...]] = {
     "dpo_beta": ("dpo",),
     "temperature": _SAMPLED, "top_k": _SAMPLED, "top_p": _SAMPLED,
     "reward_model": ("ppo", "grpo"),
+    "advantage_estimator": ("grpo",),
+    "policy_loss": ("ppo", "grpo"),
+    "tis_cap": ("ppo", "grpo"),
 }
 
 
@@ -164,12 +167,25 @@ class RLConfig:
     num_micro_batches: int = 1
     logprob_chunk_size: int = 64  # sequence positions per chunk of full-vocab log-softmax
     reward_model: str = ""  # path of a trained reward model; empty = rule reward
+    advantage_estimator: str = "grpo"  # grpo (group mean/std) | rloo | reinforce_pp
+    policy_loss: str = "clipped"  # clipped (PPO/GRPO) | gspo | cispo
+    tis_cap: float = 0.0  # truncated IS against the sampler's log-probs, cap C; 0 = off
 
     def validate(self) -> None:
         _choice(self, "algorithm", ("sft", "rft", "online_rft", "dpo", "ppo", "grpo"))
         _choice(self, "kl_estimator", ("k1", "k2", "k3"))
         _choice(self, "supervision", ("outcome", "process"))
         _choice(self, "aggregation", ("sequence_mean", "token_mean", "constant"))
+        _choice(self, "advantage_estimator", ("grpo", "rloo", "reinforce_pp"))
+        _choice(self, "policy_loss", ("clipped", "gspo", "cispo"))
+        if self.tis_cap < 0:
+            raise ConfigError(f"rl.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
+        if self.supervision == "process" and (self.advantage_estimator != "grpo"
+                                              or self.policy_loss == "gspo"):
+            raise ConfigError(
+                "rl.supervision=process needs rl.advantage_estimator=grpo and a per-token "
+                f"rl.policy_loss (got {self.advantage_estimator}, {self.policy_loss}): RLOO, "
+                "REINFORCE++ and GSPO are defined on one reward per output")
         _positive(self, "group_size")
         _positive(self, "num_updates")
         _positive(self, "max_new_tokens")

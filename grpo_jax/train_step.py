@@ -319,13 +319,15 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
 
 def static_config_key(cfg: Config, group_size: int | None = None) -> tuple:
     """What a compiled step depends on (everything else in cfg.rl is ``RLHParams`` data):
-    the model, the algorithm, μ, the micro-batch count, the chunk size, G, and whether a
-    reference model exists."""
+    the model, the algorithm, μ, the micro-batch count, the chunk size, G, whether a
+    reference model exists, the advantage estimator, the policy loss, whether TIS is on and
+    whether sampling truncates (top-k / top-p: π_θold is then the sampler's)."""
     algo = get_algorithm(cfg.rl.algorithm)
     rl = cfg.rl
     return (dataclasses.astuple(cfg.model), rl.algorithm, rl.num_updates, rl.num_micro_batches,
             rl.logprob_chunk_size, rl.group_size if group_size is None else int(group_size),
-            algo.needs_reference(cfg))
+            algo.needs_reference(cfg), rl.advantage_estimator, rl.policy_loss, rl.tis_cap > 0,
+            rl.top_k > 0 or rl.top_p < 1.0)
 
 
 @dataclasses.dataclass
