@@ -146,6 +146,7 @@ def process_advantages(
     num_tokens: int,
     *,
     eps: float = 1e-6,
+    scale_by_std: bool = True,
 ) -> jax.Array:
     """Process-supervision advantages: normalised step rewards summed over later steps.
 
@@ -171,6 +172,7 @@ def process_advantages(
       step_mask: ``[P, G, S]`` bool, which step slots are real steps.
       num_tokens: T, the number of completion token positions (static).
       eps: added to std(R) in the denominator.
+      scale_by_std: False (Dr. GRPO) only centres: r̃ = r − mean(R).
 
     Returns:
       ``[P, G, num_tokens]`` per-token advantages, float (at least float32).
@@ -191,7 +193,7 @@ def process_advantages(
     lo = jnp.min(jnp.where(valid, r, jnp.inf), axis=(1, 2), keepdims=True)
     varies = (count > 1) & (hi != lo)
     std = jnp.sqrt(jnp.where(varies, var, 1.0))
-    normed = jnp.where(varies & valid, centred / (std + eps), 0.0)
+    normed = jnp.where(varies & valid, centred / (std + eps) if scale_by_std else centred, 0.0)
 
     # Scatter each normalised step reward onto its end token, then a reverse cumulative
     # sum gives Σ_{index(j) ≥ t}. Invalid / negative-end steps go to an out-of-range slot

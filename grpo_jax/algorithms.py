@@ -30,16 +30,17 @@ branches on algorithm names) plus two device-side functions used by the one trai
 Because the loss is written as a function of per-token log-probs, the tests check this
 table by autodiff: d loss / d logp_t = −GC_t / (|o| · #outputs) at ρ = 1.
 
-Hyperparameters are data: ``RLHParams`` carries every rl.* value that does not change
-which arrays exist (β's value, ε, γ, λ, temperature, the aggregation mode, the KL
-estimator, outcome/process supervision, the boolean switches…) as traced scalars, so the
-train step compiles once and serves any of their values. What is compiled in comes from
-the static ``cfg``: the algorithm, μ, the micro-batch count, the log-prob chunk size,
-and whether a reference model exists (β > 0).
+Numbers are data, modes are code (as in MaxText and Tunix): ``RLHParams`` carries the
+numeric rl.* values (β, ε, γ, λ, value clip range, DPO β, temperature, TIS cap) as traced
+scalars, so changing them never recompiles; every mode (algorithm, μ, micro-batches,
+aggregation, KL estimator, supervision, std scaling, advantage estimator, policy loss,
+whitening, value clipping / TIS / dynamic sampling / truncation masking on or off) is a
+plain Python branch on the static ``cfg``, so only the chosen branch is traced and
+computed (``train_step.static_config_key`` lists them).
 
 Conventions: rows of a batch are B = P·G outputs, row p·G + g the g-th output for
-question p (DPO: row 2p chosen o+, row 2p+1 rejected o−). ``extras`` are dicts of arrays
-whose leading axis is B (they are split into micro-batches with the batch); ``metrics``
+question p (DPO: row 2p chosen o+, row 2p+1 rejected o−). ``extras`` is an ``Extras``
+dataclass of arrays whose leading axis is B (split into micro-batches with the batch); ``metrics``
 from ``loss_parts*`` map a name to ``(sum, count)`` (the train step sums both over
 micro-batches and divides), except names in ``MAX_METRICS``, which map to
 ``(max, count)`` and are combined by max.
@@ -61,7 +62,7 @@ from grpo_jax.config import Config, RLConfig
 from grpo_jax.logprobs import sequence_logprobs, sequence_values
 
 __all__ = [
-    "RLHParams", "Algorithm", "SFT", "RFT", "OnlineRFT", "DPO", "PPO", "GRPO",
+    "RLHParams", "Extras", "Algorithm", "SFT", "RFT", "OnlineRFT", "DPO", "PPO", "GRPO",
     "ALGORITHMS", "DATA_SOURCES", "MAX_METRICS", "get_algorithm",
     "split_micro_batches", "merge_micro_batches", "map_micro_batches",
 ]
@@ -69,7 +70,6 @@ __all__ = [
 DATA_SOURCES = ("dataset", "sft_policy", "policy", "sft_policy_pairs")
 MAX_METRICS = ("logprob_mismatch_max",)
 
-Extras = dict[str, jax.Array]
 Metrics = dict[str, Any]
 
 
@@ -122,27 +122,20 @@ def map_micro_batches(fn: Callable[[Any], Any], tree: Any, num: int, unit: int =
 
 # ----------------------------------------------------------------- hyperparameters
 
-SUPERVISIONS = ("outcome", "process")
-
-
 @flax.struct.dataclass
 class RLHParams:
-    """The rl.* values the train step reads as data (scalars; modes as indices into
-    ``losses.AGGREGATION_MODES``, ``losses.KL_KINDS``, ``SUPERVISIONS``)."""
+    """The numeric rl.* values the train step reads as data (float32 scalars), so changing
+    β, ε, γ, λ, the value clip range, DPO's β, the temperature or the TIS cap never
+    recompiles. Modes (aggregation, KL estimator, supervision, std scaling, whitening,
+    value clipping on/off, …) are not here: they are Python branches on the static cfg,
+    so only the chosen one is traced (``train_step.static_config_key`` lists them)."""
 
     beta: Any
-    kl_estimator: Any
     eps_low: Any
     eps_high: Any
-    scale_by_std: Any
-    supervision: Any
-    skip_zero_variance_groups: Any
-    mask_truncated: Any
-    aggregation: Any
     gamma: Any
     lam: Any
     value_clip: Any
-    whiten_advantages: Any
     dpo_beta: Any
     temperature: Any
     tis_cap: Any
@@ -150,21 +143,39 @@ class RLHParams:
     @classmethod
     def from_config(cls, rl: RLConfig) -> "RLHParams":
         """Host-side (numpy scalars): put on device by the caller, or used as constants."""
-        f, b, i = np.float32, np.bool_, np.int32
-        return cls(
-            beta=f(rl.beta), kl_estimator=i(losses.KL_KINDS.index(rl.kl_estimator)),
-            eps_low=f(rl.eps_low), eps_high=f(rl.eps_high), scale_by_std=b(rl.scale_by_std),
-            supervision=i(SUPERVISIONS.index(rl.supervision)),
-            skip_zero_variance_groups=b(rl.skip_zero_variance_groups),
-            mask_truncated=b(rl.mask_truncated),
-            aggregation=i(losses.AGGREGATION_MODES.index(rl.aggregation)),
-            gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip),
-            whiten_advantages=b(rl.whiten_advantages), dpo_beta=f(rl.dpo_beta),
-            temperature=f(rl.temperature), tis_cap=f(rl.tis_cap))
+        f = np.float32
+        return cls(beta=f(rl.beta), eps_low=f(rl.eps_low), eps_high=f(rl.eps_high),
+                   gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip),
+                   dpo_beta=f(rl.dpo_beta), temperature=f(rl.temperature), tis_cap=f(rl.tis_cap))
 
 
 def _hp(cfg: Config, hp: RLHParams | None) -> RLHParams:
     return RLHParams.from_config(cfg.rl) if hp is None else hp
+
+
+# ----------------------------------------------------------------- per-row extras
+
+@flax.struct.dataclass
+class Extras:
+    """What ``prepare`` computes once per batch for the μ updates: per-row arrays with the
+    batch's leading axis B (split into micro-batches with it). A field an algorithm does
+    not use stays None:
+
+    | field      | shape    | set by                                                   |
+    | loss_mask  | [B, Tc]  | every algorithm (completion mask minus dropped rows)     |
+    | advantages | [B, Tc]  | PPO (GAE), GRPO (group / process)                        |
+    | old_logp   | [B, Tc]  | PPO; GRPO at μ > 1, or the sampler's after top-k / top-p |
+    | ref_logp   | [B, Tc]  | DPO; GRPO with β > 0                                     |
+    | old_values | [B, Tc]  | PPO (V_ψold, for value clipping)                         |
+    | returns    | [B, Tc]  | PPO (GAE targets of V_ψ)                                 |
+    """
+
+    loss_mask: Any
+    advantages: Any = None
+    old_logp: Any = None
+    ref_logp: Any = None
+    old_values: Any = None
+    returns: Any = None
 
 
 # ----------------------------------------------------------------- shared helpers
@@ -185,25 +196,20 @@ def _masked_mean_std(x, mask) -> tuple[jax.Array, jax.Array]:
     return mean, jnp.sqrt(var)
 
 
-def _truncation_mask(batch, hp: RLHParams) -> jax.Array:
+def _truncation_mask(batch, cfg: Config) -> jax.Array:
     """Completion mask, minus truncated rows when rl.mask_truncated."""
     mask = batch.mask.astype(bool)
-    drop = jnp.logical_and(hp.mask_truncated, batch.truncated.astype(bool))
-    return mask & ~drop[:, None]
+    if cfg.rl.mask_truncated:
+        mask = mask & ~batch.truncated.astype(bool)[:, None]
+    return mask
 
 
-def _aggregate_parts(per_token, mask, hp: RLHParams):
-    """``losses.aggregate_parts`` with the mode chosen by the traced index hp.aggregation."""
-    parts = [losses.aggregate_parts(per_token, mask, mode) for mode in losses.AGGREGATION_MODES]
-    index = jnp.asarray(hp.aggregation, jnp.int32)
-    return jnp.stack([p[0] for p in parts])[index], jnp.stack([p[1] for p in parts])[index]
+def _aggregate_parts(per_token, mask, cfg: Config):
+    return losses.aggregate_parts(per_token, mask, cfg.rl.aggregation)
 
 
-def _kl(logp, ref_logp, hp: RLHParams):
-    """``losses.kl_penalty`` with the estimator chosen by hp.kl_estimator (``lax.switch``:
-    only the chosen estimator runs, so an overflowing one never leaks into gradients)."""
-    branches = [lambda a, b, k=kind: losses.kl_penalty(a, b, k) for kind in losses.KL_KINDS]
-    return jax.lax.switch(jnp.asarray(hp.kl_estimator, jnp.int32), branches, logp, ref_logp)
+def _kl(logp, ref_logp, cfg: Config):
+    return losses.kl_penalty(logp, ref_logp, cfg.rl.kl_estimator)
 
 
 def _sampler_truncates(cfg: Config) -> bool:
@@ -321,7 +327,7 @@ class Algorithm:
                              old_values=None) -> tuple[Extras, Metrics]:
         """Pure part of ``prepare``: per-row extras from the batch and precomputed
         log-probs / values (all ``[B, Tc]``)."""
-        return {"loss_mask": batch.mask.astype(bool)}, {}
+        return Extras(loss_mask=batch.mask.astype(bool)), {}
 
     # -- per micro-batch, differentiated
     def loss_parts(self, params: Any, micro_batch: Any, extras: Extras, cfg: Config,
@@ -372,9 +378,8 @@ class SFT(Algorithm):
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
-        hp = _hp(cfg, hp)
         per_token = losses.sft_loss(logp) * self._coefficient(batch)[:, None]
-        num, den = _aggregate_parts(per_token, extras["loss_mask"], hp)
+        num, den = _aggregate_parts(per_token, extras.loss_mask, cfg)
         metrics = {"loss": (num, den), "pg_loss": (num, den)}
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
         return num, den, metrics
@@ -403,7 +408,7 @@ class RFT(SFT):
 
     def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
                              ref_logp=None, old_values=None):
-        return {"loss_mask": _truncation_mask(batch, _hp(cfg, hp))}, {}
+        return Extras(loss_mask=_truncation_mask(batch, cfg)), {}
 
     def _coefficient(self, batch) -> jax.Array:
         return batch.correct.astype(jnp.float32)
@@ -456,14 +461,14 @@ class DPO(Algorithm):
                              f"{batch.tokens.shape[0]}")
         if ref_logp is None:
             raise ValueError("DPO needs reference log-probs")
-        return {"loss_mask": batch.mask.astype(bool), "ref_logp": _f32(ref_logp)}, {}
+        return Extras(loss_mask=batch.mask.astype(bool), ref_logp=_f32(ref_logp)), {}
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
         hp = _hp(cfg, hp)
-        mask = extras["loss_mask"]
+        mask = extras.loss_mask
         count = jnp.sum(mask.astype(jnp.float32), axis=1)
-        log_ratio = jnp.where(mask, _f32(logp) - extras["ref_logp"], 0.0)
+        log_ratio = jnp.where(mask, _f32(logp) - extras.ref_logp, 0.0)
         seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(count, 1.0)  # ℓ(o), Eq. 12
         pairs = seq.reshape(-1, 2)
         valid = jnp.all(count.reshape(-1, 2) > 0, axis=1)
@@ -471,7 +476,7 @@ class DPO(Algorithm):
         per_pair = losses.dpo_loss(pairs[:, 0], pairs[:, 1], zero, zero, hp.dpo_beta)
         num = jnp.sum(jnp.where(valid, per_pair, 0.0))
         den = jnp.sum(valid).astype(jnp.float32)
-        kl = _kl(logp, extras["ref_logp"], hp)
+        kl = _kl(logp, extras.ref_logp, cfg)
         metrics = {"loss": (num, den), "pg_loss": (num, den), "kl": _token_mean_parts(kl, mask),
                    "dpo_accuracy": (jnp.sum(valid & (pairs[:, 0] > pairs[:, 1])), den)}
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
@@ -526,14 +531,14 @@ class PPO(Algorithm):
         if old_logp is None or old_values is None:
             raise ValueError("PPO needs old log-probs and old values")
         mask = batch.mask.astype(bool)
-        loss_mask = _truncation_mask(batch, hp)
+        loss_mask = _truncation_mask(batch, cfg)
         old_logp, old_values = _f32(old_logp), _f32(old_values)
         ref = _f32(ref_logp) if (self.needs_reference(cfg) and ref_logp is not None) else old_logp
         token_rewards = adv_lib.ppo_token_rewards(batch.rewards, old_logp, ref, mask, hp.beta)
         advantages, returns = adv_lib.gae(token_rewards, old_values, mask, gamma=hp.gamma,
                                           lam=hp.lam)
-        advantages = jnp.where(hp.whiten_advantages, adv_lib.whiten(advantages, loss_mask),
-                               advantages)
+        if cfg.rl.whiten_advantages:
+            advantages = adv_lib.whiten(advantages, loss_mask)
         advantages = jnp.where(loss_mask, advantages, 0.0)
         adv_mean, adv_std = _masked_mean_std(advantages, loss_mask)
         kl_num, kl_den = _token_mean_parts(old_logp - ref, loss_mask)
@@ -541,8 +546,8 @@ class PPO(Algorithm):
                    "kl": jnp.where(kl_den > 0, kl_num / jnp.maximum(kl_den, 1.0), 0.0),
                    "return_mean": _masked_mean_std(returns, loss_mask)[0],
                    "value_mean": _masked_mean_std(old_values, loss_mask)[0]}
-        extras = {"loss_mask": loss_mask, "advantages": advantages, "returns": returns,
-                  "old_values": old_values, "old_logp": old_logp}
+        extras = Extras(loss_mask=loss_mask, advantages=advantages, returns=returns,
+                        old_values=old_values, old_logp=old_logp)
         return extras, metrics
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
@@ -550,34 +555,27 @@ class PPO(Algorithm):
         hp = _hp(cfg, hp)
         if values is None:
             raise ValueError("PPO's loss needs the value model's values")
-        mask = extras["loss_mask"]
-        adv, old_logp = extras["advantages"], extras["old_logp"]
+        mask = extras.loss_mask
+        adv, old_logp = extras.advantages, extras.old_logp
         surrogate, policy_metrics = _policy_objective(logp, old_logp, adv, mask, batch, cfg, hp)
-        args = (values, extras["old_values"], extras["returns"], mask)
-        vloss = jnp.where(hp.value_clip > 0, losses.value_loss(*args, clip_eps=hp.value_clip),
-                          losses.value_loss(*args))
-        num, den = _aggregate_parts(-surrogate + vloss, mask, hp)
-        pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
-        v_num, _ = _aggregate_parts(vloss, mask, hp)
+        args = (values, extras.old_values, extras.returns, mask)
+        vloss = losses.value_loss(*args, clip_eps=hp.value_clip if cfg.rl.value_clip > 0 else None)
+        num, den = _aggregate_parts(-surrogate + vloss, mask, cfg)
+        pg_num, _ = _aggregate_parts(-surrogate, mask, cfg)
+        v_num, _ = _aggregate_parts(vloss, mask, cfg)
         metrics = {"loss": (num, den), "pg_loss": (pg_num, den), "value_loss": (v_num, den)}
         metrics.update(policy_metrics)
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
         return num, den, metrics
 
 
-def _process_group_stats(step_rewards, step_mask, eps: float = 1e-6):
-    """Per group [P]: whether the valid step rewards vary, and std(R) + eps (ddof 0), as in
-    ``advantages.process_advantages``."""
+def _process_groups_vary(step_mask, step_rewards) -> jax.Array:
+    """[P] bool: whether a group's valid step rewards vary (as ``process_advantages``)."""
     valid = step_mask.astype(bool)
     r = _f32(step_rewards)
-    count = jnp.sum(valid, axis=(1, 2))
-    safe = jnp.maximum(count, 1)
-    mean = jnp.sum(jnp.where(valid, r, 0.0), axis=(1, 2)) / safe
-    var = jnp.sum(jnp.where(valid, jnp.square(r - mean[:, None, None]), 0.0), axis=(1, 2)) / safe
     hi = jnp.max(jnp.where(valid, r, -jnp.inf), axis=(1, 2))
     lo = jnp.min(jnp.where(valid, r, jnp.inf), axis=(1, 2))
-    varies = (count > 1) & (hi != lo)
-    return varies, jnp.sqrt(jnp.where(varies, var, 1.0)) + eps
+    return (jnp.sum(valid, axis=(1, 2)) > 1) & (hi != lo)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -620,79 +618,68 @@ class GRPO(Algorithm):
     def needs_old_logprobs(self, cfg: Config) -> bool:
         return cfg.rl.num_updates > 1
 
-    def group_advantages(self, batch, hp: RLHParams, group_size: int, estimator: str = "grpo"):
-        """(advantages [B, Tc], group varies [P]) from outcome or process rewards;
-        ``estimator`` (rl.advantage_estimator) picks the outcome baseline."""
+    def group_advantages(self, batch, cfg: Config, group_size: int):
+        """(advantages [B, Tc], group varies [P]) from outcome rewards (rl.advantage_estimator,
+        rl.scale_by_std) or process rewards (rl.supervision=process)."""
         rows, tc = batch.tokens.shape
         if group_size < 1 or rows % group_size:
             raise ValueError(f"GRPO batch of {rows} rows is not a whole number of groups of "
                              f"{group_size} outputs")
-        num_p = rows // group_size
-        # outcome supervision
+        num_p, rl = rows // group_size, cfg.rl
+        if rl.supervision == "process":
+            shape = (num_p, group_size, batch.step_rewards.shape[1])
+            step_rewards = _f32(batch.step_rewards).reshape(shape)
+            step_mask = batch.step_mask.astype(bool).reshape(shape)
+            adv = adv_lib.process_advantages(
+                step_rewards, batch.step_end.astype(jnp.int32).reshape(shape), step_mask, tc,
+                scale_by_std=rl.scale_by_std)
+            return adv.reshape(rows, tc), _process_groups_vary(step_mask, step_rewards)
         rewards = _f32(batch.rewards).reshape(num_p, group_size)
-        if estimator == "rloo":
+        if rl.advantage_estimator == "rloo":
             outcome = adv_lib.rloo_advantages(rewards)
-        elif estimator == "reinforce_pp":
+        elif rl.advantage_estimator == "reinforce_pp":
             outcome = adv_lib.reinforce_pp_advantages(rewards)
         else:
-            scaled = adv_lib.group_relative_advantages(rewards, scale_by_std=True)
-            centred = adv_lib.group_relative_advantages(rewards, scale_by_std=False)
-            outcome = jnp.where(hp.scale_by_std, scaled, centred)
-        outcome = jnp.broadcast_to(outcome.reshape(rows, 1), (rows, tc))
-        outcome_varies = adv_lib.nonconstant_groups(rewards)
-        # process supervision
-        shape = (num_p, group_size, batch.step_rewards.shape[1])
-        step_rewards = _f32(batch.step_rewards).reshape(shape)
-        step_mask = batch.step_mask.astype(bool).reshape(shape)
-        process = adv_lib.process_advantages(
-            step_rewards, batch.step_end.astype(jnp.int32).reshape(shape), step_mask, tc)
-        process_varies, scale = _process_group_stats(step_rewards, step_mask)
-        # without std scaling: undo the 1/(std(R)+eps), leaving centred step rewards
-        process = process * jnp.where(hp.scale_by_std, 1.0, scale)[:, None, None]
-        is_process = jnp.asarray(hp.supervision, jnp.int32) == SUPERVISIONS.index("process")
-        adv = jnp.where(is_process, process.reshape(rows, tc), outcome)
-        varies = jnp.where(is_process, process_varies, outcome_varies)
-        return adv, varies
+            outcome = adv_lib.group_relative_advantages(rewards, scale_by_std=rl.scale_by_std)
+        adv = jnp.broadcast_to(outcome.reshape(rows, 1), (rows, tc))
+        return adv, adv_lib.nonconstant_groups(rewards)
 
     def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
                              ref_logp=None, old_values=None):
-        hp = _hp(cfg, hp)
         group_size = cfg.rl.group_size if group_size is None else group_size
-        adv, varies = self.group_advantages(batch, hp, group_size, cfg.rl.advantage_estimator)
-        kept = jnp.logical_or(~jnp.asarray(hp.skip_zero_variance_groups), varies)
-        loss_mask = _truncation_mask(batch, hp) & jnp.repeat(kept, group_size)[:, None]
+        adv, varies = self.group_advantages(batch, cfg, group_size)
+        kept = varies if cfg.rl.skip_zero_variance_groups else jnp.ones_like(varies)
+        loss_mask = _truncation_mask(batch, cfg) & jnp.repeat(kept, group_size)[:, None]
         adv = jnp.where(loss_mask, adv, 0.0)
         adv_mean, adv_std = _masked_mean_std(adv, loss_mask)
         metrics = {"adv_mean": adv_mean, "adv_std": adv_std,
                    "groups_varying_fraction": jnp.mean(varies.astype(jnp.float32)),
                    "groups_kept_fraction": jnp.mean(kept.astype(jnp.float32))}
-        extras = {"loss_mask": loss_mask, "advantages": adv}
         if old_logp is None and _sampler_truncates(cfg):
             old_logp = batch.sample_logprobs
-        if old_logp is not None:
-            extras["old_logp"] = _f32(old_logp)
-        if self.needs_reference(cfg):
-            if ref_logp is None:
-                raise ValueError("GRPO with rl.beta > 0 needs reference log-probs")
-            extras["ref_logp"] = _f32(ref_logp)
+        if self.needs_reference(cfg) and ref_logp is None:
+            raise ValueError("GRPO with rl.beta > 0 needs reference log-probs")
+        extras = Extras(loss_mask=loss_mask, advantages=adv,
+                        old_logp=None if old_logp is None else _f32(old_logp),
+                        ref_logp=_f32(ref_logp) if self.needs_reference(cfg) else None)
         return extras, metrics
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
         hp = _hp(cfg, hp)
-        mask, adv = extras["loss_mask"], extras["advantages"]
-        old_logp = extras.get("old_logp")
+        mask, adv = extras.loss_mask, extras.advantages
+        old_logp = extras.old_logp
         if old_logp is None:  # μ = 1: π_θold = π_θ
             old_logp = jax.lax.stop_gradient(logp)
         surrogate, policy_metrics = _policy_objective(logp, old_logp, adv, mask, batch, cfg, hp)
         per_token = -surrogate
         metrics: Metrics = {}
         if self.needs_reference(cfg):
-            kl = _kl(logp, extras["ref_logp"], hp)
+            kl = _kl(logp, extras.ref_logp, cfg)
             per_token = per_token + hp.beta * kl
             metrics["kl"] = _token_mean_parts(kl, mask)
-        num, den = _aggregate_parts(per_token, mask, hp)
-        pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
+        num, den = _aggregate_parts(per_token, mask, cfg)
+        pg_num, _ = _aggregate_parts(-surrogate, mask, cfg)
         metrics.update({"loss": (num, den), "pg_loss": (pg_num, den)})
         metrics.update(policy_metrics)
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))

@@ -102,7 +102,7 @@ def test_grpo_uses_the_advantage_estimator(estimator):
     fn = adv_lib.rloo_advantages if estimator == "rloo" else adv_lib.reinforce_pp_advantages
     expected = np.asarray(fn(jnp.asarray(r))).reshape(-1)
     mask = np.asarray(batch.mask)
-    np.testing.assert_allclose(np.asarray(extras["advantages"]),
+    np.testing.assert_allclose(np.asarray(extras.advantages),
                                np.where(mask, expected[:, None], 0.0), rtol=1e-5, atol=1e-6)
 
 
@@ -116,7 +116,7 @@ def test_tis_in_grpo_weights_the_gradient_and_logs_the_mismatch():
     mask = np.asarray(batch.mask)
     ratio = np.exp(np.asarray(logp, np.float64) - np.asarray(batch.sample_logprobs))
     w = np.minimum(ratio, 1.2)
-    adv = np.asarray(extras["advantages"])
+    adv = np.asarray(extras.advantages)
     expected = np.where(mask, -adv * w / mask.sum(1, keepdims=True) / B, 0.0)
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-7)
     _, _, metrics = algo.loss_parts_from_logprobs(logp, batch, extras, cfg)
@@ -136,7 +136,7 @@ def test_policy_loss_is_selected(kind):
     old = jnp.asarray(batch.sample_logprobs)
     extras, _ = algo.extras_from_logprobs(batch, cfg, old_logp=old)
     loss = float(algo.loss_from_logprobs(logp, batch, extras, cfg))
-    adv, mask = extras["advantages"], jnp.asarray(batch.mask)
+    adv, mask = extras.advantages, jnp.asarray(batch.mask)
     if kind == "gspo":
         obj = losses.gspo_surrogate(logp, old, adv, mask, eps_low=0.2, eps_high=0.2)
     else:

@@ -136,7 +136,7 @@ def test_rft_is_sft_on_correct_outputs_at_any_temperature():
     cfg = _cfg(temperature=0.7)
     cfg.model = mcfg
     sft = alg.get_algorithm("sft")
-    extras = {"loss_mask": jnp.asarray(sft_only_correct.mask)}
+    extras = alg.Extras(loss_mask=jnp.asarray(sft_only_correct.mask))
     num, _, _ = sft.loss_parts(params, sft_only_correct, extras, cfg)
     # RFT keeps incorrect outputs in the denominator with weight 0 (the B outputs)
     np.testing.assert_allclose(results["rft"], float(num) / B, rtol=1e-5)
