@@ -254,3 +254,26 @@ def test_value_model_learning_rate_is_its_own_setting():
     p = {"w": jnp.zeros(())}
     u, _ = tx.update({"w": jnp.ones(())}, tx.init(p), p)
     np.testing.assert_allclose(float(u["w"]), -0.05, rtol=1e-5)
+
+
+# ----------------------------------------------------------------- issue 19 (b)
+
+@pytest.mark.parametrize("field,a,b", [("beta", 0.04, 0.5), ("eps_low", 0.2, 0.1), ("eps_high", 0.2, 0.3),
+                                       ("gamma", 1.0, 0.9), ("lam", 0.95, 0.5), ("dpo_beta", 0.1, 0.3),
+                                       ("temperature", 1.0, 0.7), ("tis_cap", 2.0, 5.0),
+                                       ("value_clip", 0.2, 0.1)])
+def test_numbers_never_recompile(field, a, b):
+    from grpo_jax.train_step import static_config_key
+
+    assert static_config_key(_cfg(**{field: a})) == static_config_key(_cfg(**{field: b}))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("aggregation", "token_mean"), ("kl_estimator", "k1"), ("supervision", "process"),
+    ("scale_by_std", False), ("whiten_advantages", False), ("value_clip", 0.0),
+    ("skip_zero_variance_groups", True), ("mask_truncated", True), ("advantage_estimator", "rloo"),
+    ("policy_loss", "gspo"), ("tis_cap", 2.0), ("top_k", 5)])
+def test_modes_are_compiled_in(field, value):
+    from grpo_jax.train_step import static_config_key
+
+    assert static_config_key(_cfg(**{field: value})) != static_config_key(_cfg())
