@@ -546,8 +546,11 @@ class PPO(Algorithm):
                    "kl": jnp.where(kl_den > 0, kl_num / jnp.maximum(kl_den, 1.0), 0.0),
                    "return_mean": _masked_mean_std(returns, loss_mask)[0],
                    "value_mean": _masked_mean_std(old_values, loss_mask)[0]}
+        # The KL reward compares the policies themselves; the ratio's π_θold is the
+        # distribution the batch was drawn from (the sampler's, after top-k / top-p).
+        ratio_old = _f32(batch.sample_logprobs) if _sampler_truncates(cfg) else old_logp
         extras = Extras(loss_mask=loss_mask, advantages=advantages, returns=returns,
-                        old_values=old_values, old_logp=old_logp)
+                        old_values=old_values, old_logp=ratio_old)
         return extras, metrics
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,

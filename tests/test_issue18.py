@@ -277,3 +277,12 @@ def test_modes_are_compiled_in(field, value):
     from grpo_jax.train_step import static_config_key
 
     assert static_config_key(_cfg(**{field: value})) != static_config_key(_cfg())
+
+
+def test_ppo_ratio_after_truncated_sampling_is_against_the_sampler():
+    batch = _batch(9)
+    logp = _logps(10, batch)
+    for top_k, want in ((5, batch.sample_logprobs), (0, logp)):
+        extras, _ = alg.get_algorithm("ppo").extras_from_logprobs(
+            batch, _cfg(top_k=top_k), old_logp=logp, old_values=jnp.zeros_like(logp), ref_logp=logp)
+        np.testing.assert_array_equal(np.asarray(extras.old_logp), np.asarray(want, np.float32))
