@@ -71,6 +71,7 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
     """Params of the SFT model (trained once, then restored from `<root>/sft`) and its mesh."""
     sft_cfg = copy.deepcopy(cfg)
     sft_cfg.rl.algorithm = "sft"
+    sft_cfg.rl.group_size = config_lib.RLConfig.group_size  # SFT samples nothing
     sft_cfg.run.run_dir = os.path.join(root, "sft")
     sft_cfg.run.steps = args.sft_steps
     sft_cfg.run.eval_every = 0

@@ -24,6 +24,8 @@ from grpo_jax.losses import as_float
 __all__ = [
     "group_relative_advantages",
     "nonconstant_groups",
+    "rloo_advantages",
+    "reinforce_pp_advantages",
     "process_advantages",
     "gae",
     "whiten",
@@ -87,6 +89,52 @@ def group_relative_advantages(
     return adv
 
 
+def rloo_advantages(rewards: jax.Array) -> jax.Array:
+    """REINFORCE leave-one-out baseline (RLOO; Ahmadian et al. 2024, "Back to Basics").
+
+        Â_i = r_i − 1/(G−1) Σ_{j≠i} r_j  =  G/(G−1) · (r_i − mean(r))
+
+    Each output's baseline is the mean reward of the other G − 1 outputs of its question
+    (unbiased: the baseline does not depend on o_i). No std scaling. G = 1 gives zeros.
+
+    Args:
+      rewards: ``[P, G]``.
+
+    Returns:
+      ``[P, G]`` advantages (one per output; broadcast over its tokens).
+    """
+    chex.assert_rank(rewards, 2)
+    r = as_float(rewards)
+    num_outputs = r.shape[1]
+    if num_outputs < 2:
+        return jnp.zeros_like(r)
+    return (r - jnp.mean(r, axis=1, keepdims=True)) * (num_outputs / (num_outputs - 1))
+
+
+def reinforce_pp_advantages(rewards: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+    """REINFORCE++ with a group baseline (Hu 2025, "REINFORCE++"): centre in the group,
+    normalise over the whole batch.
+
+        Â_i = (r_i − mean_group(r)) / (std_batch(r − mean_group(r)) + eps)
+
+    The batch-level std (all P·G outputs, population std) replaces GRPO's per-group std,
+    which the paper argues over-weights groups with small spread. (REINFORCE++'s KL
+    shaping of the reward is GRPO's β-term here, added in the loss.) An all-constant
+    batch gives zeros.
+
+    Args:
+      rewards: ``[P, G]``.
+
+    Returns:
+      ``[P, G]`` advantages.
+    """
+    chex.assert_rank(rewards, 2)
+    r = as_float(rewards)
+    centred = r - jnp.mean(r, axis=1, keepdims=True)
+    std = jnp.sqrt(jnp.mean(jnp.square(centred)))
+    return jnp.where(std > 0, centred / (std + eps), 0.0)
+
+
 def process_advantages(
     step_rewards: jax.Array,
     step_end: jax.Array,
@@ -94,6 +142,7 @@ def process_advantages(
     num_tokens: int,
     *,
     eps: float = 1e-6,
+    scale_by_std: bool = True,
 ) -> jax.Array:
     """Process-supervision advantages: normalised step rewards summed over later steps.
 
@@ -119,6 +168,7 @@ def process_advantages(
       step_mask: ``[P, G, S]`` bool, which step slots are real steps.
       num_tokens: T, the number of completion token positions (static).
       eps: added to std(R) in the denominator.
+      scale_by_std: False (Dr. GRPO) only centres: r̃ = r − mean(R).
 
     Returns:
       ``[P, G, num_tokens]`` per-token advantages, float (at least float32).
@@ -139,7 +189,7 @@ def process_advantages(
     lo = jnp.min(jnp.where(valid, r, jnp.inf), axis=(1, 2), keepdims=True)
     varies = (count > 1) & (hi != lo)
     std = jnp.sqrt(jnp.where(varies, var, 1.0))
-    normed = jnp.where(varies & valid, centred / (std + eps), 0.0)
+    normed = jnp.where(varies & valid, centred / (std + eps) if scale_by_std else centred, 0.0)
 
     # Scatter each normalised step reward onto its end token, then a reverse cumulative
     # sum gives Σ_{index(j) ≥ t}. Invalid / negative-end steps go to an out-of-range slot

@@ -30,16 +30,17 @@ branches on algorithm names) plus two device-side functions used by the one trai
 Because the loss is written as a function of per-token log-probs, the tests check this
 table by autodiff: d loss / d logp_t = −GC_t / (|o| · #outputs) at ρ = 1.
 
-Hyperparameters are data: ``RLHParams`` carries every rl.* value that does not change
-which arrays exist (β's value, ε, γ, λ, temperature, the aggregation mode, the KL
-estimator, outcome/process supervision, the boolean switches…) as traced scalars, so the
-train step compiles once and serves any of their values. What is compiled in comes from
-the static ``cfg``: the algorithm, μ, the micro-batch count, the log-prob chunk size,
-and whether a reference model exists (β > 0).
+Numbers are data, modes are code (as in MaxText and Tunix): ``RLHParams`` carries the
+numeric rl.* values (β, ε, γ, λ, value clip range, DPO β, temperature, TIS cap) as traced
+scalars, so changing them never recompiles; every mode (algorithm, μ, micro-batches,
+aggregation, KL estimator, supervision, std scaling, advantage estimator, policy loss,
+whitening, value clipping / TIS / dynamic sampling / truncation masking on or off) is a
+plain Python branch on the static ``cfg``, so only the chosen branch is traced and
+computed (``train_step.static_config_key`` lists them).
 
 Conventions: rows of a batch are B = P·G outputs, row p·G + g the g-th output for
-question p (DPO: row 2p chosen o+, row 2p+1 rejected o−). ``extras`` are dicts of arrays
-whose leading axis is B (they are split into micro-batches with the batch); ``metrics``
+question p (DPO: row 2p chosen o+, row 2p+1 rejected o−). ``extras`` is an ``Extras``
+dataclass of arrays whose leading axis is B (split into micro-batches with the batch); ``metrics``
 from ``loss_parts*`` map a name to ``(sum, count)`` (the train step sums both over
 micro-batches and divides), except names in ``MAX_METRICS``, which map to
 ``(max, count)`` and are combined by max.
@@ -57,11 +58,11 @@ import numpy as np
 
 from grpo_jax import advantages as adv_lib
 from grpo_jax import losses
-from grpo_jax.config import SUPERVISIONS, Config, RLConfig
+from grpo_jax.config import Config, RLConfig
 from grpo_jax.logprobs import sequence_logprobs, sequence_values
 
 __all__ = [
-    "RLHParams", "Algorithm", "SFT", "RFT", "OnlineRFT", "DPO", "PPO", "GRPO",
+    "RLHParams", "Extras", "Algorithm", "SFT", "RFT", "OnlineRFT", "DPO", "PPO", "GRPO",
     "ALGORITHMS", "DATA_SOURCES", "MAX_METRICS", "get_algorithm",
     "split_micro_batches", "merge_micro_batches", "map_micro_batches",
 ]
@@ -69,7 +70,6 @@ __all__ = [
 DATA_SOURCES = ("dataset", "sft_policy", "policy", "sft_policy_pairs")
 MAX_METRICS = ("logprob_mismatch_max",)
 
-Extras = dict[str, jax.Array]
 Metrics = dict[str, Any]
 
 
@@ -124,44 +124,58 @@ def map_micro_batches(fn: Callable[[Any], Any], tree: Any, num: int, unit: int =
 
 @flax.struct.dataclass
 class RLHParams:
-    """The rl.* values the train step reads as data (scalars; modes as indices into
-    ``losses.AGGREGATION_MODES``, ``losses.KL_KINDS``, ``SUPERVISIONS``)."""
+    """The numeric rl.* values the train step reads as data (float32 scalars), so changing
+    β, ε, γ, λ, the value clip range, DPO's β, the temperature or the TIS cap never
+    recompiles. Modes (aggregation, KL estimator, supervision, std scaling, whitening,
+    value clipping on/off, …) are not here: they are Python branches on the static cfg,
+    so only the chosen one is traced (``train_step.static_config_key`` lists them)."""
 
     beta: Any
-    kl_estimator: Any
     eps_low: Any
     eps_high: Any
-    scale_by_std: Any
-    supervision: Any
-    skip_zero_variance_groups: Any
-    mask_truncated: Any
-    aggregation: Any
     gamma: Any
     lam: Any
     value_clip: Any
-    vf_coef: Any
-    whiten_advantages: Any
     dpo_beta: Any
     temperature: Any
+    tis_cap: Any
 
     @classmethod
     def from_config(cls, rl: RLConfig) -> "RLHParams":
         """Host-side (numpy scalars): put on device by the caller, or used as constants."""
-        f, b, i = np.float32, np.bool_, np.int32
-        return cls(
-            beta=f(rl.beta), kl_estimator=i(losses.KL_KINDS.index(rl.kl_estimator)),
-            eps_low=f(rl.eps_low), eps_high=f(rl.eps_high), scale_by_std=b(rl.scale_by_std),
-            supervision=i(SUPERVISIONS.index(rl.supervision)),
-            skip_zero_variance_groups=b(rl.skip_zero_variance_groups),
-            mask_truncated=b(rl.mask_truncated),
-            aggregation=i(losses.AGGREGATION_MODES.index(rl.aggregation)),
-            gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip), vf_coef=f(rl.vf_coef),
-            whiten_advantages=b(rl.whiten_advantages), dpo_beta=f(rl.dpo_beta),
-            temperature=f(rl.temperature))
+        f = np.float32
+        return cls(beta=f(rl.beta), eps_low=f(rl.eps_low), eps_high=f(rl.eps_high),
+                   gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip),
+                   dpo_beta=f(rl.dpo_beta), temperature=f(rl.temperature), tis_cap=f(rl.tis_cap))
 
 
 def _hp(cfg: Config, hp: RLHParams | None) -> RLHParams:
     return RLHParams.from_config(cfg.rl) if hp is None else hp
+
+
+# ----------------------------------------------------------------- per-row extras
+
+@flax.struct.dataclass
+class Extras:
+    """What ``prepare`` computes once per batch for the μ updates: per-row arrays with the
+    batch's leading axis B (split into micro-batches with it). A field an algorithm does
+    not use stays None:
+
+    | field      | shape    | set by                                                   |
+    | loss_mask  | [B, Tc]  | every algorithm (completion mask minus dropped rows)     |
+    | advantages | [B, Tc]  | PPO (GAE), GRPO (group / process)                        |
+    | old_logp   | [B, Tc]  | PPO; GRPO at μ > 1, or the sampler's after top-k / top-p |
+    | ref_logp   | [B, Tc]  | DPO; GRPO with β > 0                                     |
+    | old_values | [B, Tc]  | PPO (V_ψold, for value clipping)                         |
+    | returns    | [B, Tc]  | PPO (GAE targets of V_ψ)                                 |
+    """
+
+    loss_mask: Any
+    advantages: Any = None
+    old_logp: Any = None
+    ref_logp: Any = None
+    old_values: Any = None
+    returns: Any = None
 
 
 # ----------------------------------------------------------------- shared helpers
@@ -178,25 +192,27 @@ def _masked_mean_std(x, mask) -> tuple[jax.Array, jax.Array]:
     return mean, jnp.sqrt(var)
 
 
-def _truncation_mask(batch, hp: RLHParams) -> jax.Array:
+def _truncation_mask(batch, cfg: Config) -> jax.Array:
     """Completion mask, minus truncated rows when rl.mask_truncated."""
     mask = batch.mask.astype(bool)
-    drop = jnp.logical_and(hp.mask_truncated, batch.truncated.astype(bool))
-    return mask & ~drop[:, None]
+    if cfg.rl.mask_truncated:
+        mask = mask & ~batch.truncated.astype(bool)[:, None]
+    return mask
 
 
-def _aggregate_parts(per_token, mask, hp: RLHParams):
-    """``losses.aggregate_parts`` with the mode chosen by the traced index hp.aggregation."""
-    parts = [losses.aggregate_parts(per_token, mask, mode) for mode in losses.AGGREGATION_MODES]
-    index = jnp.asarray(hp.aggregation, jnp.int32)
-    return jnp.stack([p[0] for p in parts])[index], jnp.stack([p[1] for p in parts])[index]
+def _aggregate_parts(per_token, mask, cfg: Config):
+    return losses.aggregate_parts(per_token, mask, cfg.rl.aggregation)
 
 
-def _kl(logp, ref_logp, hp: RLHParams):
-    """``losses.kl_penalty`` with the estimator chosen by hp.kl_estimator (``lax.switch``:
-    only the chosen estimator runs, so an overflowing one never leaks into gradients)."""
-    branches = [lambda a, b, k=kind: losses.kl_penalty(a, b, k) for kind in losses.KL_KINDS]
-    return jax.lax.switch(jnp.asarray(hp.kl_estimator, jnp.int32), branches, logp, ref_logp)
+def _kl(logp, ref_logp, cfg: Config):
+    return losses.kl_penalty(logp, ref_logp, cfg.rl.kl_estimator)
+
+
+def _sampler_truncates(cfg: Config) -> bool:
+    """Top-k / top-p sampling without TIS: the batch was drawn from a truncated
+    distribution, so the sampler's recorded log-probs (not a recomputed π_θ) are π_θold at
+    the first update. With rl.tis_cap > 0 the TIS weight corrects for the sampler instead."""
+    return (cfg.rl.top_k > 0 or cfg.rl.top_p < 1.0) and cfg.rl.tis_cap == 0
 
 
 def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
@@ -207,7 +223,30 @@ def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
     if algo.data_source != "dataset":
         gap = jnp.where(mask, jnp.abs(losses.as_float(batch.sample_logprobs) - losses.as_float(logp)), 0.0)
         metrics["logprob_mismatch_max"] = (jnp.max(gap), jnp.asarray(1.0, jnp.float32))
+        metrics["logprob_mismatch_mean"] = _token_mean_parts(gap, mask)
     return metrics
+
+
+def _policy_objective(logp, old_logp, adv, mask, batch, cfg: Config, hp: RLHParams):
+    """Per-token policy objective of rl.policy_loss (to be maximised) and its metrics:
+    ``clipped`` (PPO/GRPO, ``losses.clipped_surrogate``), ``gspo``
+    (``losses.gspo_surrogate``) or ``cispo`` (``losses.cispo_objective``); times the TIS
+    weight min(π_θold/π_sampler, rl.tis_cap) when rl.tis_cap > 0 (``losses.tis_weights``).
+    The mode is compiled in (a Python branch on cfg); ε and the cap are traced."""
+    kind, eps = cfg.rl.policy_loss, dict(eps_low=hp.eps_low, eps_high=hp.eps_high)
+    if kind == "gspo":
+        objective = losses.gspo_surrogate(logp, old_logp, adv, mask, **eps)
+    elif kind == "cispo":
+        objective = losses.cispo_objective(logp, old_logp, adv, **eps)
+    else:
+        objective = losses.clipped_surrogate(logp, old_logp, adv, **eps)
+    metrics = _surrogate_metrics(logp, old_logp, adv, mask, hp)
+    if cfg.rl.tis_cap > 0:
+        weight = losses.tis_weights(old_logp, batch.sample_logprobs, hp.tis_cap)
+        objective = objective * weight
+        capped = jnp.exp(losses.as_float(old_logp) - losses.as_float(batch.sample_logprobs)) > hp.tis_cap
+        metrics["tis_capped_fraction"] = _token_mean_parts(capped.astype(jnp.float32), mask)
+    return objective, metrics
 
 
 # ----------------------------------------------------------------- the interface
@@ -245,9 +284,12 @@ class Algorithm:
         return False
 
     def logprob_temperature(self, hp: RLHParams):
-        """Temperature of the policy whose log-probs enter the loss: the sampling
-        temperature rl.temperature (T = 0 -> 1), so that ρ = 1 on-policy."""
-        return hp.temperature
+        """Temperature of the policy whose log-probs enter the loss. One rule: likelihood
+        objectives (SFT, RFT, Online RFT, DPO) train the model's own distribution, T = 1,
+        whatever rl.temperature, so RFT is SFT on correct outputs (Eq. 10) and DPO's
+        ℓ = log π_θ/π_ref compares the models themselves; importance-ratio objectives
+        (PPO, GRPO) override this with the sampling temperature, so that ρ = 1 on-policy."""
+        return 1.0
 
     # -- once per batch
     def prepare(self, state: Any, batch: Any, cfg: Config, hp: RLHParams | None = None, *,
@@ -280,7 +322,7 @@ class Algorithm:
                              old_values=None) -> tuple[Extras, Metrics]:
         """Pure part of ``prepare``: per-row extras from the batch and precomputed
         log-probs / values (all ``[B, Tc]``)."""
-        return {"loss_mask": batch.mask.astype(bool)}, {}
+        return Extras(loss_mask=batch.mask.astype(bool)), {}
 
     # -- per micro-batch, differentiated
     def loss_parts(self, params: Any, micro_batch: Any, extras: Extras, cfg: Config,
@@ -328,14 +370,10 @@ class SFT(Algorithm):
     data_source: str = "dataset"
     reward: str = "none"
 
-    def logprob_temperature(self, hp):
-        return 1.0
-
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
-        hp = _hp(cfg, hp)
         per_token = losses.sft_loss(logp) * self._coefficient(batch)[:, None]
-        num, den = _aggregate_parts(per_token, extras["loss_mask"], hp)
+        num, den = _aggregate_parts(per_token, extras.loss_mask, cfg)
         metrics = {"loss": (num, den), "pg_loss": (num, den)}
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
         return num, den, metrics
@@ -354,19 +392,16 @@ class RFT(SFT):
     loss = aggregate(−𝕀(o) log π_θ(o_t|q,o_<t)): incorrect outputs stay in the
     denominator with zero weight (the expectation is over all sampled outputs).
     ``batch.correct`` carries 𝕀(o); rl.mask_truncated drops truncated outputs. Log-probs
-    at the sampling temperature.
+    at T = 1, as SFT's (``Algorithm.logprob_temperature``).
     """
 
     name: str = "rft"
     data_source: str = "sft_policy"
     reward: str = "rule"
 
-    def logprob_temperature(self, hp):
-        return hp.temperature
-
     def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
                              ref_logp=None, old_values=None):
-        return {"loss_mask": _truncation_mask(batch, _hp(cfg, hp))}, {}
+        return Extras(loss_mask=_truncation_mask(batch, cfg)), {}
 
     def _coefficient(self, batch) -> jax.Array:
         return batch.correct.astype(jnp.float32)
@@ -399,8 +434,8 @@ class DPO(Algorithm):
     (Eq. 12's per-token-mean form), averaged over pairs; rows 2p / 2p+1 of a batch are the
     chosen / rejected outputs of pair p, and a pair is never split across micro-batches.
     β = rl.dpo_beta. (Eq. 14 leaves out the constant factor β that autodiff gives.)
-    rl.aggregation does not apply: the loss is a mean over pairs. Log-probs at the
-    sampling temperature, for π_θ and π_ref alike.
+    rl.aggregation does not apply: the loss is a mean over pairs. Log-probs at T = 1, for
+    π_θ and π_ref alike (``Algorithm.logprob_temperature``).
     """
 
     name: str = "dpo"
@@ -418,14 +453,14 @@ class DPO(Algorithm):
                              f"{batch.tokens.shape[0]}")
         if ref_logp is None:
             raise ValueError("DPO needs reference log-probs")
-        return {"loss_mask": batch.mask.astype(bool), "ref_logp": losses.as_float(ref_logp)}, {}
+        return Extras(loss_mask=batch.mask.astype(bool), ref_logp=losses.as_float(ref_logp)), {}
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
         hp = _hp(cfg, hp)
-        mask = extras["loss_mask"]
+        mask = extras.loss_mask
         count = jnp.sum(mask.astype(jnp.float32), axis=1)
-        log_ratio = jnp.where(mask, losses.as_float(logp) - extras["ref_logp"], 0.0)
+        log_ratio = jnp.where(mask, losses.as_float(logp) - extras.ref_logp, 0.0)
         seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(count, 1.0)  # ℓ(o), Eq. 12
         pairs = seq.reshape(-1, 2)
         valid = jnp.all(count.reshape(-1, 2) > 0, axis=1)
@@ -433,7 +468,7 @@ class DPO(Algorithm):
         per_pair = losses.dpo_loss(pairs[:, 0], pairs[:, 1], zero, zero, hp.dpo_beta)
         num = jnp.sum(jnp.where(valid, per_pair, 0.0))
         den = jnp.sum(valid).astype(jnp.float32)
-        kl = _kl(logp, extras["ref_logp"], hp)
+        kl = _kl(logp, extras.ref_logp, cfg)
         metrics = {"loss": (num, den), "pg_loss": (num, den), "kl": _token_mean_parts(kl, mask),
                    "dpo_accuracy": (jnp.sum(valid & (pairs[:, 0] > pairs[:, 1])), den)}
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
@@ -458,9 +493,11 @@ class PPO(Algorithm):
     token rewards r_t = r_φ(q,o)·[t last] − β log(π_θold(o_t)/π_ref(o_t)) (Eq. 2,
     ``advantages.ppo_token_rewards``); A, R = GAE(γ = rl.gamma, λ = rl.lam); optional
     whitening of A over the batch's loss tokens (rl.whiten_advantages).
-    loss = aggregate(−min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + vf_coef · ½(V_ψ − R)²
+    loss = aggregate(−min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + ½(V_ψ − R)²
     [clipped around V_ψold by rl.value_clip, 0 = off]); the value model V_ψ has its own
-    parameters and optimiser and is trained in the same step. rl.kl_estimator does not
+    parameters and AdamW and is trained in the same step: the two terms share no
+    parameter, so no value-loss coefficient is needed (Adam would cancel it); the value
+    model's step size is optimizer.value_lr_scale × peak_lr. rl.kl_estimator does not
     apply (the penalty is Eq. 2's log-ratio inside the reward); the ``kl`` metric is its
     token mean. adv_mean / adv_std describe the advantages that enter the loss.
     """
@@ -473,6 +510,9 @@ class PPO(Algorithm):
     def needs_reference(self, cfg: Config) -> bool:
         return cfg.rl.beta > 0
 
+    def logprob_temperature(self, hp):
+        return hp.temperature
+
     def needs_old_logprobs(self, cfg: Config) -> bool:
         return True  # the KL part of the reward is computed from π_θold
 
@@ -482,14 +522,14 @@ class PPO(Algorithm):
         if old_logp is None or old_values is None:
             raise ValueError("PPO needs old log-probs and old values")
         mask = batch.mask.astype(bool)
-        loss_mask = _truncation_mask(batch, hp)
+        loss_mask = _truncation_mask(batch, cfg)
         old_logp, old_values = losses.as_float(old_logp), losses.as_float(old_values)
         ref = losses.as_float(ref_logp) if (self.needs_reference(cfg) and ref_logp is not None) else old_logp
         token_rewards = adv_lib.ppo_token_rewards(batch.rewards, old_logp, ref, mask, hp.beta)
         advantages, returns = adv_lib.gae(token_rewards, old_values, mask, gamma=hp.gamma,
                                           lam=hp.lam)
-        advantages = jnp.where(hp.whiten_advantages, adv_lib.whiten(advantages, loss_mask),
-                               advantages)
+        if cfg.rl.whiten_advantages:
+            advantages = adv_lib.whiten(advantages, loss_mask)
         advantages = jnp.where(loss_mask, advantages, 0.0)
         adv_mean, adv_std = _masked_mean_std(advantages, loss_mask)
         kl_num, kl_den = _token_mean_parts(old_logp - ref, loss_mask)
@@ -497,8 +537,11 @@ class PPO(Algorithm):
                    "kl": losses.safe_divide(kl_num, kl_den),
                    "return_mean": _masked_mean_std(returns, loss_mask)[0],
                    "value_mean": _masked_mean_std(old_values, loss_mask)[0]}
-        extras = {"loss_mask": loss_mask, "advantages": advantages, "returns": returns,
-                  "old_values": old_values, "old_logp": old_logp}
+        # The KL reward compares the policies themselves; the ratio's π_θold is the
+        # distribution the batch was drawn from (the sampler's, after top-k / top-p).
+        ratio_old = losses.as_float(batch.sample_logprobs) if _sampler_truncates(cfg) else old_logp
+        extras = Extras(loss_mask=loss_mask, advantages=advantages, returns=returns,
+                        old_values=old_values, old_logp=ratio_old)
         return extras, metrics
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
@@ -506,35 +549,27 @@ class PPO(Algorithm):
         hp = _hp(cfg, hp)
         if values is None:
             raise ValueError("PPO's loss needs the value model's values")
-        mask = extras["loss_mask"]
-        adv, old_logp = extras["advantages"], extras["old_logp"]
-        surrogate = losses.clipped_surrogate(logp, old_logp, adv, eps_low=hp.eps_low,
-                                             eps_high=hp.eps_high)
-        args = (values, extras["old_values"], extras["returns"], mask)
-        vloss = jnp.where(hp.value_clip > 0, losses.value_loss(*args, clip_eps=hp.value_clip),
-                          losses.value_loss(*args))
-        num, den = _aggregate_parts(-surrogate + hp.vf_coef * vloss, mask, hp)
-        pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
-        v_num, _ = _aggregate_parts(vloss, mask, hp)
+        mask = extras.loss_mask
+        adv, old_logp = extras.advantages, extras.old_logp
+        surrogate, policy_metrics = _policy_objective(logp, old_logp, adv, mask, batch, cfg, hp)
+        args = (values, extras.old_values, extras.returns, mask)
+        vloss = losses.value_loss(*args, clip_eps=hp.value_clip if cfg.rl.value_clip > 0 else None)
+        num, den = _aggregate_parts(-surrogate + vloss, mask, cfg)
+        pg_num, _ = _aggregate_parts(-surrogate, mask, cfg)
+        v_num, _ = _aggregate_parts(vloss, mask, cfg)
         metrics = {"loss": (num, den), "pg_loss": (pg_num, den), "value_loss": (v_num, den)}
-        metrics.update(_surrogate_metrics(logp, old_logp, adv, mask, hp))
+        metrics.update(policy_metrics)
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
         return num, den, metrics
 
 
-def _process_group_stats(step_rewards, step_mask, eps: float = 1e-6):
-    """Per group [P]: whether the valid step rewards vary, and std(R) + eps (ddof 0), as in
-    ``advantages.process_advantages``."""
+def _process_groups_vary(step_mask, step_rewards) -> jax.Array:
+    """[P] bool: whether a group's valid step rewards vary (as ``process_advantages``)."""
     valid = step_mask.astype(bool)
     r = losses.as_float(step_rewards)
-    count = jnp.sum(valid, axis=(1, 2))
-    safe = jnp.maximum(count, 1)
-    mean = jnp.sum(jnp.where(valid, r, 0.0), axis=(1, 2)) / safe
-    var = jnp.sum(jnp.where(valid, jnp.square(r - mean[:, None, None]), 0.0), axis=(1, 2)) / safe
     hi = jnp.max(jnp.where(valid, r, -jnp.inf), axis=(1, 2))
     lo = jnp.min(jnp.where(valid, r, jnp.inf), axis=(1, 2))
-    varies = (count > 1) & (hi != lo)
-    return varies, jnp.sqrt(jnp.where(varies, var, 1.0)) + eps
+    return (jnp.sum(valid, axis=(1, 2)) > 1) & (hi != lo)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -552,7 +587,15 @@ class GRPO(Algorithm):
     centred). rl.skip_zero_variance_groups drops groups whose rewards are all equal from
     the loss (and its denominator; DAPO dynamic sampling); rl.mask_truncated drops outputs
     that hit max_new_tokens. β = 0 keeps no reference model at all; μ = 1 computes no
-    separate π_θold forward (ρ = exp(logp − stop_gradient(logp))).
+    separate π_θold forward (ρ = exp(logp − stop_gradient(logp))), except after top-k /
+    top-p sampling, where π_θold is the sampler's recorded log-prob of the truncated
+    distribution it drew from (so ρ = π_θ / π_sampler).
+
+    Variants (compiled in): rl.advantage_estimator = grpo (above) | rloo
+    (``advantages.rloo_advantages``) | reinforce_pp (``advantages.reinforce_pp_advantages``);
+    rl.policy_loss = clipped (above) | gspo (``losses.gspo_surrogate``) | cispo
+    (``losses.cispo_objective``); rl.tis_cap > 0 multiplies the policy term by
+    ``losses.tis_weights`` (π_θold against the sampler's log-probs).
     """
 
     name: str = "grpo"
@@ -562,77 +605,76 @@ class GRPO(Algorithm):
     def needs_reference(self, cfg: Config) -> bool:
         return cfg.rl.beta > 0
 
+    def logprob_temperature(self, hp):
+        return hp.temperature
+
     def needs_old_logprobs(self, cfg: Config) -> bool:
         return cfg.rl.num_updates > 1
 
-    def group_advantages(self, batch, hp: RLHParams, group_size: int):
-        """(advantages [B, Tc], group varies [P]) from outcome or process rewards."""
+    def group_advantages(self, batch, cfg: Config, group_size: int):
+        """(advantages [B, Tc], group varies [P]) from outcome rewards (rl.advantage_estimator,
+        rl.scale_by_std) or process rewards (rl.supervision=process)."""
         rows, tc = batch.tokens.shape
         if group_size < 1 or rows % group_size:
             raise ValueError(f"GRPO batch of {rows} rows is not a whole number of groups of "
                              f"{group_size} outputs")
-        num_p = rows // group_size
-        # outcome supervision
+        num_p, rl = rows // group_size, cfg.rl
+        if rl.supervision == "process":
+            shape = (num_p, group_size, batch.step_rewards.shape[1])
+            step_rewards = losses.as_float(batch.step_rewards).reshape(shape)
+            step_mask = batch.step_mask.astype(bool).reshape(shape)
+            adv = adv_lib.process_advantages(
+                step_rewards, batch.step_end.astype(jnp.int32).reshape(shape), step_mask, tc,
+                scale_by_std=rl.scale_by_std)
+            return adv.reshape(rows, tc), _process_groups_vary(step_mask, step_rewards)
         rewards = losses.as_float(batch.rewards).reshape(num_p, group_size)
-        scaled = adv_lib.group_relative_advantages(rewards, scale_by_std=True)
-        centred = adv_lib.group_relative_advantages(rewards, scale_by_std=False)
-        outcome = jnp.where(hp.scale_by_std, scaled, centred)
-        outcome = jnp.broadcast_to(outcome.reshape(rows, 1), (rows, tc))
-        outcome_varies = adv_lib.nonconstant_groups(rewards)
-        # process supervision
-        shape = (num_p, group_size, batch.step_rewards.shape[1])
-        step_rewards = losses.as_float(batch.step_rewards).reshape(shape)
-        step_mask = batch.step_mask.astype(bool).reshape(shape)
-        process = adv_lib.process_advantages(
-            step_rewards, batch.step_end.astype(jnp.int32).reshape(shape), step_mask, tc)
-        process_varies, scale = _process_group_stats(step_rewards, step_mask)
-        # without std scaling: undo the 1/(std(R)+eps), leaving centred step rewards
-        process = process * jnp.where(hp.scale_by_std, 1.0, scale)[:, None, None]
-        is_process = jnp.asarray(hp.supervision, jnp.int32) == SUPERVISIONS.index("process")
-        adv = jnp.where(is_process, process.reshape(rows, tc), outcome)
-        varies = jnp.where(is_process, process_varies, outcome_varies)
-        return adv, varies
+        if rl.advantage_estimator == "rloo":
+            outcome = adv_lib.rloo_advantages(rewards)
+        elif rl.advantage_estimator == "reinforce_pp":
+            outcome = adv_lib.reinforce_pp_advantages(rewards)
+        else:
+            outcome = adv_lib.group_relative_advantages(rewards, scale_by_std=rl.scale_by_std)
+        adv = jnp.broadcast_to(outcome.reshape(rows, 1), (rows, tc))
+        return adv, adv_lib.nonconstant_groups(rewards)
 
     def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
                              ref_logp=None, old_values=None):
-        hp = _hp(cfg, hp)
         group_size = cfg.rl.group_size if group_size is None else group_size
-        adv, varies = self.group_advantages(batch, hp, group_size)
-        kept = jnp.logical_or(~jnp.asarray(hp.skip_zero_variance_groups), varies)
-        loss_mask = _truncation_mask(batch, hp) & jnp.repeat(kept, group_size)[:, None]
+        adv, varies = self.group_advantages(batch, cfg, group_size)
+        kept = varies if cfg.rl.skip_zero_variance_groups else jnp.ones_like(varies)
+        loss_mask = _truncation_mask(batch, cfg) & jnp.repeat(kept, group_size)[:, None]
         adv = jnp.where(loss_mask, adv, 0.0)
         adv_mean, adv_std = _masked_mean_std(adv, loss_mask)
         metrics = {"adv_mean": adv_mean, "adv_std": adv_std,
                    "groups_varying_fraction": jnp.mean(varies.astype(jnp.float32)),
                    "groups_kept_fraction": jnp.mean(kept.astype(jnp.float32))}
-        extras = {"loss_mask": loss_mask, "advantages": adv}
-        if old_logp is not None:
-            extras["old_logp"] = losses.as_float(old_logp)
-        if self.needs_reference(cfg):
-            if ref_logp is None:
-                raise ValueError("GRPO with rl.beta > 0 needs reference log-probs")
-            extras["ref_logp"] = losses.as_float(ref_logp)
+        if old_logp is None and _sampler_truncates(cfg):
+            old_logp = batch.sample_logprobs
+        if self.needs_reference(cfg) and ref_logp is None:
+            raise ValueError("GRPO with rl.beta > 0 needs reference log-probs")
+        extras = Extras(loss_mask=loss_mask, advantages=adv,
+                        old_logp=None if old_logp is None else losses.as_float(old_logp),
+                        ref_logp=losses.as_float(ref_logp) if self.needs_reference(cfg) else None)
         return extras, metrics
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
         hp = _hp(cfg, hp)
-        mask, adv = extras["loss_mask"], extras["advantages"]
-        old_logp = extras.get("old_logp")
+        mask, adv = extras.loss_mask, extras.advantages
+        old_logp = extras.old_logp
         if old_logp is None:  # μ = 1: π_θold = π_θ
             old_logp = jax.lax.stop_gradient(logp)
-        surrogate = losses.clipped_surrogate(logp, old_logp, adv, eps_low=hp.eps_low,
-                                             eps_high=hp.eps_high)
+        surrogate, policy_metrics = _policy_objective(logp, old_logp, adv, mask, batch, cfg, hp)
         per_token = -surrogate
         metrics: Metrics = {}
         if self.needs_reference(cfg):
-            kl = _kl(logp, extras["ref_logp"], hp)
+            kl = _kl(logp, extras.ref_logp, cfg)
             per_token = per_token + hp.beta * kl
             metrics["kl"] = _token_mean_parts(kl, mask)
-        num, den = _aggregate_parts(per_token, mask, hp)
-        pg_num, _ = _aggregate_parts(-surrogate, mask, hp)
+        num, den = _aggregate_parts(per_token, mask, cfg)
+        pg_num, _ = _aggregate_parts(-surrogate, mask, cfg)
         metrics.update({"loss": (num, den), "pg_loss": (pg_num, den)})
-        metrics.update(_surrogate_metrics(logp, old_logp, adv, mask, hp))
+        metrics.update(policy_metrics)
         metrics.update(_common_loss_metrics(self, logp, batch, entropy))
         return num, den, metrics
 

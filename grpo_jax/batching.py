@@ -23,10 +23,9 @@ from grpo_jax import sampling
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, char_to_token_index, encode_prompt
 
-__all__ = ["Batch", "Scores", "MAX_STEPS_PER_OUTPUT", "make_batch", "batch_from_rollout", "completion_ids",
+__all__ = ["Batch", "Scores", "make_batch", "batch_from_rollout", "completion_ids",
            "score_rollout", "texts_to_batch", "preference_pairs"]
 
-MAX_STEPS_PER_OUTPUT = 16  # process supervision: steps beyond this merge into the last one
 
 
 @flax.struct.dataclass
@@ -126,30 +125,35 @@ def score_rollout(task: Task, tokenizer: Tokenizer, examples: Sequence[Example],
     texts = [tokenizer.decode(ids) for ids in ids_per_row]
     row_examples = [examples[r // group_size] for r in range(b)]
     correct = np.array([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(texts, row_examples)], bool)
-    if reward_model is not None and reward_model.kind == "outcome":
-        rewards = np.asarray(reward_model.score([ex.prompt for ex in row_examples], texts), np.float32)
+    prompts = [ex.prompt for ex in row_examples]
+    # A reward model of either kind serves both supervisions (RewardModel.score: an ORM's
+    # final value or a PRM's reduced step scores; step_scores: a PRM's steps or an ORM's
+    # score as one step), so it is never silently bypassed.
+    if reward_model is not None:
+        rewards = np.asarray(reward_model.score(prompts, texts), np.float32)
     else:
         rewards = np.array([task.reward(t, ex) for t, ex in zip(texts, row_examples)], np.float32)
-    s = MAX_STEPS_PER_OUTPUT if process else 1
+    steps_per_row = [[] for _ in range(b)]
+    if process:
+        if reward_model is not None:
+            steps_per_row = reward_model.step_scores(prompts, texts)
+        else:
+            steps_per_row = [task.step_rewards(t, ex) for t, ex in zip(texts, row_examples)]
+        steps_per_row = [list(steps) if ids else [] for ids, steps in zip(ids_per_row, steps_per_row)]
+    # Every step is kept: the step axis grows to the batch's most steps, rounded up to a
+    # power of two so the train step compiles for few shapes.
+    s = sampling.bucket_length(max(len(x) for x in steps_per_row), minimum=1) if process else 1
     step_rewards = np.zeros((b, s), np.float32)
     step_end = np.zeros((b, s), np.int32)
     step_mask = np.zeros((b, s), bool)
-    if process:
-        if reward_model is not None and reward_model.kind == "process":
-            steps_per_row = reward_model.step_scores([ex.prompt for ex in row_examples], texts)
-        else:
-            steps_per_row = [task.step_rewards(t, ex) for t, ex in zip(texts, row_examples)]
-        for r, (ids, steps) in enumerate(zip(ids_per_row, steps_per_row)):
-            if not ids:
-                continue
-            ends = tokenizer.token_end_offsets(ids)
-            steps = list(steps)
-            if len(steps) > s:  # merge the tail: the last kept step ends where the last one did
-                steps = steps[: s - 1] + [(steps[-1][0], float(np.mean([v for _, v in steps[s - 1:]])))]
-            for j, (char_end, value) in enumerate(steps):
-                step_rewards[r, j] = value
-                step_end[r, j] = char_to_token_index(ends, char_end)
-                step_mask[r, j] = True
+    for r, (ids, steps) in enumerate(zip(ids_per_row, steps_per_row)):
+        if not steps:
+            continue
+        ends = tokenizer.token_end_offsets(ids)
+        for j, (char_end, value) in enumerate(steps):
+            step_rewards[r, j] = value
+            step_end[r, j] = char_to_token_index(ends, char_end)
+            step_mask[r, j] = True
     return Scores(texts, rewards, correct, step_rewards, step_end, step_mask)
 
 

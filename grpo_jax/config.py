@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -21,11 +22,40 @@ ALGORITHM_NAMES = ("sft", "rft", "online_rft", "dpo", "ppo", "grpo")
 KL_KINDS = ("k1", "k2", "k3")
 AGGREGATION_MODES = ("sequence_mean", "token_mean", "constant")
 SUPERVISIONS = ("outcome", "process")
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
+POLICY_LOSSES = ("clipped", "gspo", "cispo")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 class ConfigError(ValueError):
     """A configuration key, type or value that cannot be used."""
+
+
+class ConfigWarning(UserWarning):
+    """A configuration value that the chosen algorithm never reads."""
+
+
+_SAMPLED = tuple(a for a in ALGORITHM_NAMES if a != "sft")
+
+# Which algorithms read each rl.* field (the rest read all of them). A field set away from
+# its default for an algorithm not listed changes nothing, so `Config.validate` warns.
+RL_READERS: dict[str, tuple[str, ...]] = {
+    "group_size": _SAMPLED,
+    "beta": ("ppo", "grpo"),
+    "kl_estimator": ("grpo", "dpo"),  # DPO: its logged kl only
+    "eps_low": ("ppo", "grpo"), "eps_high": ("ppo", "grpo"),
+    "scale_by_std": ("grpo",), "supervision": ("grpo",),
+    "skip_zero_variance_groups": ("grpo",),
+    "mask_truncated": ("rft", "online_rft", "ppo", "grpo"),
+    "aggregation": ("sft", "rft", "online_rft", "ppo", "grpo"),
+    "gamma": ("ppo",), "lam": ("ppo",), "value_clip": ("ppo",), "whiten_advantages": ("ppo",),
+    "dpo_beta": ("dpo",),
+    "temperature": _SAMPLED, "top_k": _SAMPLED, "top_p": _SAMPLED,
+    "reward_model": ("ppo", "grpo"),
+    "advantage_estimator": ("grpo",),
+    "policy_loss": ("ppo", "grpo"),
+    "tis_cap": ("ppo", "grpo"),
+}
 
 
 @dataclass(frozen=True)
@@ -107,10 +137,14 @@ class OptimizerConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0  # global norm; 0 disables
     grad_accum_steps: int = 1
+    # PPO's value model V_ψ has its own AdamW (Adam is invariant to a loss coefficient, so a
+    # vf_coef on a separate model would do nothing): its peak lr is peak_lr × this.
+    value_lr_scale: float = 1.0
 
     def validate(self) -> None:
-        if self.peak_lr <= 0:
-            raise ConfigError(f"optimizer.peak_lr must be > 0, got {self.peak_lr}")
+        if self.peak_lr <= 0 or self.value_lr_scale <= 0:
+            raise ConfigError(f"optimizer.peak_lr and value_lr_scale must be > 0, got "
+                              f"{self.peak_lr}, {self.value_lr_scale}")
         if self.warmup_steps < 0 or self.grad_accum_steps < 1 or self.grad_clip < 0:
             raise ConfigError("optimizer.warmup_steps >= 0, grad_accum_steps >= 1, grad_clip >= 0")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
@@ -137,7 +171,6 @@ class RLConfig:
     gamma: float = 1.0  # PPO GAE
     lam: float = 0.95
     value_clip: float = 0.2  # 0 disables value clipping
-    vf_coef: float = 0.5
     whiten_advantages: bool = True
     dpo_beta: float = 0.1
     temperature: float = 1.0
@@ -147,12 +180,25 @@ class RLConfig:
     num_micro_batches: int = 1
     logprob_chunk_size: int = 64  # sequence positions per chunk of full-vocab log-softmax
     reward_model: str = ""  # path of a trained reward model; empty = rule reward
+    advantage_estimator: str = "grpo"  # grpo (group mean/std) | rloo | reinforce_pp
+    policy_loss: str = "clipped"  # clipped (PPO/GRPO) | gspo | cispo
+    tis_cap: float = 0.0  # truncated IS against the sampler's log-probs, cap C; 0 = off
 
     def validate(self) -> None:
         _choice(self, "algorithm", ALGORITHM_NAMES)
         _choice(self, "kl_estimator", KL_KINDS)
         _choice(self, "supervision", SUPERVISIONS)
         _choice(self, "aggregation", AGGREGATION_MODES)
+        _choice(self, "advantage_estimator", ADVANTAGE_ESTIMATORS)
+        _choice(self, "policy_loss", POLICY_LOSSES)
+        if self.tis_cap < 0:
+            raise ConfigError(f"rl.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
+        if self.supervision == "process" and (self.advantage_estimator != "grpo"
+                                              or self.policy_loss == "gspo"):
+            raise ConfigError(
+                "rl.supervision=process needs rl.advantage_estimator=grpo and a per-token "
+                f"rl.policy_loss (got {self.advantage_estimator}, {self.policy_loss}): RLOO, "
+                "REINFORCE++ and GSPO are defined on one reward per output")
         _positive(self, "group_size")
         _positive(self, "num_updates")
         _positive(self, "max_new_tokens")
@@ -167,6 +213,10 @@ class RLConfig:
             raise ConfigError(f"rl.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not (0 < self.top_p <= 1) or self.top_k < 0:
             raise ConfigError("rl.top_p must be in (0, 1] and rl.top_k >= 0")
+        if self.supervision == "process" and self.algorithm != "grpo":
+            raise ConfigError(
+                f"rl.supervision=process is only read by grpo (step rewards -> process "
+                f"advantages); rl.algorithm={self.algorithm} would train on outcome rewards")
         if self.algorithm == "grpo" and self.group_size == 1 and self.scale_by_std:
             raise ConfigError(
                 "rl.group_size=1 with rl.scale_by_std=true: a group of one output has no "
@@ -185,7 +235,6 @@ class DataConfig:
     num_operands: int = 3
     max_digits: int = 2
     eval_size: int = 64
-    sft_examples: int = 2000
     wrong_step_prob: float = 0.3
     slip: str = "random"  # arithmetic SFT errors: random | carry (systematic; see tasks/arithmetic.py)
     seed: int = 0
@@ -238,7 +287,20 @@ class Config:
             raise ConfigError(
                 f"model.max_seq_len={self.model.max_seq_len} leaves no room for a prompt "
                 f"plus rl.max_new_tokens={self.rl.max_new_tokens}")
+        for message in self.unused_options():
+            warnings.warn(message, ConfigWarning, stacklevel=2)
         return self
+
+    def unused_options(self) -> list[str]:
+        """One message per rl.* field set away from its default that rl.algorithm never
+        reads (``RL_READERS``)."""
+        default, out = RLConfig(), []
+        for name, readers in RL_READERS.items():
+            value = getattr(self.rl, name)
+            if self.rl.algorithm not in readers and value != getattr(default, name):
+                out.append(f"rl.{name}={value!r} is ignored by rl.algorithm={self.rl.algorithm} "
+                           f"(read only by {', '.join(readers)})")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

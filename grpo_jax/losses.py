@@ -40,6 +40,9 @@ __all__ = [
     "clipped_surrogate",
     "clipped_tokens",
     "clip_fraction",
+    "gspo_surrogate",
+    "cispo_objective",
+    "tis_weights",
     "aggregate",
     "aggregate_parts",
     "value_loss",
@@ -144,6 +147,102 @@ def clipped_surrogate(
     out = jnp.minimum(unclipped, clipped)
     chex.assert_shape(out, logp.shape)
     return out
+
+
+def gspo_surrogate(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    eps_low: float,
+    eps_high: float,
+) -> jax.Array:
+    """GSPO's sequence-level clipped objective (Zheng et al. 2025, "Group Sequence Policy
+    Optimization"), written per token so it aggregates like the others (to be maximised):
+
+        s_i = exp( 1/|o_i| Σ_t (log π_θ(o_i,t) − log π_θold(o_i,t)) )      (length-normalised)
+        J_i = min( s_i Â_i, clip(s_i, 1 − ε_low, 1 + ε_high) Â_i )
+
+    Every valid token of output i carries J_i's value (so ``sequence_mean`` gives
+    1/G Σ_i J_i) through GSPO-token's s_i,t = sg[s_i] · π_θ(o_i,t)/sg[π_θ(o_i,t)], whose
+    gradient is GSPO's, s_i Â_i · 1/|o_i| Σ_t ∇ log π_θ(o_i,t), and zero when the
+    sequence is clipped. The clip range is on the sequence ratio (the paper uses ε of a
+    few 1e-4).
+
+    Args:
+      logp, old_logp: ``[B, T]``.
+      advantages: ``[B, 1]``, or ``[B, T]`` constant over each row's valid tokens.
+      mask: ``[B, T]`` valid tokens (the length |o_i| and the mean).
+      eps_low, eps_high: clip range of s_i.
+
+    Returns:
+      ``[B, T]`` per-token objective (not masked).
+    """
+    chex.assert_rank([logp, mask], [2, 2])
+    chex.assert_equal_shape([logp, old_logp, mask])
+    lp, m = as_float(logp), mask.astype(bool)
+    log_ratio = jnp.where(m, lp - as_float(old_logp), 0.0)
+    length = jnp.maximum(jnp.sum(m, axis=1, keepdims=True), 1)
+    seq_ratio = jnp.exp(jnp.sum(log_ratio, axis=1, keepdims=True) / length)
+    token_ratio = jax.lax.stop_gradient(seq_ratio) * jnp.exp(lp - jax.lax.stop_gradient(lp))
+    adv = as_float(advantages)
+    out = jnp.minimum(token_ratio * adv, jnp.clip(token_ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
+    return jnp.broadcast_to(out, logp.shape)
+
+
+def cispo_objective(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    *,
+    eps_low: float,
+    eps_high: float,
+) -> jax.Array:
+    """CISPO (MiniMax-M1, 2025): clip the importance-sampling weight, not the update
+    (to be maximised), per token:
+
+        sg( clip(ρ_t, 1 − ε_low, 1 + ε_high) ) · Â_t · log π_θ(o_t|q,o_<t)
+
+    The weight is a constant (stop-gradient), so every token keeps the gradient
+    clip(ρ_t)·Â_t·∇ log π_θ, including those PPO's clip would zero. At ρ = 1 the gradient
+    equals the clipped surrogate's.
+
+    Args:
+      logp, old_logp: ``[B, T]``.
+      advantages: ``[B, T]`` or ``[B, 1]``.
+
+    Returns:
+      ``[B, T]`` per-token objective (not masked).
+    """
+    ratio, adv = _ratio_and_advantages(logp, old_logp, advantages)
+    weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
+    out = weight * adv * as_float(logp)
+    chex.assert_shape(out, logp.shape)
+    return out
+
+
+def tis_weights(old_logp: jax.Array, sample_logp: jax.Array, cap: float) -> jax.Array:
+    """Truncated importance sampling between the trainer and the sampler (Yao et al. 2025,
+    "Your efficient RL framework secretly brings you off-policy RL training"):
+
+        w_t = min( π_θold(o_t) / π_sampler(o_t), C )      (a constant: stop-gradient)
+
+    π_θold is the trainer's own log-prob of the batch (recomputed), π_sampler the one
+    the sampling program recorded (another precision or program, an off-policy chunk).
+    Multiplying the per-token policy objective by w_t corrects the expectation for the
+    mismatch; the cap C bounds the variance.
+
+    Args:
+      old_logp, sample_logp: ``[B, T]``.
+      cap: C > 0.
+
+    Returns:
+      ``[B, T]`` weights in (0, C].
+    """
+    chex.assert_equal_shape([old_logp, sample_logp])
+    ratio = jnp.exp(as_float(old_logp) - as_float(sample_logp))
+    return jax.lax.stop_gradient(jnp.minimum(ratio, cap))
 
 
 def clipped_tokens(

@@ -6,6 +6,7 @@ until 80% of training, 31.6% of the peak until 90%, then 10% of the peak.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -53,19 +54,46 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(keep, params)
 
 
-def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def updates_applied(cfg: OptimizerConfig, train_steps: int, updates_per_step: int = 1) -> int:
+    """AdamW updates applied after ``train_steps`` train steps of ``updates_per_step`` (μ)
+    optimiser calls each, ``cfg.grad_accum_steps`` calls accumulating into one update."""
+    return (train_steps * updates_per_step) // cfg.grad_accum_steps
+
+
+def value_optimizer_config(cfg: OptimizerConfig) -> OptimizerConfig:
+    """The PPO value model's optimiser: the policy's, at peak_lr × value_lr_scale."""
+    return dataclasses.replace(cfg, peak_lr=cfg.peak_lr * cfg.value_lr_scale)
+
+
+def make_optimizer(cfg: OptimizerConfig, total_steps: int, *, updates_per_step: int = 1
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW (b1, b2, eps, decoupled weight decay on `decay_mask`) after global-norm clipping,
-    optionally accumulating `grad_accum_steps` calls into one update (optax.MultiSteps)."""
+    optionally accumulating `grad_accum_steps` calls into one update (optax.MultiSteps).
+
+    The schedule is written in train steps (`warmup_steps`, and 80% / 90% of `total_steps`,
+    i.e. run.steps) but optax advances it once per applied AdamW update, of which a train
+    step makes `updates_per_step / grad_accum_steps` (μ = rl.num_updates calls, k of them
+    per update). So the returned schedule maps an update count n to the train step
+    ⌊n·k/μ⌋ it belongs to: warmup and the drops land on the train steps they name for
+    any μ and k. It is the rate AdamW applies at update n (see `updates_applied`).
+    """
+    if updates_per_step < 1:
+        raise ValueError(f"updates_per_step must be >= 1, got {updates_per_step}")
     if cfg.schedule == "multistep":
-        lr = multistep_schedule(cfg.peak_lr, cfg.warmup_steps, total_steps)
+        by_step = multistep_schedule(cfg.peak_lr, cfg.warmup_steps, total_steps)
     else:
-        lr = constant_schedule(cfg.peak_lr, cfg.warmup_steps)
+        by_step = constant_schedule(cfg.peak_lr, cfg.warmup_steps)
+    k = cfg.grad_accum_steps
+
+    def lr(update):
+        return by_step(jnp.floor_divide(jnp.asarray(update, jnp.int32) * k, updates_per_step))
+
     parts = []
     if cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(cfg.grad_clip))
     parts.append(optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
                              mask=decay_mask))
     tx = optax.chain(*parts)
-    if cfg.grad_accum_steps > 1:
-        tx = optax.MultiSteps(tx, every_k_schedule=cfg.grad_accum_steps)
+    if k > 1:
+        tx = optax.MultiSteps(tx, every_k_schedule=k)
     return tx, lr

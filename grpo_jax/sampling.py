@@ -28,10 +28,12 @@ Conventions (the train step recomputes log-probs with the same ones)
   n real tokens gets n + t. Pad slots are masked out of attention.
 * **Temperature.** `logprobs = log_softmax(logits / T)` at the sampled token for T > 0.
   T = 0 is greedy decoding (argmax of the logits) and reports `log_softmax(logits)`,
-  i.e. the T = 1 log-probs. The log-probs are those of the *tempered* distribution before
-  top-k / top-p truncation: truncation only restricts which tokens may be drawn. This is
-  exactly what a full forward pass recomputes (`log_softmax(forward_logits / T)`), so at
-  the first update of a batch the PPO/GRPO ratio is 1 up to rounding.
+  i.e. the T = 1 log-probs. With top-k / top-p the log-probs are those of the
+  distribution actually sampled: the tempered one renormalised over the kept tokens
+  (log_softmax(logits / T) − log Σ_kept p). Without truncation this is exactly what a full
+  forward pass recomputes (`log_softmax(forward_logits / T)`); with it, the trainer's
+  ratio against these log-probs is the true importance ratio π_θ / π_sampler (see
+  `algorithms`: GRPO uses them as π_θold at μ = 1 when truncation is on).
 * **Top-k, then top-p** (the order transformers uses): top-k keeps the k largest logits
   (ties at the k-th value are kept); top-p then keeps the smallest prefix of the remaining
   tokens, by decreasing probability renormalised over them, whose mass is >= top_p.
@@ -99,7 +101,7 @@ class Rollout:
     prompt_mask: jax.Array  # [B, Tp] bool
     tokens: jax.Array  # [B, Tc] int32, Tc = max_new_tokens; pad_id after the stop token
     mask: jax.Array  # [B, Tc] bool, real completion tokens including the stop token
-    logprobs: jax.Array  # [B, Tc] float32, log_softmax(logits / T) at the token; 0 where ~mask
+    logprobs: jax.Array  # [B, Tc] float32, log-prob of the token under the distribution sampled (top-k/p renormalised); 0 where ~mask
     lengths: jax.Array  # [B] int32 = mask.sum(1)
     finished: jax.Array  # [B] bool: True = stop token ("eos"), False = max_new_tokens ("length")
 
@@ -220,8 +222,9 @@ def _host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, 
 def _next_token(logits, u, temperature, top_k, top_p, *, filtered: bool):
     """One sampling step for a batch. logits [B,V] f32, u [B] in (0,1].
 
-    Returns (token [B] int32, log_softmax(logits / T)[token] [B] f32); T = 0 is greedy and
-    its log-probs are those of T = 1 (see the module docstring). `filtered` (static) turns
+    Returns (token [B] int32, its log-prob [B] f32 under the distribution drawn from:
+    log_softmax(logits / T), renormalised over the kept tokens when `filtered`); T = 0 is
+    greedy and its log-probs are those of T = 1 (see the module docstring). `filtered` (static) turns
     on top-k (top_k > 0) and top-p (top_p < 1), whose values are traced.
     """
     vocab = logits.shape[-1]
@@ -249,7 +252,14 @@ def _next_token(logits, u, temperature, top_k, top_p, *, filtered: bool):
     last_allowed = vocab - 1 - jnp.argmax(allowed[:, ::-1], axis=-1)  # rounding fallback
     drawn = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last_allowed)
     token = jnp.where(greedy, jnp.argmax(scaled, axis=-1), drawn).astype(jnp.int32)
-    return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+    logp = jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+    if filtered:
+        # The distribution actually drawn from is the tempered one renormalised over the
+        # kept tokens: its log-prob is logp − log Σ_kept p (so π_old in the ratio is the
+        # sampler's, not the untruncated policy's). Greedy keeps the T = 1 convention.
+        kept_mass = jax.nn.logsumexp(jnp.where(keep, logp_all, -jnp.inf), axis=-1)
+        logp = jnp.where(greedy, logp, logp - kept_mass)
+    return token, logp
 
 
 def _uniforms(key, step, row_ids):

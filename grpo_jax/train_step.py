@@ -19,10 +19,9 @@ What happens inside, in order (``make_train_step``):
    averaged over the μ updates; ``logprob_mismatch_max`` is taken at the first update,
    where π_θ is still the policy that sampled the batch.
 
-Hyperparameters: the rl.* values that do not change which arrays exist (β's value, ε,
-γ, λ, temperature, aggregation mode, KL estimator, supervision, the boolean switches) are
-an ``algorithms.RLHParams`` argument, not constants, so one compiled program serves them
-all; ``static_config_key`` lists what is compiled in.
+Hyperparameters: the numeric rl.* values (β, ε, γ, λ, value clip range, DPO β,
+temperature, TIS cap) are an ``algorithms.RLHParams`` argument, so one compiled program
+serves all their values; modes are compiled in (``static_config_key`` lists them).
 
 Sharding: ``jax.jit`` with explicit in/out shardings — params (policy, reference, value
 model, optimiser moments) per the logical-axis rules (``model.param_shardings``), batch
@@ -247,14 +246,19 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
 
 
 def static_config_key(cfg: Config, group_size: int | None = None) -> tuple:
-    """What a compiled step depends on (everything else in cfg.rl is ``RLHParams`` data):
-    the model, the algorithm, μ, the micro-batch count, the chunk size, G, and whether a
-    reference model exists."""
+    """What a compiled step depends on: the model and every mode of cfg.rl (the numbers are
+    ``RLHParams`` data): the algorithm, μ, the micro-batch count, the chunk size, G, whether
+    a reference model exists, aggregation, KL estimator, supervision, std scaling, advantage
+    estimator, policy loss, dynamic sampling, truncation masking, whitening, and whether
+    value clipping / TIS are on and sampling truncates (π_θold is then the sampler's)."""
     algo = get_algorithm(cfg.rl.algorithm)
     rl = cfg.rl
     return (cfg.model, rl.algorithm, rl.num_updates, rl.num_micro_batches,
             rl.logprob_chunk_size, rl.group_size if group_size is None else int(group_size),
-            algo.needs_reference(cfg))
+            algo.needs_reference(cfg), rl.aggregation, rl.kl_estimator, rl.supervision,
+            rl.scale_by_std, rl.advantage_estimator, rl.policy_loss, rl.skip_zero_variance_groups,
+            rl.mask_truncated, rl.whiten_advantages, rl.value_clip > 0, rl.tis_cap > 0,
+            rl.top_k > 0 or rl.top_p < 1.0)
 
 
 @dataclasses.dataclass

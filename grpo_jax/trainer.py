@@ -30,11 +30,11 @@ from grpo_jax import checkpointing, sampling
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
                                texts_to_batch)
-from grpo_jax.config import Config
+from grpo_jax.config import Config, ConfigError
 from grpo_jax.distributed import is_main_process
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
-from grpo_jax.optimizer import make_optimizer
+from grpo_jax.optimizer import make_optimizer, updates_applied, value_optimizer_config
 from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global, to_host
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, encode_prompt
@@ -101,17 +101,24 @@ class Trainer:
             from grpo_jax.reward_models import RewardModel
 
             reward_model = RewardModel.load(cfg.rl.reward_model, tokenizer)
+        if reward_model is not None and self.algorithm.reward != "model":
+            raise ConfigError(
+                f"rl.reward_model is set but rl.algorithm={self.algorithm.name!r} uses "
+                f"{self.algorithm.reward!r} rewards (its gradient coefficient reads the rule's "
+                "correctness), so the reward model would be ignored; use ppo or grpo, or unset it")
         self.reward_model, self.sft_data, self.progress = reward_model, sft_data, progress
         if self.algorithm.data_source == "dataset" and sft_data is None:
             raise ValueError(f"algorithm {self.algorithm.name!r} trains on a dataset: pass sft_data")
         params = jax.device_put(params, param_shardings(cfg.model, self.mesh))
-        base_tx, self.lr_schedule = make_optimizer(cfg.optimizer, cfg.run.steps)
+        base_tx, self.lr_schedule = make_optimizer(cfg.optimizer, cfg.run.steps,
+                                                   updates_per_step=cfg.rl.num_updates)
         # A non-finite gradient skips the update instead of corrupting the params.
         tx = optax.apply_if_finite(base_tx, max_consecutive_errors=10**9)
         value_params = value_tx = None
         if self.algorithm.needs_value_model:
             value_params = add_value_head(cfg.model, params, jax.random.key(cfg.run.seed + 1), self.mesh)
-            value_tx = optax.apply_if_finite(make_optimizer(cfg.optimizer, cfg.run.steps)[0], 10**9)
+            value_tx = optax.apply_if_finite(make_optimizer(
+                value_optimizer_config(cfg.optimizer), cfg.run.steps, updates_per_step=cfg.rl.num_updates)[0], 10**9)
         self.sft_params = params if self.algorithm.data_source.startswith("sft_policy") else None
         self.step_fn = make_train_step(cfg, tx, self.mesh, value_tx=value_tx, group_size=self._group_size())
         # On the mesh from the start, so a restored checkpoint lands in the same shards.
@@ -136,6 +143,12 @@ class Trainer:
     def _group_size(self) -> int:
         return 2 if self.algorithm.data_source == "sft_policy_pairs" else (
             1 if self.algorithm.data_source == "dataset" else self.cfg.rl.group_size)
+
+    def applied_lr(self, train_steps: int) -> float:
+        """The rate of the last AdamW update applied in the first ``train_steps`` steps (0
+        if gradient accumulation has not completed an update yet)."""
+        n = updates_applied(self.cfg.optimizer, train_steps, self.cfg.rl.num_updates)
+        return float(self.lr_schedule(n - 1)) if n > 0 else 0.0
 
     def _checkpoint_tree(self):
         # The key replicated on the mesh: processes cannot jointly save a host-local array.
@@ -205,7 +218,7 @@ class Trainer:
         metrics = {k: float(v) for k, v in metrics.items()}
         t2 = time.perf_counter()
         metrics.update(info, sample_time_s=t1 - t0, update_time_s=t2 - t1,
-                       lr=float(self.lr_schedule(step)))
+                       lr=self.applied_lr(step + 1))
         return metrics
 
     # ------------------------------------------------------------------ the loop

@@ -87,11 +87,15 @@ def test_old_logprobs_only_when_needed():
     assert alg.get_algorithm("ppo").needs_old_logprobs(_cfg())
 
 
-def test_hparams_from_config():
-    hp = alg.RLHParams.from_config(RLConfig(aggregation="constant", kl_estimator="k2",
-                                            supervision="process", beta=0.5))
-    assert int(hp.aggregation) == 2 and int(hp.kl_estimator) == 1 and int(hp.supervision) == 1
-    assert float(hp.beta) == 0.5 and bool(hp.scale_by_std)
+def test_hparams_are_the_numbers_only():
+    """Modes are compiled in (Python branches on cfg); only numbers are traced data."""
+    hp = alg.RLHParams.from_config(RLConfig(beta=0.5, tis_cap=2.0))
+    assert float(hp.beta) == 0.5 and float(hp.tis_cap) == 2.0
+    for leaf in jax.tree.leaves(hp):
+        assert np.asarray(leaf).dtype == np.float32
+    names = {f.name for f in dataclasses.fields(alg.RLHParams)}
+    assert not names & {"aggregation", "kl_estimator", "supervision", "scale_by_std",
+                        "whiten_advantages", "skip_zero_variance_groups", "mask_truncated"}
 
 
 # ----------------------------------------------------------------- the unified paradigm
@@ -145,7 +149,7 @@ def test_gradient_coefficient_ppo():
             nxt_a = delta + 0.9 * 0.8 * nxt_a
             nxt_v = v[i, t]
             A[i, t] = nxt_a
-    np.testing.assert_allclose(extras["advantages"], A, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(extras.advantages, A, rtol=1e-4, atol=1e-5)
     expected = np.where(batch.mask, -A / _lengths(batch)[:, None] / B, 0.0)
     np.testing.assert_allclose(_grad(algo, cfg, logp, batch, extras, values=values), expected,
                                rtol=1e-4, atol=1e-6)
@@ -190,27 +194,29 @@ def test_split_merge_round_trip_and_layout(unit):
 @pytest.mark.parametrize("name", ["grpo", "ppo", "dpo", "sft", "rft"])
 def test_loss_parts_add_up_over_micro_batches(name):
     """Σ_k num_k / Σ_k den_k over 4 micro-batches (and its gradient) equals the full batch,
-    for every aggregation mode (the mode is data: one compiled function serves all three)."""
-    cfg, batch = _cfg(beta=0.05, num_updates=2), _batch(13)
+    for every aggregation mode."""
+    batch = _batch(13)
     algo = alg.get_algorithm(name)
     logp, ref, old = _logps(14, batch), _logps(15, batch), _logps(16, batch)
     values = jnp.asarray(np.random.default_rng(17).normal(size=(B, TC)), jnp.float32)
     unit = algo.micro_batch_unit
 
-    def full(lp, extras, hp):
+    def full(lp, extras, hp, cfg):
         return algo.loss_from_logprobs(lp, batch, extras, cfg, hp, values=values)
 
-    def micro(lp, extras, hp):
+    def micro(lp, extras, hp, cfg):
         parts = alg.split_micro_batches((lp, batch, extras, values), 4, unit)
         num, den, _ = jax.vmap(
             lambda a, b, e, v: algo.loss_parts_from_logprobs(a, b, e, cfg, hp, values=v))(*parts)
         return jnp.sum(num) / jnp.sum(den)
 
-    full_fn, micro_fn = jax.jit(jax.value_and_grad(full)), jax.jit(jax.value_and_grad(micro))
     for mode in ("sequence_mean", "token_mean", "constant"):
-        hp = alg.RLHParams.from_config(dataclasses.replace(cfg.rl, aggregation=mode))
+        cfg = _cfg(beta=0.05, num_updates=2, aggregation=mode)
+        hp = alg.RLHParams.from_config(cfg.rl)
         extras, _ = algo.extras_from_logprobs(batch, cfg, hp, old_logp=old, ref_logp=ref,
                                               old_values=values)
+        full_fn = jax.jit(jax.value_and_grad(lambda lp, e, h: full(lp, e, h, cfg)))
+        micro_fn = jax.jit(jax.value_and_grad(lambda lp, e, h: micro(lp, e, h, cfg)))
         (l1, g1), (l2, g2) = full_fn(logp, extras, hp), micro_fn(logp, extras, hp)
         np.testing.assert_allclose(l1, l2, rtol=1e-5, atol=1e-7, err_msg=mode)
         np.testing.assert_allclose(g1, g2, rtol=1e-5, atol=1e-8, err_msg=mode)
@@ -225,15 +231,15 @@ def test_grpo_skip_zero_variance_groups_and_mask_truncated():
     algo = alg.get_algorithm("grpo")
     base = np.asarray(batch.mask)
     extras, metrics = algo.extras_from_logprobs(batch, _cfg(beta=0.0))
-    np.testing.assert_array_equal(extras["loss_mask"], base)
+    np.testing.assert_array_equal(extras.loss_mask, base)
     assert float(metrics["groups_kept_fraction"]) == 1.0
     extras, metrics = algo.extras_from_logprobs(batch, _cfg(beta=0.0, skip_zero_variance_groups=True))
-    np.testing.assert_array_equal(extras["loss_mask"][4:], False)
-    np.testing.assert_array_equal(extras["loss_mask"][:4], base[:4])
+    np.testing.assert_array_equal(extras.loss_mask[4:], False)
+    np.testing.assert_array_equal(extras.loss_mask[:4], base[:4])
     assert float(metrics["groups_kept_fraction"]) == 0.5
     extras, _ = algo.extras_from_logprobs(batch, _cfg(beta=0.0, mask_truncated=True))
-    np.testing.assert_array_equal(extras["loss_mask"][0], False)
-    np.testing.assert_array_equal(extras["loss_mask"][1:], base[1:])
+    np.testing.assert_array_equal(extras.loss_mask[0], False)
+    np.testing.assert_array_equal(extras.loss_mask[1:], base[1:])
 
 
 def test_grpo_process_supervision_with_and_without_std_scaling():
@@ -244,7 +250,7 @@ def test_grpo_process_supervision_with_and_without_std_scaling():
             jnp.asarray(batch.step_mask).reshape(shape))
     scaled = np.asarray(adv_lib.process_advantages(*args, TC)).reshape(B, TC)
     extras, _ = algo.extras_from_logprobs(batch, _cfg(beta=0.0, supervision="process"))
-    np.testing.assert_allclose(extras["advantages"], np.where(extras["loss_mask"], scaled, 0), atol=1e-6)
+    np.testing.assert_allclose(extras.advantages, np.where(extras.loss_mask, scaled, 0), atol=1e-6)
     # no std scaling: Σ over later steps of (r − mean(R)) of the group
     extras, _ = algo.extras_from_logprobs(batch, _cfg(beta=0.0, supervision="process", scale_by_std=False))
     r = np.asarray(batch.step_rewards, np.float64).reshape(shape)
@@ -257,22 +263,25 @@ def test_grpo_process_supervision_with_and_without_std_scaling():
             for s in range(3):
                 if valid[p, g, s]:
                     expected[p, g, : end[p, g, s] + 1] += r[p, g, s] - mean
-    expected = np.where(extras["loss_mask"], expected.reshape(B, TC), 0)
-    np.testing.assert_allclose(extras["advantages"], expected, atol=1e-5)
+    expected = np.where(extras.loss_mask, expected.reshape(B, TC), 0)
+    np.testing.assert_allclose(extras.advantages, expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
-def test_kl_estimator_is_selected_at_run_time(kind):
-    """One jitted loss serves every estimator: hp.kl_estimator is data."""
-    batch = _batch(20)
+def test_kl_estimator_is_the_configured_one(kind):
+    """GRPO's KL term is rl.kl_estimator's: d loss / d logp = −Â/… + β ∂k/∂logp."""
+    batch, beta = _batch(20), 0.7
     algo = alg.get_algorithm("grpo")
     logp, ref = _logps(21, batch), _logps(22, batch)
-    fn = jax.jit(lambda hp: algo.extras_from_logprobs(batch, _cfg(), hp, ref_logp=ref)[0]
-                 | {"kl": alg._kl(logp, ref, hp)})
-    out = fn(alg.RLHParams.from_config(RLConfig(kl_estimator=kind)))
-    d = np.asarray(ref, np.float64) - np.asarray(logp, np.float64)
+    cfg = _cfg(beta=beta, kl_estimator=kind, scale_by_std=False)
+    cfg.rl.aggregation = "token_mean"
+    zero = make_batch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, batch.mask,
+                      rewards=np.zeros(B))  # Â = 0: only the KL term is left
+    extras, _ = algo.extras_from_logprobs(zero, cfg, ref_logp=ref)
+    loss = float(algo.loss_from_logprobs(logp, zero, extras, cfg))
+    d = (np.asarray(ref, np.float64) - np.asarray(logp, np.float64))[np.asarray(batch.mask)]
     want = {"k1": -d, "k2": 0.5 * d ** 2, "k3": np.exp(d) - d - 1}[kind]
-    np.testing.assert_allclose(out["kl"], want, rtol=1e-5, atol=1e-6)
+    assert loss == pytest.approx(beta * want.mean(), rel=1e-5)
 
 
 def test_ppo_whitening_and_value_clip_switches():
@@ -283,11 +292,26 @@ def test_ppo_whitening_and_value_clip_switches():
     white, _ = algo.extras_from_logprobs(batch, _cfg(beta=0.0), old_logp=logp, old_values=values)
     raw, _ = algo.extras_from_logprobs(batch, _cfg(beta=0.0, whiten_advantages=False),
                                        old_logp=logp, old_values=values)
-    m = np.asarray(white["loss_mask"])
-    assert abs(np.asarray(white["advantages"])[m].mean()) < 1e-5
-    assert abs(np.asarray(white["advantages"])[m].std() - 1) < 1e-3
-    assert not np.allclose(white["advantages"], raw["advantages"])
+    m = np.asarray(white.loss_mask)
+    assert abs(np.asarray(white.advantages)[m].mean()) < 1e-5
+    assert abs(np.asarray(white.advantages)[m].std() - 1) < 1e-3
+    assert not np.allclose(white.advantages, raw.advantages)
     moved = values + 0.5  # V far from V_old: clipping matters
     losses_ = [float(algo.loss_from_logprobs(logp, batch, white, _cfg(beta=0.0, value_clip=c), values=moved))
                for c in (0.0, 0.1)]
     assert losses_[0] != pytest.approx(losses_[1])
+
+
+@pytest.mark.parametrize("name,fields", [
+    ("sft", {"loss_mask"}), ("rft", {"loss_mask"}), ("dpo", {"loss_mask", "ref_logp"}),
+    ("grpo", {"loss_mask", "advantages", "old_logp", "ref_logp"}),
+    ("ppo", {"loss_mask", "advantages", "old_logp", "old_values", "returns"})])
+def test_extras_name_the_arrays_each_algorithm_has(name, fields):
+    cfg, batch = _cfg(beta=0.04), _batch(30)
+    algo = alg.get_algorithm(name)
+    logp = _logps(31, batch)
+    extras, _ = algo.extras_from_logprobs(batch, cfg, old_logp=logp, ref_logp=logp,
+                                          old_values=logp)
+    assert isinstance(extras, alg.Extras)
+    present = {f.name for f in dataclasses.fields(extras) if getattr(extras, f.name) is not None}
+    assert present == fields

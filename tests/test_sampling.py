@@ -140,9 +140,17 @@ def test_top_k_top_p_never_leave_the_allowed_set(params, top_k, top_p):
             assert allowed[tokens[b, t]], (b, t, tokens[b, t])
     # The filter really restricts the choice (so the check above has teeth) ...
     assert np.mean(sizes) < 0.1 * CFG.vocab_size
-    # ... and the log-probs are those of the untruncated tempered distribution.
-    ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(scaled, -1)), tokens[..., None], -1)[..., 0]
-    np.testing.assert_allclose(np.asarray(r.logprobs), ref, atol=1e-5)
+    # ... and the log-probs are those of the distribution actually sampled: the tempered
+    # softmax renormalised over the kept tokens (issue 18, fix 7).
+    ref = np.zeros(tokens.shape)
+    for b in range(tokens.shape[0]):
+        for t in range(tokens.shape[1]):
+            row = scaled[b, t].astype(np.float64)
+            kept = row[_allowed(row, top_k, top_p, slack=0.0)]
+            ref[b, t] = row[tokens[b, t]] - (kept.max() + np.log(np.exp(kept - kept.max()).sum()))
+    np.testing.assert_allclose(np.asarray(r.logprobs), ref, atol=1e-4)
+    assert (np.asarray(r.logprobs) > np.take_along_axis(
+        np.asarray(jax.nn.log_softmax(scaled, -1)), tokens[..., None], -1)[..., 0] + 1e-3).any()
 
 
 def test_sampled_frequencies_match_softmax(params):

@@ -320,7 +320,6 @@ PPO_OPTIONS = [
     ("gamma", 1.0, 0.9, "params"),
     ("lam", 0.95, 0.5, "params"),
     ("whiten_advantages", True, False, "params"),
-    ("vf_coef", 0.5, 2.0, "value_params"),
     ("beta", 0.04, 0.5, "params"),
     ("mask_truncated", False, True, "params"),
     ("aggregation", "sequence_mean", "token_mean", "params"),
