@@ -13,12 +13,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from grpo_jax.errors import ConfigError  # noqa: F401  (re-exported: importable from here as before)
+
 
 REMAT_POLICIES = ("none", "full", "dots")
 
 
-class ConfigError(ValueError):
-    """A configuration key, type or value that cannot be used."""
 
 
 @dataclass

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from grpo_jax.config import MeshConfig
+from grpo_jax.errors import MeshError  # noqa: F401  (re-exported: importable from here as before)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -37,8 +38,6 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 _RULES = dict(LOGICAL_RULES)
 
 
-class MeshError(ValueError):
-    """A mesh that does not fit the available devices."""
 
 
 def resolve_mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
