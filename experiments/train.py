@@ -156,6 +156,12 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     from grpo_jax.sharding import make_mesh
     from grpo_jax.trainer import Trainer
 
+    from grpo_jax import checkpointing
+
+    # Before anything is written to the run dir: a mismatching resume must leave it untouched.
+    # model.vocab_size comes from the tokenizer, set below; the Trainer checks it again.
+    checkpointing.check_run_dir(os.path.join(cfg.run.run_dir, "checkpoints"), cfg.to_dict(),
+                                ignore=("model.vocab_size",))
     task = make_task(cfg) if task is None else task
     mesh = make_mesh(cfg.mesh)
     params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)

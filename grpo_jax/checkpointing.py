@@ -97,7 +97,7 @@ class Checkpointer:
             log.warning("no readable checkpoint in %s (%d unreadable)", self.directory, len(errors))
         return None
 
-    def check_config(self, requested: dict) -> None:
+    def check_config(self, requested: dict, ignore: tuple[str, ...] = ()) -> None:
         """Raise CheckpointError listing the restore-relevant fields (`config_differences`)
         where the newest checkpoint's saved config differs from `requested`; reads only the
         small meta item, so it runs before any state restore and writes nothing."""
@@ -106,7 +106,8 @@ class Checkpointer:
                 meta = self._mngr.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
             except Exception:  # an unreadable step is restore()'s to report or skip
                 continue
-            diffs = config_differences(dict(meta or {}).get("config") or {}, requested)
+            diffs = [d for d in config_differences(dict(meta or {}).get("config") or {}, requested)
+                     if d[0] not in ignore]
             if diffs:
                 raise CheckpointError(
                     f"{self.directory} holds checkpoints (step {s}) of a different setup: "
@@ -140,6 +141,19 @@ def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any
         if sec in saved and a != b:
             out.append((key, a, b))
     return out
+
+
+def check_run_dir(directory: str | os.PathLike, requested: dict, ignore: tuple[str, ...] = ()) -> None:
+    """`Checkpointer.check_config` for a checkpoint folder, if it exists; creates nothing, so a
+    run can check before it writes anything else to its run dir. `ignore`: dotted fields the
+    caller only knows later (and checks again then)."""
+    if not os.path.isdir(directory):
+        return
+    ckpt = Checkpointer(directory)
+    try:
+        ckpt.check_config(requested, ignore)
+    finally:
+        ckpt.close()
 
 
 def _is_mismatch(e: Exception) -> bool:
