@@ -71,4 +71,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from grpo_jax import cli
+
+    cli.run(main)

@@ -3,9 +3,8 @@
     python experiments/train.py --preset cpu-tiny rl.algorithm=sft run.steps=200 run.run_dir=runs/sft
 """
 
-import sys
-
+from grpo_jax import cli
 from grpo_jax.train_cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main)

@@ -133,4 +133,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from grpo_jax import cli
+
+    cli.run(main)

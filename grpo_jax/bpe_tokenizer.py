@@ -26,6 +26,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from grpo_jax.errors import PretrainedError
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 
@@ -53,7 +55,7 @@ _PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
 _SPLITS = {"llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
 
 
-class TokenizerError(ValueError):
+class TokenizerError(PretrainedError):
     """A tokenizer description that cannot be used (names the field at fault)."""
 
 

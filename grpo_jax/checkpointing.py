@@ -17,6 +17,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from grpo_jax.errors import CheckpointError
+
 log = logging.getLogger(__name__)
 
 
@@ -77,7 +79,7 @@ class Checkpointer:
                     state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
             except (ValueError, KeyError, TypeError) as e:
                 if _is_mismatch(e):
-                    raise ValueError(
+                    raise CheckpointError(
                         f"checkpoint step {s} in {self.directory} does not match the model/"
                         f"optimizer being restored: {e}") from e
                 errors.append((s, e))
@@ -95,9 +97,63 @@ class Checkpointer:
             log.warning("no readable checkpoint in %s (%d unreadable)", self.directory, len(errors))
         return None
 
+    def check_config(self, requested: dict, ignore: tuple[str, ...] = ()) -> None:
+        """Raise CheckpointError listing the restore-relevant fields (`config_differences`)
+        where the newest checkpoint's saved config differs from `requested`; reads only the
+        small meta item, so it runs before any state restore and writes nothing."""
+        for s in self.all_steps()[::-1]:
+            try:
+                meta = self._mngr.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+            except Exception:  # an unreadable step is restore()'s to report or skip
+                continue
+            diffs = [d for d in config_differences(dict(meta or {}).get("config") or {}, requested)
+                     if d[0] not in ignore]
+            if diffs:
+                raise CheckpointError(
+                    f"{self.directory} holds checkpoints (step {s}) of a different setup: "
+                    + "; ".join(f"{k}: saved {a!r}, requested {b!r}" for k, a, b in diffs)
+                    + ". Use the saved values, or a new run.run_dir to start over")
+            return
+
     def close(self) -> None:
         self._mngr.wait_until_finished()
         self._mngr.close()
+
+
+# Config fields a checkpoint's state depends on: the model's parameter shapes, dtypes and
+# layout, and the algorithm (which decides whether a value model is in the state). Every
+# other field (run.steps, optimizer settings, data, mesh, ...) may change on resume;
+# model.remat and model.max_seq_len change no stored array.
+RESTORE_SECTIONS = ("model",)
+RESTORE_FIELDS = ("rl.algorithm",)
+RESUMABLE_MODEL_FIELDS = ("remat", "max_seq_len")
+
+
+def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any]]:
+    """(dotted field, saved value, requested value) for each restore-relevant field that differs."""
+    keys = [f"{sec}.{k}" for sec in RESTORE_SECTIONS
+            for k in sorted(set(saved.get(sec, {})) | set(requested.get(sec, {})))
+            if not (sec == "model" and k in RESUMABLE_MODEL_FIELDS)] + list(RESTORE_FIELDS)
+    out = []
+    for key in keys:
+        sec, name = key.split(".", 1)
+        a, b = saved.get(sec, {}).get(name), requested.get(sec, {}).get(name)
+        if sec in saved and a != b:
+            out.append((key, a, b))
+    return out
+
+
+def check_run_dir(directory: str | os.PathLike, requested: dict, ignore: tuple[str, ...] = ()) -> None:
+    """`Checkpointer.check_config` for a checkpoint folder, if it exists; creates nothing, so a
+    run can check before it writes anything else to its run dir. `ignore`: dotted fields the
+    caller only knows later (and checks again then)."""
+    if not os.path.isdir(directory):
+        return
+    ckpt = Checkpointer(directory)
+    try:
+        ckpt.check_config(requested, ignore)
+    finally:
+        ckpt.close()
 
 
 def _is_mismatch(e: Exception) -> bool:
@@ -110,6 +166,6 @@ def _check_shapes(abstract: Any, restored: Any, step: int) -> None:
     r = jax.tree.leaves(restored)
     for (path, want), got in zip(a, r):
         if tuple(want.shape) != tuple(np.shape(got)):
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint step {step}: {jax.tree_util.keystr(path)} has shape {np.shape(got)}, "
                 f"the model expects {tuple(want.shape)}")

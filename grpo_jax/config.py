@@ -14,6 +14,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from grpo_jax.errors import ConfigError  # noqa: F401  (re-exported: importable from here as before)
+
 
 REMAT_POLICIES = ("none", "full", "dots")
 # The names each choice accepts, kept here (jax-free, so `--help` and validation stay instant)
@@ -27,8 +29,6 @@ POLICY_LOSSES = ("clipped", "gspo", "cispo")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
-class ConfigError(ValueError):
-    """A configuration key, type or value that cannot be used."""
 
 
 class ConfigWarning(UserWarning):

@@ -59,6 +59,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from grpo_jax.errors import PretrainedError  # noqa: F401  (re-exported: importable from here as before)
 from grpo_jax import model as model_lib
 from grpo_jax.bpe_tokenizer import BPETokenizer
 from grpo_jax.config import ModelConfig
@@ -73,8 +74,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat")
 
 
-class PretrainedError(ValueError):
-    """A checkpoint that cannot be imported; the message names the tensor or field."""
 
 
 # ============================================================================ the table

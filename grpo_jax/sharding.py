@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from grpo_jax.config import DTYPE_NAMES, MeshConfig
+from grpo_jax.errors import MeshError  # noqa: F401  (re-exported: importable from here as before)
 from grpo_jax.slices import MESH_AXES  # defined there, without jax, for the launch scripts
 
 
@@ -38,8 +39,6 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 _RULES = dict(LOGICAL_RULES)
 
 
-class MeshError(ValueError):
-    """A mesh that does not fit the available devices."""
 
 
 def resolve_mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

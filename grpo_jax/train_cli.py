@@ -154,9 +154,14 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     """Build everything for `cfg`, resume from `cfg.run.run_dir` if it holds a checkpoint,
     train to `cfg.run.steps`. Returns the Trainer (closed); `trainer.history` has the
     metrics of the steps run now. `task` overrides `data.task` (tests pass their own)."""
+    from grpo_jax import checkpointing
     from grpo_jax.sharding import make_mesh
     from grpo_jax.trainer import Trainer
 
+    # Before anything is written to the run dir: a mismatching resume must leave it untouched.
+    # model.vocab_size comes from the tokenizer, set below; the Trainer checks it again.
+    checkpointing.check_run_dir(os.path.join(cfg.run.run_dir, "checkpoints"), cfg.to_dict(),
+                                ignore=("model.vocab_size",))
     task = make_task(cfg) if task is None else task
     mesh = make_mesh(cfg.mesh)
     params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
@@ -249,3 +254,10 @@ def main(argv=None) -> int:
         log.info("step %d/%d in %.0f s: %s", last["step"], cfg.run.steps, time.perf_counter() - t0,
                  json.dumps(shown))
     return 0
+
+
+def console_main() -> None:
+    """The `grpo-train` entry point: library errors as one line, exit 2 (grpo_jax.cli)."""
+    from grpo_jax import cli
+
+    cli.run(main, prog="grpo-train")

@@ -156,6 +156,7 @@ class Trainer:
         return {"state": self.state, "rng": rng}
 
     def _restore(self) -> None:
+        self.ckpt.check_config(self.cfg.to_dict())
         restored = self.ckpt.restore(checkpointing.abstract_like(self._checkpoint_tree()))
         if restored is None:
             return

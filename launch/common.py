@@ -410,9 +410,12 @@ def source_from_args(args: argparse.Namespace) -> SourceSettings:
 
 
 def main_guard(main) -> None:
-    """Run ``main()`` turning LaunchError into a one-line message and exit code 1."""
+    """Run ``main()`` through `grpo_jax.cli.run` (library errors: one line, exit 2), turning
+    LaunchError into a one-line message and exit code 1."""
+    from grpo_jax import cli
+
     try:
-        sys.exit(main())
+        cli.run(main)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

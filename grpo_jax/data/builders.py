@@ -22,6 +22,8 @@ import os
 import tensorflow_datasets as tfds
 from etils import epath
 
+from grpo_jax.errors import DataError
+
 
 # TFDS locates a builder's source file through ``importlib_resources``, which is not a
 # dependency here (and the lookup only serves to find a checksums file, which local
@@ -34,8 +36,9 @@ def _find_dir(root: str, candidates: tuple[str, ...], marker: str) -> str:
         path = os.path.join(root, sub)
         if os.path.exists(os.path.join(path, marker)):
             return path
-    raise FileNotFoundError(
-        f"{marker!r} not found in {root!r} (looked in {[c or '.' for c in candidates]})"
+    raise DataError(
+        f"{marker!r} not found in {root!r} (looked in {[c or '.' for c in candidates]}); "
+        "put the official dataset files there or point data.data_dir at them"
     )
 
 
@@ -77,8 +80,15 @@ class Gsm8kLocal(tfds.core.GeneratorBasedBuilder):
             for line_number, line in enumerate(f):
                 if not line.strip():
                     continue
-                record = json.loads(line)
-                yield line_number, {"question": record["question"], "answer": record["answer"]}
+                try:
+                    record = json.loads(line)
+                    example = {"question": record["question"], "answer": record["answer"]}
+                except (ValueError, KeyError, TypeError) as err:
+                    raise DataError(
+                        f"{path}:{line_number + 1}: not a GSM8K row ({type(err).__name__}: {err}); "
+                        "fix or remove that line"
+                    ) from None
+                yield line_number, example
 
 
 class MathLocal(tfds.core.GeneratorBasedBuilder):

@@ -8,9 +8,11 @@ the original would have yielded next.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable, Mapping
 
 from grpo_jax.data.builders import BUILDERS
+from grpo_jax.errors import DataError
 
 # Grain (which imports JAX) is imported only when a loader is made, so random access
 # through ``data_source`` (e.g. ``Task.examples``) stays light.
@@ -27,6 +29,10 @@ def build(name: str, data_dir: str | None = None, manual_dir: str | None = None)
     if name not in BUILDERS:
         raise KeyError(f"unknown dataset {name!r}; available: {sorted(BUILDERS)}")
     builder = BUILDERS[name](data_dir=data_dir, file_format="array_record")
+    if not builder.is_prepared() and not (manual_dir and os.path.isdir(manual_dir) and os.listdir(manual_dir)):
+        # TFDS would fail here with an AssertionError from deep inside its download manager.
+        raise DataError(f"{name}: the folder {manual_dir!r} is missing or empty; "
+                        f"{builder.MANUAL_DOWNLOAD_INSTRUCTIONS}")
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
     )

@@ -30,6 +30,7 @@ import numbers
 import random
 from typing import Callable, Sequence, Union
 
+from grpo_jax.errors import GrpoJaxError
 from grpo_jax.tasks import Example, Task
 
 Pair = tuple[str, str]
@@ -37,7 +38,7 @@ Question = Callable[[random.Random], Pair]
 Reward = Callable[[str, str, str], float]
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(GrpoJaxError):
     """A user reward (or prompt) function broke its contract; the message names the prompt."""
 
 

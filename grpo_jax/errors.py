@@ -1,0 +1,36 @@
+"""The library's error family: bad input a user can fix, reported by entry points as one line.
+
+Every error here means "the input is wrong", never "the code is wrong": its message names the
+input (key, file and line, parameter path, config field) and what to do. Entry points print
+these as `<prog>: error: <message>` and exit 2 (`grpo_jax.cli`); any other exception is a bug
+and keeps its traceback. They subclass ValueError so existing `except ValueError` callers
+keep working.
+"""
+
+
+class GrpoJaxError(ValueError):
+    """Base of every user-fixable error raised by grpo_jax."""
+
+
+class ConfigError(GrpoJaxError):
+    """A configuration key, type or value that cannot be used."""
+
+
+class MeshError(GrpoJaxError):
+    """A mesh that does not fit the available devices."""
+
+
+class DataError(GrpoJaxError):
+    """A dataset folder or file that cannot be read; the message names the file and line."""
+
+
+class PretrainedError(GrpoJaxError):
+    """A checkpoint that cannot be imported; the message names the tensor or field."""
+
+
+class CheckpointError(GrpoJaxError):
+    """A run dir whose checkpoints do not match the requested config."""
+
+
+class RewardModelError(GrpoJaxError):
+    """A reward-model path or checkpoint that cannot be used."""

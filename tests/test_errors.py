@@ -1,0 +1,52 @@
+"""User errors: one `<prog>: error:` line, exit 2, nothing written to an existing run dir."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpo_jax import checkpointing, config, errors, pretrained, sharding
+from grpo_jax.data import builders
+
+
+def test_error_family_keeps_old_names():
+    assert config.ConfigError is errors.ConfigError
+    assert sharding.MeshError is errors.MeshError
+    assert pretrained.PretrainedError is errors.PretrainedError
+    for cls in (errors.ConfigError, errors.MeshError, errors.DataError, errors.PretrainedError,
+                errors.CheckpointError, errors.RewardModelError):
+        assert issubclass(cls, errors.GrpoJaxError)
+
+
+def test_config_differences_names_the_field_and_allows_resumable_ones():
+    saved = {"model": {"num_layers": 2, "remat": "none"}, "rl": {"algorithm": "grpo"},
+             "run": {"steps": 10}}
+    requested = {"model": {"num_layers": 3, "remat": "full"}, "rl": {"algorithm": "grpo"},
+                 "run": {"steps": 20}}
+    assert checkpointing.config_differences(saved, requested) == [("model.num_layers", 2, 3)]
+
+
+def test_malformed_gsm8k_row_names_file_and_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"question": "a", "answer": "#### 1"}\n{"question": "b\n')
+    gen = builders.Gsm8kLocal._generate_examples(None, str(path))
+    next(gen)
+    with pytest.raises(errors.DataError, match=rf"{path}:2:"):
+        next(gen)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text("from grpo_jax import cli, errors\n"
+                      "def main():\n    raise errors.MeshError('mesh asks for 3 devices')\n"
+                      "cli.run(main)\n")
+    env = {**os.environ, "PYTHONPATH": ROOT, "GRPO_JAX_DEBUG": ""}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert out.returncode == 2
+    assert out.stderr == "prog.py: error: mesh asks for 3 devices\n"
+    out = subprocess.run([sys.executable, str(script), "--debug"], capture_output=True, text=True,
+                         env=env)
+    assert out.returncode != 0 and "Traceback" in out.stderr
