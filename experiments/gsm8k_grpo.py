@@ -175,7 +175,8 @@ def main(argv=None) -> dict:
     from grpo_jax import pretrained
     from grpo_jax.plots import plot_history
     from grpo_jax.sharding import make_mesh
-    from grpo_jax.trainer import Trainer, evaluate
+    from grpo_jax.evaluation import evaluate
+    from grpo_jax.trainer import Trainer
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     main_process = distributed.is_main_process()

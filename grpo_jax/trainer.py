@@ -31,6 +31,7 @@ import optax
 from grpo_jax import checkpointing, sampling
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.config import Config
+from grpo_jax.evaluation import evaluate
 from grpo_jax.metrics import MetricsWriter, is_main_process
 from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import make_optimizer
@@ -149,42 +150,6 @@ def preference_pairs(rollout, scores: Scores, group_size: int, num_pairs: int) -
         rows += [0, 0]
         valid += [False, False]
     return np.array(rows), np.array(valid)
-
-
-# ============================================================================ evaluation
-
-def evaluate(cfg: Config, params, task: Task, tokenizer: Tokenizer, examples: Sequence[Example], *,
-             key, mesh=None, num_samples: int = 0, temperature: float = 1.0,
-             ks: Sequence[int] = ()) -> dict[str, float]:
-    """Greedy accuracy; with `num_samples` > 0 also Pass@K and Maj@K (K in `ks`) from that many
-    samples per question at `temperature` (the paper's Figure 7 setting)."""
-    from grpo_jax.evaluation import maj_at_k, pass_at_k
-
-    prompts = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
-    greedy = sampling.sample(cfg.model, params, prompts, key=key, group_size=1,
-                             max_new_tokens=cfg.rl.max_new_tokens, temperature=0.0,
-                             stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, mesh=mesh)
-    greedy = jax.tree.map(to_host, greedy)
-    texts = [tokenizer.decode(completion_ids(greedy, r, tokenizer.stop_ids)) for r in range(len(examples))]
-    acc = np.mean([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(texts, examples)])
-    out = {"accuracy": float(acc)}
-    if num_samples > 0:
-        ro = sampling.sample(cfg.model, params, prompts, key=jax.random.fold_in(key, 1),
-                             group_size=num_samples, max_new_tokens=cfg.rl.max_new_tokens,
-                             temperature=temperature, stop_tokens=tokenizer.stop_ids,
-                             pad_id=tokenizer.pad_id, mesh=mesh)
-        ro = jax.tree.map(to_host, ro)
-        answers, correct = [], []
-        for i, ex in enumerate(examples):
-            rows = range(i * num_samples, (i + 1) * num_samples)
-            ans = [task.extract_answer(tokenizer.decode(completion_ids(ro, r, tokenizer.stop_ids))) for r in rows]
-            answers.append(ans)
-            correct.append([task.is_correct(a, ex) for a in ans])
-        for k in ks:
-            out[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, sum(c), k) for c in correct]))
-            out[f"maj@{k}"] = float(np.mean([maj_at_k(a, lambda ans, ex=ex: task.is_correct(ans, ex), k)
-                                             for a, ex in zip(answers, examples)]))
-    return out
 
 
 # ============================================================================ the loop
