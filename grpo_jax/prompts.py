@@ -25,7 +25,12 @@ sentencepiece) gets the same content as plain text: instruction, "Question: ..."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
+
+
+# DeepSeek-LLM's chat format (DeepSeekMath-Instruct/RL use it; it is not ChatML, so a
+# tokenizer without a chat template gets it as plain text).
+DEEPSEEK_CHAT = "User: {content}\n\nAssistant:"
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,3 @@ def encode_prompt(question: str, tokenizer, task: str = "gsm8k", *, style: Promp
     """Token ids of `build_prompt` (with BOS when the tokenizer's model expects one)."""
     text = build_prompt(question, tokenizer, task, style=style, system=system)
     return tokenizer.encode(text, add_bos=bool(getattr(tokenizer, "add_bos", False)))
-
-
-def build_prompts(questions: Sequence[str], tokenizer, task: str = "gsm8k",
-                  **kwargs: Any) -> list[str]:
-    return [build_prompt(q, tokenizer, task, **kwargs) for q in questions]
