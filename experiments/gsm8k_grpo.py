@@ -51,8 +51,6 @@ CPU_DEFAULTS = [
     "rl.beta=0.04", "optimizer.peak_lr=1e-6", "data.batch_size=2", "data.eval_size=16",
 ]
 HELD_OUT_NOTE = "held-out GSM8K-format synthetic problems, not GSM8K itself"
-# DeepSeek-LLM's template (not ChatML, so not formatted by the tokenizer): the paper's form.
-DEEPSEEK_PROMPT = "User: {instruction}\n\n{question}\n\nAssistant:"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,7 +102,7 @@ def chat_prompt(question: str, tokenizer) -> str:
     from grpo_jax import prompts
 
     if getattr(tokenizer, "chat_format", "plain") == "unsupported":  # DeepSeek-style template
-        return DEEPSEEK_PROMPT.format(instruction=prompts.get_style("gsm8k").instruction, question=question)
+        return prompts.DEEPSEEK_CHAT.format(content=f"{prompts.get_style('gsm8k').instruction}\n\n{question}")
     return prompts.build_prompt(question, tokenizer, task="gsm8k")
 
 
@@ -173,7 +171,8 @@ def main(argv=None) -> dict:
     from grpo_jax import pretrained
     from grpo_jax.plots import plot_history
     from grpo_jax.sharding import make_mesh
-    from grpo_jax.trainer import Trainer, evaluate
+    from grpo_jax.evaluation import evaluate
+    from grpo_jax.trainer import Trainer
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     main_process = distributed.is_main_process()

@@ -22,13 +22,14 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax import sampling
+from grpo_jax.evaluation import evaluate
 from grpo_jax.plots import plot_runs
 from grpo_jax.reward_models import (ReplayBuffer, label_completions, labelled_samples,
                                     pairwise_accuracy, train_reward_model)
 from grpo_jax.sharding import to_host
 from grpo_jax.tokenizer import encode_prompt
 from grpo_jax.batching import completion_ids
-from grpo_jax.trainer import evaluate
+from grpo_jax.evaluation import evaluate
 
 
 def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt: int, seed: int,

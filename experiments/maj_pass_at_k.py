@@ -18,7 +18,7 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.plots import plot_runs
-from grpo_jax.trainer import evaluate
+from grpo_jax.evaluation import evaluate
 
 
 def main(argv=None):

@@ -24,7 +24,8 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.plots import plot_history
-from grpo_jax.trainer import Trainer, evaluate
+from grpo_jax.evaluation import evaluate
+from grpo_jax.trainer import Trainer
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,13 +1,18 @@
-"""Evaluation metrics (pure host-side functions): greedy accuracy, Pass@K, Maj@K.
+"""Evaluation: greedy accuracy, Pass@K and Maj@K, their 95% intervals, and `evaluate`
+(sample a policy on held-out questions and score it; the trainer's periodic eval).
 
-Inputs are per-question lists of sampled answers / correctness flags produced by the
-sampler and a task's ``extract_answer`` / ``reward``; writing curves to PNG/JSON is the
-caller's business.
+The metric functions are pure host-side Python over per-question lists of sampled answers
+/ correctness flags (from the sampler and a task's ``extract_answer`` / ``is_correct``).
+95% intervals: Wilson score interval for the greedy accuracy (a binomial proportion over
+questions); percentile bootstrap over questions (seeded) for Pass@K and Maj@K, whose
+per-question values are not 0/1. `grpo_jax.evaluate_run` runs a whole benchmark with
+resumable per-question JSONL; writing curves to PNG/JSON is the caller's business.
 """
 from __future__ import annotations
 
+import math
 import random
-from typing import Callable, Hashable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Sequence, TypeVar
 
 A = TypeVar("A", bound=Hashable)
 
@@ -146,3 +151,126 @@ def maj_at_k_curve(
                 for q, (a, p) in enumerate(zip(answers, predicates))
             ) / len(answers)
     return curve
+
+
+# ============================================================================ intervals
+
+def wilson_interval(successes: float, n: int, *, z: float = 1.959964) -> tuple[float, float]:
+    """95% (z = 1.96) Wilson score interval of a proportion successes / n.
+
+        centre = (p + z²/2n) / (1 + z²/n),  half = z sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)
+
+    Unlike the normal interval it stays inside [0, 1] and is not empty at p = 0 or 1.
+    """
+    if n <= 0:
+        raise ValueError(f"wilson_interval needs n >= 1, got n={n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bootstrap_interval(values: Sequence[float], *, num_resamples: int = 1000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-question ``values`` [Q]: resample Q
+    questions with replacement ``num_resamples`` times (``random.Random(seed)``), take the
+    (1-level)/2 and (1+level)/2 quantiles (nearest rank) of the resampled means."""
+    q = len(values)
+    if q == 0:
+        raise ValueError("bootstrap_interval: no values")
+    rng = random.Random(seed)
+    means = sorted(sum(values[rng.randrange(q)] for _ in range(q)) / q for _ in range(num_resamples))
+    lo = means[max(0, math.ceil((1 - level) / 2 * num_resamples) - 1)]
+    hi = means[min(num_resamples - 1, math.ceil((1 + level) / 2 * num_resamples) - 1)]
+    return lo, hi
+
+
+def summarize(records: Sequence[dict], ks: Iterable[int] | None = None, *, seed: int = 0,
+              num_subsets: int = 32, num_resamples: int = 1000) -> dict[str, Any]:
+    """The benchmark's metrics from per-question records (`grpo_jax.evaluate_run`'s JSONL).
+
+    Each record has ``index`` (the question's position in the benchmark: Maj@K's subset
+    seed is ``seed + index``, so a shard scores a question exactly as the whole run does),
+    ``greedy_correct`` (bool), and ``answers`` / ``correct`` (one per sample, [n]). A vote's
+    winner is correct iff the samples with that answer were marked correct (the task's
+    ``is_correct`` depends on the canonical answer string only). Ks default to 1..n_min.
+
+    Returns {"num_questions", "samples_per_question", "greedy": {"accuracy", "ci95"},
+    "pass@k": {k: {"value", "ci95"}}, "maj@k": {k: {"value", "ci95"}}} (string keys k).
+    """
+    if not records:
+        raise ValueError("summarize: no records")
+    records = sorted(records, key=lambda r: r["index"])
+    greedy = [bool(r["greedy_correct"]) for r in records]
+    out: dict[str, Any] = {"num_questions": len(records)}
+    out["greedy"] = {"accuracy": greedy_accuracy(greedy), "ci95": list(wilson_interval(sum(greedy), len(greedy)))}
+    n_min = min(len(r["correct"]) for r in records)
+    out["samples_per_question"] = n_min
+    if n_min == 0:
+        return out
+    ks = [k for k in (range(1, n_min + 1) if ks is None else ks) if 1 <= k <= n_min]
+    out["pass@k"], out["maj@k"] = {}, {}
+    for k in ks:
+        per_q = [pass_at_k(len(r["correct"]), sum(map(bool, r["correct"])), k) for r in records]
+        out["pass@k"][str(k)] = {"value": sum(per_q) / len(per_q),
+                                 "ci95": list(bootstrap_interval(per_q, num_resamples=num_resamples, seed=seed))}
+        per_q = []
+        for r in records:
+            right = {a for a, c in zip(r["answers"], r["correct"]) if c and a is not None}
+            per_q.append(maj_at_k(r["answers"], right.__contains__, k, num_subsets=num_subsets,
+                                  seed=seed + r["index"]))
+        out["maj@k"][str(k)] = {"value": sum(per_q) / len(per_q),
+                                "ci95": list(bootstrap_interval(per_q, num_resamples=num_resamples, seed=seed))}
+    return out
+
+
+# ============================================================================ policy evaluation
+
+def completion_texts(rollout, tokenizer) -> list[str]:
+    """Decoded completion of every rollout row [B], without its trailing stop token."""
+    from grpo_jax.batching import completion_ids  # jax-side; the metrics above stay jax-free
+
+    return [tokenizer.decode(completion_ids(rollout, r, tokenizer.stop_ids))
+            for r in range(rollout.tokens.shape[0])]
+
+
+def evaluate(cfg, params, task, tokenizer, examples: Sequence, *, key, mesh=None,
+             num_samples: int = 0, temperature: float = 1.0, ks: Sequence[int] = ()) -> dict[str, float]:
+    """Greedy accuracy of ``params`` on ``examples`` (``cfg.rl.max_new_tokens`` tokens); with
+    ``num_samples`` > 0 also Pass@K and Maj@K (K in ``ks``, via :func:`pass_at_k_curve` and
+    :func:`maj_at_k_curve`) from that many samples per question at ``temperature`` (the
+    paper's Figure 7 setting). Returns {"accuracy", "reward" (the task's mean greedy reward),
+    "pass@K", "maj@K"}.
+
+    For a whole benchmark with intervals, JSONL and resume, use `grpo_jax.evaluate_run`.
+    """
+    import jax  # sampling is device-side; the metrics above stay importable without it
+
+    from grpo_jax import sampling
+    from grpo_jax.sharding import to_host
+    from grpo_jax.tokenizer import encode_prompt
+
+    def texts_of(ro) -> list[str]:
+        return completion_texts(jax.tree.map(to_host, ro), tokenizer)
+
+    prompts = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
+    common = dict(max_new_tokens=cfg.rl.max_new_tokens, stop_tokens=tokenizer.stop_ids,
+                  pad_id=tokenizer.pad_id, mesh=mesh)
+    greedy = texts_of(sampling.sample(cfg.model, params, prompts, key=key, group_size=1,
+                                      temperature=0.0, **common))
+    out = {"accuracy": greedy_accuracy([task.is_correct(task.extract_answer(t), ex)
+                                        for t, ex in zip(greedy, examples)]),
+           "reward": sum(task.reward(t, ex) for t, ex in zip(greedy, examples)) / len(examples)}
+    if num_samples > 0:
+        sampled = texts_of(sampling.sample(cfg.model, params, prompts, key=jax.random.fold_in(key, 1),
+                                           group_size=num_samples, temperature=temperature, **common))
+        flat = [task.extract_answer(t) for t in sampled]
+        answers = [flat[i * num_samples:(i + 1) * num_samples] for i in range(len(examples))]
+        correct = [[task.is_correct(a, ex) for a in ans] for ans, ex in zip(answers, examples)]
+        out.update({f"pass@{k}": v for k, v in pass_at_k_curve(correct, ks).items()})
+        out.update({f"maj@{k}": v for k, v in maj_at_k_curve(
+            answers, lambda q, a: task.is_correct(a, examples[q]), ks).items()})
+    return out

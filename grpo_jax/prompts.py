@@ -3,7 +3,7 @@ chain-of-thought instruction that tells the model how to mark its final answer s
 task's rule reward can read it.
 
     text = build_prompt("Natalia sold 48 clips ...", tokenizer, task="gsm8k")
-    ids = encode_prompt("Natalia sold 48 clips ...", tokenizer, task="gsm8k")
+    ids = encode_prompt(tokenizer, text)      # grpo_jax.tokenizer.encode_prompt
 
 With a ChatML tokenizer (SmolLM2, Qwen2) the result is
 
@@ -25,7 +25,12 @@ sentencepiece) gets the same content as plain text: instruction, "Question: ..."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
+
+
+# DeepSeek-LLM's chat format (DeepSeekMath-Instruct/RL use it; it is not ChatML, so a
+# tokenizer without a chat template gets it as plain text).
+DEEPSEEK_CHAT = "User: {content}\n\nAssistant:"
 
 
 @dataclass(frozen=True)
@@ -91,15 +96,3 @@ def build_prompt(question: str, tokenizer, task: str = "gsm8k", *, style: Prompt
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True) + style.assistant_prefix
     head = f"{system}\n\n" if system else ""
     return f"{head}{style.instruction}\n\nQuestion: {question.strip()}\nAnswer:\n{style.assistant_prefix}"
-
-
-def encode_prompt(question: str, tokenizer, task: str = "gsm8k", *, style: PromptStyle | None = None,
-                  system: str | None = None) -> list[int]:
-    """Token ids of `build_prompt` (with BOS when the tokenizer's model expects one)."""
-    text = build_prompt(question, tokenizer, task, style=style, system=system)
-    return tokenizer.encode(text, add_bos=bool(getattr(tokenizer, "add_bos", False)))
-
-
-def build_prompts(questions: Sequence[str], tokenizer, task: str = "gsm8k",
-                  **kwargs: Any) -> list[str]:
-    return [build_prompt(q, tokenizer, task, **kwargs) for q in questions]

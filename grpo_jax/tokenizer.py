@@ -35,9 +35,11 @@ class Tokenizer(Protocol):
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Prompt ids with a BOS token only where the model was trained with one (SmolLM2's
-    ChatML prompts already start with their own `<|im_start|>`)."""
-    return tokenizer.encode(text, add_bos=getattr(tokenizer, "add_bos", True))
+    """Ids of a prompt's text (the one way prompts are encoded: trainer, sampler callers,
+    evaluation). BOS only where the tokenizer says its model was trained with one
+    (`tokenizer.add_bos`; a tokenizer that does not say gets none): SmolLM2's ChatML prompts
+    already start with their own `<|im_start|>`, the tiny sentencepiece model wants BOS."""
+    return tokenizer.encode(text, add_bos=bool(getattr(tokenizer, "add_bos", False)))
 
 
 def char_to_token_index(end_offsets: Sequence[int], char_end: int) -> int:

@@ -193,9 +193,10 @@ def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int 
     `history`."""
     import jax
 
+    from grpo_jax.evaluation import evaluate
     from grpo_jax.model import init_params
     from grpo_jax.sharding import make_mesh
-    from grpo_jax.trainer import Trainer, evaluate
+    from grpo_jax.trainer import Trainer
 
     cfg = config_lib.load_config(preset, list(overrides))
     root = cfg.run.run_dir

@@ -32,6 +32,7 @@ from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, prefer
                                texts_to_batch)
 from grpo_jax.config import Config, ConfigError
 from grpo_jax.distributed import is_main_process
+from grpo_jax.evaluation import evaluate
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import make_optimizer, updates_applied, value_optimizer_config
@@ -43,42 +44,6 @@ from grpo_jax.train_step import init_train_state, make_train_step
 log = logging.getLogger(__name__)
 
 
-
-
-# ============================================================================ evaluation
-
-def evaluate(cfg: Config, params, task: Task, tokenizer: Tokenizer, examples: Sequence[Example], *,
-             key, mesh=None, num_samples: int = 0, temperature: float = 1.0,
-             ks: Sequence[int] = ()) -> dict[str, float]:
-    """Greedy accuracy and mean reward; with `num_samples` > 0 also Pass@K and Maj@K (K in `ks`) from that many
-    samples per question at `temperature` (the paper's Figure 7 setting)."""
-    from grpo_jax.evaluation import maj_at_k, pass_at_k
-
-    prompts = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
-    greedy = sampling.sample(cfg.model, params, prompts, key=key, group_size=1,
-                             max_new_tokens=cfg.rl.max_new_tokens, temperature=0.0,
-                             stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, mesh=mesh)
-    greedy = jax.tree.map(to_host, greedy)
-    texts = [tokenizer.decode(completion_ids(greedy, r, tokenizer.stop_ids)) for r in range(len(examples))]
-    acc = np.mean([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(texts, examples)])
-    out = {"accuracy": float(acc), "reward": float(np.mean([task.reward(t, ex) for t, ex in zip(texts, examples)]))}
-    if num_samples > 0:
-        ro = sampling.sample(cfg.model, params, prompts, key=jax.random.fold_in(key, 1),
-                             group_size=num_samples, max_new_tokens=cfg.rl.max_new_tokens,
-                             temperature=temperature, stop_tokens=tokenizer.stop_ids,
-                             pad_id=tokenizer.pad_id, mesh=mesh)
-        ro = jax.tree.map(to_host, ro)
-        answers, correct = [], []
-        for i, ex in enumerate(examples):
-            rows = range(i * num_samples, (i + 1) * num_samples)
-            ans = [task.extract_answer(tokenizer.decode(completion_ids(ro, r, tokenizer.stop_ids))) for r in rows]
-            answers.append(ans)
-            correct.append([task.is_correct(a, ex) for a in ans])
-        for k in ks:
-            out[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, sum(c), k) for c in correct]))
-            out[f"maj@{k}"] = float(np.mean([maj_at_k(a, lambda ans, ex=ex: task.is_correct(ans, ex), k)
-                                             for a, ex in zip(answers, examples)]))
-    return out
 
 
 # ============================================================================ the loop

@@ -100,6 +100,7 @@ _REGISTRY: dict[str, str] = {
     "arithmetic": "grpo_jax.tasks.arithmetic:ArithmeticTask",
     "countdown": "grpo_jax.tasks.countdown:CountdownTask",
     "gsm8k": "grpo_jax.tasks.gsm8k:Gsm8kTask",
+    "gsm8k_synth": "grpo_jax.tasks.gsm8k_synth:Gsm8kSynthTask",
     "math": "grpo_jax.tasks.math_task:MathTask",
 }
 

@@ -18,6 +18,14 @@ class DatasetTask(Task):
 
     dataset: str = ""
     splits: tuple[str, ...] = ("train", "test")
+    # The chain-of-thought format DeepSeekMath-Instruct 7B and DeepSeekMath-RL 7B are
+    # evaluated with (Table 5's "Chain-of-Thought Reasoning" rows, GSM8K and MATH alike).
+    # The paper does not print it; the models' published cards do: "Please use
+    # chain-of-thought prompt to test DeepSeekMath-Instruct and DeepSeekMath-RL: English
+    # questions: {question}\nPlease reason step by step, and put your final answer within
+    # \boxed{}." It is the user turn; `grpo_jax.evaluate_run.prompt_text` wraps it in the
+    # model's chat template. ``{question}`` is ``Example.meta["question"]``.
+    paper_prompt: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
     def __init__(self, data_dir: str | None = None, manual_dir: str | None = None):
         self.data_dir = data_dir

@@ -39,7 +39,8 @@ class Gsm8kTask(DatasetTask):
         return Example(
             prompt=PROMPT.format(question=record["question"].strip()),
             answer=record["answer"],
-            meta={"final_answer": None if final is None else rewards.format_number(final)},
+            meta={"final_answer": None if final is None else rewards.format_number(final),
+                  "question": record["question"].strip()},
         )
 
     def reward(self, completion: str, example: Example) -> float:

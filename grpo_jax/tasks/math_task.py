@@ -40,6 +40,7 @@ class MathTask(DatasetTask):
                 "level": record.get("level", ""),
                 "type": record.get("type", ""),
                 "final_answer": None if boxed is None else rewards.canonical_math_answer(boxed),
+                "question": record["problem"].strip(),
             },
         )
 
