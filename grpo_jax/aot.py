@@ -10,6 +10,8 @@ All numbers are compiler estimates, not measurements on a TPU.
 """
 
 import dataclasses
+import functools
+import os
 import re
 import time
 from typing import Any
@@ -45,6 +47,9 @@ def topology_devices(topology: str) -> list:
     """The TPU devices of ``topology`` (e.g. ``v5p:4x4x4``), usable for AOT compiles only."""
     from jax.experimental import topologies
 
+    # libtpu takes a machine-wide lock file by default; compiling needs no TPU, so let
+    # several processes (pytest workers, concurrent checks) load it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
 
 
@@ -184,3 +189,62 @@ def check_fit(name: str, rep: dict) -> None:
             f"{rep['argument_bytes'] / 1e9:.2f} + temps {rep['temp_bytes'] / 1e9:.2f} + outputs "
             f"{rep['output_bytes'] / 1e9:.2f} - aliases {rep['alias_bytes'] / 1e9:.2f}) exceeds "
             f"the chip's {rep['hbm_capacity_bytes'] / 1e9:.0f} GB")
+
+
+def sample_mesh(cfg: Config, slice_name: str):
+    """The sampler's mesh: the slice preset's ``sample_mesh`` (replicas x tensor), or the
+    train mesh for a raw topology name."""
+    if ":" in slice_name:
+        return topology_mesh(cfg, slice_name)[0]
+    from grpo_jax.sharding import mesh_from_shape
+
+    preset = get_slice(slice_name)
+    return mesh_from_shape(preset.sample_mesh, topology_devices(TOPOLOGIES[preset.name]))
+
+
+def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int,
+                    dtype=jnp.bfloat16) -> dict:
+    """{"prefill": (compiled, s), "decode": (compiled, s)} for one sampler call of
+    ``prompts`` x ``group_size`` rows, ``prompt_len`` prompt tokens and rl.max_new_tokens
+    new ones, with the policy cast to ``dtype`` (the sampling copy)."""
+    from grpo_jax import sampling
+
+    m = cfg.model
+    rows = prompts * group_size
+    tc = sampling.bucket_length(cfg.rl.max_new_tokens)
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype if s.dtype == jnp.float32 else s.dtype),
+                          model_lib.param_shapes(m))
+    params = _abstract(params, model_lib.param_shardings(m, mesh))
+    bs = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sharding(mesh, len(shape), shape[0]))
+    rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))
+    cfg_items = sampling._sampling_cfg(m)
+    prefill = sampling._jitted("prefill", cfg_items, mesh)
+    shared = bs((rows,), jnp.int32) if group_size > 1 else None
+    args = (params, bs((prompts, prompt_len), jnp.int32), bs((prompts, prompt_len), bool), shared)
+    start = time.perf_counter()
+    pre = prefill.lower(*args, cache_len=prompt_len + tc).compile()
+    pre_s = time.perf_counter() - start
+    cache, logits0 = jax.eval_shape(functools.partial(prefill, cache_len=prompt_len + tc), *args)
+    cache = _abstract(cache, sampling._cache_sharding(mesh, cache))
+    logits0 = bs(logits0.shape, logits0.dtype)
+    decode = sampling._jitted("decode", cfg_items, mesh, False, False)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
+    start = time.perf_counter()
+    dec = decode.lower(params, cache, logits0, bs((rows,), jnp.int32), bs((rows,), jnp.int32),
+                       bs((rows,), bool), key, rep((), jnp.float32), rep((), jnp.int32),
+                       rep((), jnp.float32), rep((), jnp.int32), rep((m.vocab_size,), bool),
+                       rep((), jnp.int32), num_cols=tc).compile()
+    return {"prefill": (pre, pre_s), "decode": (dec, time.perf_counter() - start)}
+
+
+def sampler_flops(cfg: Config, rows: int, prompt_len: int) -> dict:
+    """Analytic FLOPs over the slice: prefill of the prompts (one per question's rows, counted
+    per row as an upper bound) and decode of rl.max_new_tokens tokens per row, attention over
+    the full cache length."""
+    m = cfg.model
+    t = prompt_len + cfg.rl.max_new_tokens
+    d, h, kv, hd, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
+    dense = m.num_layers * (2 * d * (h + 2 * kv) * hd + 2 * h * hd * d + 3 * 2 * d * f) + 2 * d * m.vocab_size
+    attn = m.num_layers * 2 * 2 * h * hd * t
+    return {"prefill": float(rows * prompt_len * (dense + attn)),
+            "decode": float(rows * cfg.rl.max_new_tokens * (dense + attn))}
