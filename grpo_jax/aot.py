@@ -164,15 +164,16 @@ def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
     return float(fwd * passes)
 
 
-def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float) -> dict:
+def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_trips: int = 1) -> dict:
     """Per-chip memory, FLOPs (analytic, whole step / chips), bytes accessed (cost
-    analysis, loop bodies counted once), collectives and a roofline time / MFU."""
+    analysis counts loop bodies once; ``byte_trips`` scales it, e.g. decode steps x layers
+    for the bandwidth-bound decode loop), collectives and a roofline time / MFU."""
     mem = memory(compiled)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = flops_total / num_chips
     t_compute = flops / chip.peak_bf16_flops
-    t_memory = float(cost.get("bytes accessed", 0.0)) / chip.hbm_bandwidth
+    t_memory = float(cost.get("bytes accessed", 0.0)) * byte_trips / chip.hbm_bandwidth
     est = max(t_compute, t_memory)
     return {**mem, "hbm_capacity_bytes": chip.hbm_bytes, "fits": mem["peak_bytes"] <= chip.hbm_bytes,
             "flops_per_chip": flops, "cost_analysis_flops_loop_bodies_once": float(cost.get("flops", 0.0)),

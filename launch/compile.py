@@ -42,7 +42,9 @@ def check(cfg, slice_name: str, prompt_len: int, sample_prompts: int | None = No
     flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
     programs = _compiling("sample_prefill/decode", aot.compile_sampler, cfg, smesh, per_call, g, prompt_len)
     for name, (compiled, secs) in programs.items():
-        rep = aot.report(compiled, chip, smesh.size, flops[name])
+        # Decode reads every layer's weights once per token: scale the loop body's bytes.
+        trips = cfg.rl.max_new_tokens * cfg.model.num_layers if name == "decode" else 1
+        rep = aot.report(compiled, chip, smesh.size, flops[name], byte_trips=trips)
         rep.update(compile_seconds=secs, calls_per_step=calls)
         results[f"sample_{name}"] = rep
         log(_line(f"sample_{name}", rep))
