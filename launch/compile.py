@@ -42,8 +42,9 @@ def check(cfg, slice_name: str, prompt_len: int, sample_prompts: int | None = No
     flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
     programs = _compiling("sample_prefill/decode", aot.compile_sampler, cfg, smesh, per_call, g, prompt_len)
     for name, (compiled, secs) in programs.items():
-        # Decode reads every layer's weights once per token: scale the loop body's bytes.
-        trips = cfg.rl.max_new_tokens * cfg.model.num_layers if name == "decode" else 1
+        # Decode reads the weights and the cache once per token: cost_analysis counts the
+        # token loop's body (with its layers) once, so scale its bytes by the token count.
+        trips = cfg.rl.max_new_tokens if name == "decode" else 1
         rep = aot.report(compiled, chip, smesh.size, flops[name], byte_trips=trips)
         rep.update(compile_seconds=secs, calls_per_step=calls)
         results[f"sample_{name}"] = rep
