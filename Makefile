@@ -6,7 +6,7 @@ STAMP_LIB := $(VENV)/.installed-lib
 STAMP_TEST := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 
-.PHONY: install install-test test demo bench clean
+.PHONY: install install-test test demo bench clean tpu-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -18,8 +18,8 @@ $(STAMP_LIB): requirements.txt pyproject.toml | $(PY)
 	$(PIP) install -q --no-deps -e .
 	touch $@
 
-$(STAMP_TEST): requirements-test.txt $(STAMP_LIB)
-	$(PIP) install -q -r requirements-test.txt
+$(STAMP_TEST): requirements-test.txt requirements-tpu.txt $(STAMP_LIB)
+	$(PIP) install -q -r requirements-test.txt -r requirements-tpu.txt
 	touch $@
 
 install: $(STAMP_LIB)
@@ -27,6 +27,10 @@ install-test: $(STAMP_TEST)
 
 test: $(STAMP_TEST)
 	$(PY) -m pytest -n 2 --dist loadfile -q $(PYTEST_ARGS) tests
+
+# Compile every preset/slice pair of the README's matrix for TPU on this machine (libtpu).
+tpu-check: $(STAMP_TEST)
+	$(PY) launch/compile_matrix.py
 
 demo: $(STAMP_LIB)
 	$(PY) experiments/quickstart.py

@@ -269,7 +269,7 @@ def _uniforms(key, step, row_ids):
     return 1.0 - jax.vmap(draw)(row_ids)
 
 
-def _cache_sharding(mesh: Mesh, cache: model_lib.KVCache) -> model_lib.KVCache:
+def cache_sharding(mesh: Mesh, cache: model_lib.KVCache) -> model_lib.KVCache:
     v_names = ("layers", "batch", "kv_heads", "seq", "head_dim")
     k_names = ("layers", "batch", "kv_heads", "head_dim", "seq")
     return model_lib.KVCache(
@@ -297,7 +297,7 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_
     arrays once is negligible, and unrolling measured no faster but compiles slower."""
     TRACE_COUNTS["prefill"] += 1
     cache = model_lib.init_cache(cfg, prompt_tokens.shape[0], cache_len)
-    cache = _constrain(cache, mesh, _cache_sharding)
+    cache = _constrain(cache, mesh, cache_sharding)
     positions = model_lib.default_positions(prompt_mask)
     hidden, cache = model_lib.forward_hidden(cfg, params, prompt_tokens, prompt_mask, positions,
                                              cache=cache, unroll=False)
@@ -308,7 +308,7 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_
             k=jnp.take(cache.k, src_rows, axis=1), v=jnp.take(cache.v, src_rows, axis=1),
             mask=jnp.take(cache.mask, src_rows, axis=0), index=cache.index)
         logits = jnp.take(logits, src_rows, axis=0)
-    return _constrain(cache, mesh, _cache_sharding), _batch_constrain(logits, mesh)
+    return _constrain(cache, mesh, cache_sharding), _batch_constrain(logits, mesh)
 
 
 def _unstack(tree, n: int) -> list:
@@ -382,7 +382,7 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool,
         positions = (prompt_lens + step - 1)[:, None]
         hidden, cache = model_lib.forward_hidden(cfg, step_params(), last[:, None], last_real[:, None],
                                                  positions, cache=cache, unroll=unroll)
-        cache = _constrain(cache, mesh, _cache_sharding)
+        cache = _constrain(cache, mesh, cache_sharding)
         logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0])
         return (step + 1,) + pack(cache) + emit(step, logits, done, tokens, mask, logps, finished)
 
@@ -408,6 +408,10 @@ class _OnMesh:
         with on_mesh(self.mesh):
             return self.jitted.lower(*args, **kwargs)
 
+    def eval_shape(self, *args, **kwargs):
+        with on_mesh(self.mesh):
+            return jax.eval_shape(functools.partial(self.jitted, **kwargs), *args)
+
 
 @functools.lru_cache(maxsize=32)
 def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, *static) -> _OnMesh:
@@ -419,6 +423,16 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, *static) -> _OnMesh:
         jitted = jax.jit(functools.partial(_decode, cfg, mesh, *static), static_argnames=("num_cols",),
                          donate_argnums=(1,))  # the cache
     return _OnMesh(jitted, mesh)
+
+
+def programs(cfg: ModelConfig, mesh: Mesh | None, *, unroll: bool = True,
+             filtered: bool = False) -> tuple[_OnMesh, _OnMesh]:
+    """(prefill, decode): the sampler's two jitted programs for a model on a mesh (``filtered``:
+    top-k / top-p on), for callers that lower them without running (``grpo_jax.aot``).
+    Forward only: remat changes training, not sampling, so every remat policy shares them."""
+    forward_cfg = dataclasses.replace(cfg, remat="none")
+    return (_jitted("prefill", forward_cfg, mesh),
+            _jitted("decode", forward_cfg, mesh, bool(unroll), bool(filtered)))
 
 
 # ============================================================================ glue
@@ -468,11 +482,8 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     src_rows, prompt_lens, row_ids, row_valid = row_arrays
 
     # -- device: prefill once per prompt, then the decode loop
-    # Forward only: remat changes training, not sampling, so every remat policy shares one program.
-    forward_cfg = dataclasses.replace(cfg, remat="none")
     tp, tc = host.prompt_tokens.shape[1], host.completion_bucket
-    prefill = _jitted("prefill", forward_cfg, mesh)
-    decode = _jitted("decode", forward_cfg, mesh, bool(unroll), bool(top_k > 0 or top_p < 1.0))
+    prefill, decode = programs(cfg, mesh, unroll=unroll, filtered=top_k > 0 or top_p < 1.0)
     shared = src_rows if group_size > 1 else None
     cache, logits0 = prefill(params, *prompt_arrays, shared, cache_len=tp + tc)
     tokens, mask, logps, finished, steps, _ = decode(

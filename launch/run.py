@@ -60,6 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="only stream the log of a run that was started before")
     mode.add_argument("--stop", action="store_true",
                       help="kill the run on all workers (SIGTERM, then SIGKILL)")
+    g.add_argument("--check", action="store_true",
+                   help="first compile the run's programs for --slice on this machine "
+                        "(launch/compile.py; needs libtpu) and refuse to launch if one does "
+                        "not fit HBM")
     g.add_argument("--grace", type=int, default=30,
                    help="--stop: seconds between SIGTERM and SIGKILL (default %(default)s)")
     g.add_argument("--max-restarts", type=int, default=0,
@@ -175,11 +179,33 @@ def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceS
         recreate(runner, s, src)
 
 
+def check_fits(args) -> None:
+    """Compile the experiment's config (its --preset and overrides) for --slice ahead of
+    time; LaunchError naming the program when something does not fit."""
+    from grpo_jax import aot
+    from grpo_jax.config import add_config_args, config_from_args
+    from launch.compile import check
+
+    if not args.slice:
+        raise LaunchError("--check needs --slice (the slice to compile for)")
+    if not aot.libtpu_available():
+        raise LaunchError("--check needs libtpu: pip install -r requirements-tpu.txt")
+    parser = argparse.ArgumentParser(add_help=False)
+    add_config_args(parser)
+    known, _ = parser.parse_known_args(args.experiment_args)
+    try:
+        check(config_from_args(known), args.slice, prompt_len=256, log=note)
+    except aot.FitError as e:
+        raise LaunchError(f"the run will not fit {args.slice}: {e}") from None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     settings = common.settings_from_args(args)
     if args.max_restarts:
         settings.require_shape()  # re-creating needs the accelerator type and runtime
+    if args.check and not (args.stop or args.logs):
+        check_fits(args)
     job = make_job(args)
     runner = Runner(args.dry_run)
     if args.stop:

@@ -1,0 +1,253 @@
+"""Ahead-of-time TPU compilation on a CPU-only machine (needs ``libtpu`` installed).
+
+``topology_mesh(slice)`` builds the slice's real train mesh from
+``jax.experimental.topologies``; ``compile_train_step(cfg, mesh, ...)`` lowers and compiles
+the train step on abstract, sharded arguments; ``report(compiled, chip)`` turns the
+executable's ``memory_analysis()``/``cost_analysis()`` into per-chip numbers and
+``check_fit`` raises ``FitError`` naming the program when peak HBM exceeds the chip.
+
+All numbers are compiler estimates, not measurements on a TPU.
+"""
+
+import dataclasses
+import os
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from grpo_jax import model as model_lib
+from grpo_jax import train_step as ts
+from grpo_jax.algorithms import RLHParams, get_algorithm
+from grpo_jax.config import Config
+from grpo_jax.batching import Batch
+from grpo_jax.optimizer import make_optimizer, value_optimizer_config
+from grpo_jax.sharding import batch_sharding, make_mesh, on_mesh, replicated
+from grpo_jax.slices import get_slice
+from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of
+
+
+class FitError(RuntimeError):
+    """A program whose per-chip peak HBM exceeds the chip's capacity (or fails to compile)."""
+
+
+def libtpu_available() -> bool:
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def topology_devices(topology: str) -> list:
+    """The TPU devices of ``topology`` (e.g. ``v5p:4x4x4``), usable for AOT compiles only."""
+    from jax.experimental import topologies
+
+    # libtpu takes a machine-wide lock file by default; compiling needs no TPU, so let
+    # several processes (pytest workers, concurrent checks) load it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+
+
+def topology_mesh(cfg: Config, slice_name: str) -> tuple[Any, str]:
+    """(train mesh, topology name) of a slice preset (``v5p-128``) or a raw topology
+    (``v5e:2x2``, whose train mesh follows ``cfg.mesh``)."""
+    if ":" in slice_name:
+        topology = slice_name
+        mesh_cfg = cfg.mesh
+    else:
+        preset = get_slice(slice_name)
+        topology = TOPOLOGIES[preset.name]
+        mesh_cfg = dataclasses.replace(cfg.mesh, slice=preset.name)
+    return make_mesh(mesh_cfg, topology_devices(topology)), topology
+
+
+def _abstract(shapes: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, shardings)
+
+
+def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh) -> Batch:
+    """A Batch of ShapeDtypeStructs: [rows, prompt_len] prompts, [rows, completion_len]
+    completions, one step slot; rows sharded over the batch axes."""
+    def arr(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, len(shape), rows))
+
+    tp, tc = (rows, prompt_len), (rows, completion_len)
+    return Batch(prompt_tokens=arr(tp, jnp.int32), prompt_mask=arr(tp, bool),
+                    tokens=arr(tc, jnp.int32), mask=arr(tc, bool),
+                    sample_logprobs=arr(tc, jnp.float32), rewards=arr((rows,), jnp.float32),
+                    correct=arr((rows,), bool), truncated=arr((rows,), bool),
+                    step_rewards=arr((rows, 1), jnp.float32), step_end=arr((rows, 1), jnp.int32),
+                    step_mask=arr((rows, 1), bool))
+
+
+def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
+    """(compiled train step, seconds) for a batch of ``rows`` x (prompt_len +
+    rl.max_new_tokens) tokens; the state is abstract and sharded like a real run's."""
+    tx, _ = make_optimizer(cfg.optimizer, cfg.run.steps, updates_per_step=cfg.rl.num_updates)
+    value_tx = None
+    if get_algorithm(cfg.rl.algorithm).needs_value_model:
+        value_tx, _ = make_optimizer(value_optimizer_config(cfg.optimizer), cfg.run.steps,
+                                     updates_per_step=cfg.rl.num_updates)
+    step = ts.make_train_step(cfg, tx, mesh, value_tx=value_tx)
+    params = model_lib.param_shapes(cfg.model)
+    shapes = ts.TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+        opt_state=jax.eval_shape(tx.init, params),
+        ref_params=params if step.state_shardings.ref_params is not None else None)
+    if value_tx is not None:
+        vparams = model_lib.param_shapes(cfg.model, value_head=True)
+        shapes = shapes.replace(value_params=vparams, value_opt_state=jax.eval_shape(value_tx.init, vparams))
+    state = _abstract(shapes, step.state_shardings)
+    batch = abstract_batch(rows, prompt_len, cfg.rl.max_new_tokens, mesh)
+    hp = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x),
+                                                     sharding=replicated(mesh)),
+                      RLHParams.from_config(cfg.rl))
+    jitted = jax.jit(step.fn, in_shardings=(step.state_shardings, step.batch_shardings(batch),
+                                            replicated(mesh)),
+                     out_shardings=(step.state_shardings, replicated(mesh)), donate_argnums=(0,))
+    start = time.perf_counter()
+    with on_mesh(mesh):  # the model's activation constraints, as in a real run
+        compiled = jitted.lower(state, batch, hp).compile()
+    return compiled, time.perf_counter() - start
+
+
+def memory(compiled) -> dict:
+    """Per-chip bytes from ``memory_analysis()``; peak = arguments + temps + outputs -
+    aliases (donated outputs reuse their argument buffers)."""
+    m = compiled.memory_analysis()
+    out = {"argument_bytes": int(m.argument_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes),
+           "output_bytes": int(m.output_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes)}
+    out["peak_bytes"] = (out["argument_bytes"] + out["temp_bytes"] + out["output_bytes"]
+                         - out["alias_bytes"])
+    return out
+
+
+_COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1,
+                "f64": 8, "s64": 8}
+_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def collectives(hlo_text: str) -> dict:
+    """{collective: {"count", "bytes"}} over the optimized HLO's instructions (result
+    shapes; an op inside a loop body is counted once, like cost_analysis)."""
+    out = {c: {"count": 0, "bytes": 0} for c in _COLLECTIVES}
+    for line in hlo_text.splitlines():
+        if "=" not in line:
+            continue
+        lhs, rhs = line.split("=", 1)
+        op = next((c for c in _COLLECTIVES if re.search(rf"\s{c}(-start)?\(", rhs)), None)
+        if op is None:
+            continue
+        out[op]["count"] += 1
+        head = rhs.split(op, 1)[0]
+        for dtype, dims in _SHAPE.findall(head):
+            n = int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
+            out[op]["bytes"] += n * _DTYPE_BYTES.get(dtype, 4)
+    return {k: v for k, v in out.items() if v["count"]}
+
+
+def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
+    """Analytic FLOPs of one train step over the whole slice: matmuls (2 per
+    multiply-add) and attention scores, forward for the reference model, forward +
+    backward (3x forward) for the policy, plus one forward recomputed under full remat."""
+    m = cfg.model
+    t = prompt_len + cfg.rl.max_new_tokens
+    d, h, kv, hd, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
+    per_token = m.num_layers * (2 * d * (h + 2 * kv) * hd + 2 * h * hd * d + 3 * 2 * d * f
+                                + 2 * 2 * h * hd * t)  # qk^T and pv over t keys
+    per_token += 2 * d * m.vocab_size
+    fwd = per_token * rows * t
+    passes = 3 + (1 if m.remat != "none" else 0) + (1 if get_algorithm(cfg.rl.algorithm).needs_reference(cfg) else 0)
+    return float(fwd * passes)
+
+
+def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_trips: int = 1) -> dict:
+    """Per-chip memory, FLOPs (analytic, whole step / chips), bytes accessed (cost
+    analysis counts loop bodies once; ``byte_trips`` scales it, e.g. decode steps x layers
+    for the bandwidth-bound decode loop), collectives and a roofline time / MFU."""
+    mem = memory(compiled)
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = flops_total / num_chips
+    t_compute = flops / chip.peak_bf16_flops
+    t_memory = float(cost.get("bytes accessed", 0.0)) * byte_trips / chip.hbm_bandwidth
+    est = max(t_compute, t_memory)
+    return {**mem, "hbm_capacity_bytes": chip.hbm_bytes, "fits": mem["peak_bytes"] <= chip.hbm_bytes,
+            "flops_per_chip": flops, "cost_analysis_flops_loop_bodies_once": float(cost.get("flops", 0.0)),
+            "bytes_accessed_loop_bodies_once": float(cost.get("bytes accessed", 0.0)),
+            "collectives": collectives(compiled.as_text()),
+            "roofline_seconds": est, "mfu_at_roofline": t_compute / est if est else 0.0}
+
+
+def check_fit(name: str, rep: dict) -> None:
+    """Raise FitError naming the program and its numbers when it does not fit HBM."""
+    if not rep["fits"]:
+        raise FitError(
+            f"{name}: peak HBM {rep['peak_bytes'] / 1e9:.2f} GB per chip (arguments "
+            f"{rep['argument_bytes'] / 1e9:.2f} + temps {rep['temp_bytes'] / 1e9:.2f} + outputs "
+            f"{rep['output_bytes'] / 1e9:.2f} - aliases {rep['alias_bytes'] / 1e9:.2f}) exceeds "
+            f"the chip's {rep['hbm_capacity_bytes'] / 1e9:.0f} GB")
+
+
+def sample_mesh(cfg: Config, slice_name: str):
+    """The sampler's mesh: the slice preset's ``sample_mesh`` (replicas x tensor), or the
+    train mesh for a raw topology name."""
+    if ":" in slice_name:
+        return topology_mesh(cfg, slice_name)[0]
+    from grpo_jax.sharding import mesh_from_shape
+
+    preset = get_slice(slice_name)
+    return mesh_from_shape(preset.sample_mesh, topology_devices(TOPOLOGIES[preset.name]))
+
+
+def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int,
+                    dtype=jnp.bfloat16) -> dict:
+    """{"prefill": (compiled, s), "decode": (compiled, s)} for one sampler call of
+    ``prompts`` x ``group_size`` rows, ``prompt_len`` prompt tokens and rl.max_new_tokens
+    new ones, with the policy cast to ``dtype`` (the sampling copy)."""
+    from grpo_jax import sampling
+
+    m = cfg.model
+    rows = prompts * group_size
+    tc = sampling.bucket_length(cfg.rl.max_new_tokens)
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype if s.dtype == jnp.float32 else s.dtype),
+                          model_lib.param_shapes(m))
+    params = _abstract(params, model_lib.param_shardings(m, mesh))
+    bs = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sharding(mesh, len(shape), shape[0]))
+    rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))
+    prefill, decode = sampling.programs(m, mesh, unroll=False)
+    shared = bs((rows,), jnp.int32) if group_size > 1 else None
+    args = (params, bs((prompts, prompt_len), jnp.int32), bs((prompts, prompt_len), bool), shared)
+    start = time.perf_counter()
+    pre = prefill.lower(*args, cache_len=prompt_len + tc).compile()
+    pre_s = time.perf_counter() - start
+    cache, logits0 = prefill.eval_shape(*args, cache_len=prompt_len + tc)
+    cache = _abstract(cache, sampling.cache_sharding(mesh, cache))
+    logits0 = bs(logits0.shape, logits0.dtype)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
+    start = time.perf_counter()
+    dec = decode.lower(params, cache, logits0, bs((rows,), jnp.int32), bs((rows,), jnp.int32),
+                       bs((rows,), bool), key, rep((), jnp.float32), rep((), jnp.int32),
+                       rep((), jnp.float32), rep((), jnp.int32), rep((m.vocab_size,), bool),
+                       rep((), jnp.int32), num_cols=tc).compile()
+    return {"prefill": (pre, pre_s), "decode": (dec, time.perf_counter() - start)}
+
+
+def sampler_flops(cfg: Config, rows: int, prompt_len: int) -> dict:
+    """Analytic FLOPs over the slice: prefill of the prompts (one per question's rows, counted
+    per row as an upper bound) and decode of rl.max_new_tokens tokens per row, attention over
+    the full cache length."""
+    m = cfg.model
+    t = prompt_len + cfg.rl.max_new_tokens
+    d, h, kv, hd, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
+    dense = m.num_layers * (2 * d * (h + 2 * kv) * hd + 2 * h * hd * d + 3 * 2 * d * f) + 2 * d * m.vocab_size
+    attn = m.num_layers * 2 * 2 * h * hd * t
+    return {"prefill": float(rows * prompt_len * (dense + attn)),
+            "decode": float(rows * cfg.rl.max_new_tokens * (dense + attn))}

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Run launch/compile.py over the README's preset x slice matrix and print the table.
+
+    python launch/compile_matrix.py [--only PRESET] [--out benchmarks/tpu_check]
+
+Each entry runs in its own process (one compile at a time; a failure to fit is a
+result, not a crash) and writes OUT/PRESET_SLICE.json; the table is compiler estimates,
+not measured TPU runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# (preset, slice, extra compile.py arguments). The 7B recipe samples 16 questions x G=64
+# per sampler call and trains in 256 micro-batches (4 rows per chip per micro-batch on 64
+# chips): see the README for why.
+SEVEN_B = ["--sample-prompts", "16", "rl.num_micro_batches=256"]
+MATRIX = [
+    ("cpu-tiny", "v5litepod-8", []),
+    ("smollm2-135m", "v5litepod-8", []),
+    ("smollm2-135m", "v6e-8", []),
+    ("deepseekmath-rl-7b", "v5p-128", SEVEN_B),
+    ("deepseekmath-rl-7b", "v4-32", SEVEN_B),
+    ("deepseekmath-rl-7b", "v5litepod-256", SEVEN_B),
+    ("deepseekmath-rl-7b", "v5p-8", SEVEN_B),
+]
+
+
+def run_one(preset: str, slice_name: str, extra: list[str], out: Path) -> dict:
+    path = out / f"{preset}_{slice_name}.json"
+    cmd = [sys.executable, str(ROOT / "launch/compile.py"), "--slice", slice_name,
+           "--preset", preset, "--json", str(path), *extra]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    row = {"preset": preset, "slice": slice_name, "command": " ".join(["python", "launch/compile.py", *cmd[2:]]),
+           "wall_seconds": time.perf_counter() - start, "exit_code": proc.returncode}
+    if proc.returncode == 0:
+        row["results"] = json.loads(path.read_text())
+    else:
+        row["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| preset | slice | fits? | peak HBM/chip: prefill / decode / train (GB) | rollout s | update s | MFU | compile s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "results" not in r:
+            lines.append(f"| {r['preset']} | {r['slice']} | no: {r['error']} | | | | | {r['wall_seconds']:.0f} |")
+            continue
+        res, s = r["results"], r["results"]["summary"]
+        peaks = " / ".join(f"{res[k]['peak_bytes'] / 1e9:.2f}" for k in ("sample_prefill", "sample_decode", "train_step"))
+        lines.append(f"| {r['preset']} | {r['slice']} | yes | {peaks} | {s['rollout_seconds']:.1f} | "
+                     f"{s['update_seconds']:.1f} | {s['mfu']:.0%} | {s['compile_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help="run only this preset's rows")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/tpu_check"), help="JSON folder")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [m for m in MATRIX if args.only in (None, m[0])]
+    rows = []
+    for i, (preset, slice_name, extra) in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {preset} on {slice_name} ...", flush=True)
+        rows.append(run_one(preset, slice_name, extra, out))
+        print(f"    {'fits' if rows[-1]['exit_code'] == 0 else rows[-1].get('error')} "
+              f"({rows[-1]['wall_seconds']:.0f} s)", flush=True)
+    (out / "matrix.json").write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+    return 0 if all(r["exit_code"] in (0, 1) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Ahead-of-time TPU compiles on CPU (grpo_jax.aot, launch/compile.py); need libtpu."""
+import re
+
+import jax
+import pytest
+
+from grpo_jax import aot
+from grpo_jax.config import apply_overrides, get_preset
+from grpo_jax.tpu_specs import chip_of
+
+pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
+                                reason="libtpu not installed (pip install -r requirements-tpu.txt)")
+PROMPT = 32
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    # Unrolled layers and one micro-batch: no loop bodies, so cost_analysis counts every FLOP.
+    cfg = apply_overrides(get_preset("cpu-tiny"), ["model.scan_layers=false"])
+    mesh, topology = aot.topology_mesh(cfg, "v5e:2x2")
+    rows = cfg.data.batch_size * cfg.rl.group_size
+    compiled, _ = aot.compile_train_step(cfg, mesh, rows, PROMPT)
+    return cfg, mesh, topology, rows, compiled
+
+
+def test_train_step_report_matches_memory_analysis(tiny):
+    cfg, mesh, topology, rows, compiled = tiny
+    m = compiled.memory_analysis()
+    rep = aot.report(compiled, chip_of(topology), mesh.size, aot.train_flops(cfg, rows, PROMPT))
+    assert rep["argument_bytes"] == m.argument_size_in_bytes
+    assert rep["temp_bytes"] == m.temp_size_in_bytes
+    assert rep["peak_bytes"] == (m.argument_size_in_bytes + m.temp_size_in_bytes
+                                 + m.output_size_in_bytes - m.alias_size_in_bytes)
+    assert rep["fits"] and rep["hbm_capacity_bytes"] == 16e9
+
+
+def test_analytic_flops_match_compiler_within_10_percent(tiny):
+    cfg, mesh, _, rows, compiled = tiny
+    counted = compiled.cost_analysis()
+    counted = counted[0] if isinstance(counted, (list, tuple)) else counted
+    analytic = aot.train_flops(cfg, rows, PROMPT) / mesh.size
+    assert abs(counted["flops"] / analytic - 1) < 0.10, (counted["flops"], analytic)
+
+
+def test_sampler_compiles_and_cpu_backend_unchanged():
+    cfg = get_preset("cpu-tiny")
+    mesh = aot.sample_mesh(cfg, "v5e:2x2")
+    out = aot.compile_sampler(cfg, mesh, cfg.data.batch_size, cfg.rl.group_size, PROMPT)
+    for compiled, _ in out.values():
+        m = compiled.memory_analysis()
+        assert aot.memory(compiled)["output_bytes"] == m.output_size_in_bytes
+    # Loading libtpu for compiles leaves computation on the CPU devices.
+    assert jax.default_backend() == "cpu" and jax.devices()[0].platform == "cpu"
+
+
+def test_fit_check_names_the_program_that_does_not_fit():
+    from launch.compile import check
+
+    # 7B widths, 2 layers: 4096 sampled rows x 1280 tokens of bf16 KV cache (~170 GB)
+    # cannot fit 4 x 16 GB v5e chips.
+    cfg = apply_overrides(get_preset("deepseekmath-rl-7b"),
+                          ["model.num_layers=2", "data.batch_size=64", "rl.max_new_tokens=1024"])
+    with pytest.raises(aot.FitError, match=r"sample_(prefill|decode).*(HBM|GB)"):
+        check(cfg, "v5e:2x2", 256, log=lambda *_: None)
+
+
+def test_7b_widths_train_step_on_v5p_128_is_fully_sharded():
+    # Same widths as the 7B preset, 2 layers (the property is per weight matrix, not per
+    # depth), on the real v5p-128 mesh: 64 chips, fsdp=64.
+    cfg = apply_overrides(get_preset("deepseekmath-rl-7b"),
+                          ["model.num_layers=2", "data.batch_size=1", "rl.num_micro_batches=1"])
+    mesh, _ = aot.topology_mesh(cfg, "v5p-128")
+    compiled, _ = aot.compile_train_step(cfg, mesh, cfg.rl.group_size, 256)
+    m = cfg.model
+    # FSDP gathers one layer's weights inside the layer loop and the unembedding
+    # [embed, vocab] where the log-probs use it (found by this test: 1.7 GB f32 per chip on
+    # v5p-128; a vocab-parallel unembedding would avoid it). The stacked layer weights and
+    # the embedding table must never be whole on one chip.
+    full = [(m.vocab_size, m.embed_dim),
+            (m.num_layers, m.embed_dim, m.mlp_dim), (m.num_layers, m.mlp_dim, m.embed_dim)]
+    shapes = {tuple(int(d) for d in dims.split(",")) for dims in
+              re.findall(r"(?:f32|bf16)\[([\d,]+)\]", compiled.as_text())}
+    assert not [s for s in full if s in shapes], "an unsharded weight matrix is materialised"
+    params = sum(x.size for x in jax.tree.leaves(__import__("grpo_jax.model", fromlist=["x"]).param_shapes(m)))
+    state_bytes = params * (4 + 4 + 4 + 4)  # f32 params, Adam mu and nu, f32 reference
+    per_chip = compiled.memory_analysis().argument_size_in_bytes
+    assert 0.9 < per_chip / (state_bytes / mesh.size) < 1.2, per_chip
