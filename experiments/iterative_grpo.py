@@ -5,16 +5,26 @@ reward model r_φ; then sample from the new policy, label the samples with the r
 oracle), and continue training r_φ on them with a replay buffer that mixes 10% historical
 data into every batch. Iteration 0 is plain GRPO with the initial reward model.
 
-The baseline is GRPO against the iteration-0 reward model, never retrained, for the same
-total number of steps: the gap between the two curves is what retraining buys. Short
-iterations matter at this scale: a fixed reward model is exploited within a few dozen steps.
+One policy run spans all iterations: the step counter, the question stream (a function of
+`data.seed` and the step), the sampling RNG (`run.seed` folded with the step), the optimizer
+state and the learning-rate schedule all continue from iteration k to k+1; only π_ref and
+r_φ change at an iteration boundary. The optimizer state carries over because Algorithm 1
+continues training one policy (it resets the reference, not the optimiser), and a fresh
+Adam with a fresh warmup at every boundary would differ from the baseline in more than the
+reward model. The baseline is GRPO against the iteration-0 reward model, never retrained,
+with the same seed: the same questions in the same order, the same number of updates and
+the same RNG stream, so the paired gap per seed is what retraining buys.
 
-    python experiments/iterative_grpo.py --iterations 5 run.steps=20
+    python experiments/iterative_grpo.py --seeds 0 1 2 --iterations 5 run.steps=20
+
+`run.steps` is the number of steps per iteration. Each finished seed is cached in
+`<out>/seed<N>.json`; adding a seed re-runs only the new one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import common
@@ -22,14 +32,17 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax import sampling
+from grpo_jax.batching import completion_ids
+from grpo_jax.errors import CheckpointError
 from grpo_jax.evaluation import evaluate
 from grpo_jax.plots import plot_runs
 from grpo_jax.reward_models import (ReplayBuffer, label_completions, labelled_samples,
                                     pairwise_accuracy, train_reward_model)
 from grpo_jax.sharding import to_host
+from grpo_jax.stats import format_interval
 from grpo_jax.tokenizer import encode_prompt
-from grpo_jax.batching import completion_ids
-from grpo_jax.evaluation import evaluate
+from grpo_jax.train_step import reset_reference
+from grpo_jax.trainer import Trainer
 
 
 def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt: int, seed: int,
@@ -45,6 +58,74 @@ def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt
     return label_completions(task, [e for e in examples for _ in range(per_prompt)], texts)
 
 
+def run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0: float, seed: int) -> dict:
+    """Iterative GRPO and its fixed-reward-model baseline for one seed; returns the curves."""
+    root = os.path.join(cfg.run.run_dir, f"seed{seed}")
+    for arm in ("iterative", "fixed_rm"):
+        ckpts = os.path.join(root, arm, "checkpoints")
+        if os.path.isdir(ckpts) and os.listdir(ckpts):
+            raise CheckpointError(f"{ckpts} holds checkpoints of an unfinished run of seed "
+                             f"{seed}; the retrained reward models are not checkpointed, so it cannot resume. "
+                             f"Delete {root} to rerun seed {seed}.")
+    progress, m = not args.no_progress, cfg.run.steps
+    total = args.iterations * m
+    held_out = labelled_samples(task, "validation", 64, seed, wrong_step_prob=0.5)
+    # Iteration 0's reward model: trained from the SFT policy on SFT-style labelled samples.
+    buffer = ReplayBuffer(seed=seed)
+    first = labelled_samples(task, "train", 512, seed, wrong_step_prob=0.5)
+    rm, _ = train_reward_model(cfg.model, tok, first, kind="outcome", steps=args.rm_steps,
+                               init_params=sft_policy, seed=seed, progress=progress)
+    buffer.add(first)
+    fixed_rm = rm
+
+    def arm_config(name):
+        return common.rl_config(cfg, root, name, ["rl.algorithm=grpo", f"run.steps={total}", f"run.seed={seed}"])
+
+    def on_policy_accuracy(policy, it: int) -> float:
+        """How well r_φ ranks the current policy's own samples (what GRPO optimises against):
+        same-question (correct, wrong) pairs from fresh samples on validation questions."""
+        probe = policy_samples(cfg, policy, task, tok, mesh, num_prompts=64, per_prompt=8,
+                               seed=10_000 * (seed + 1) + it, split="validation")
+        return pairwise_accuracy(rm, probe)
+
+    trainer = Trainer(arm_config("iterative"), task=task, tokenizer=tok, params=sft_policy, mesh=mesh,
+                      reward_model=rm, eval_examples=eval_examples, progress=progress, resume=False)
+    rm_acc, rm_on_policy = [pairwise_accuracy(rm, held_out)], [on_policy_accuracy(sft_policy, 0)]
+    for it in range(args.iterations):
+        print(f"[iterative] seed {seed} iteration {it}: reward-model pairwise accuracy {rm_acc[-1]:.3f} on "
+              f"held-out SFT-style samples, {rm_on_policy[-1]:.3f} on the policy's own samples")
+        if it > 0:  # Algorithm 1, line 3: π_ref ← π_θ; r_φ is the one retrained after iteration it-1
+            trainer.state = reset_reference(trainer.state)
+            trainer.reward_model = rm
+        trainer.train(steps=(it + 1) * m)
+        if it + 1 < args.iterations:
+            new = policy_samples(cfg, trainer.params, task, tok, mesh, num_prompts=args.rm_prompts, per_prompt=4,
+                                 seed=seed * 100 + it)
+            rm, _ = train_reward_model(cfg.model, tok, new, kind="outcome", steps=args.rm_continue_steps,
+                                       init_params=rm, replay=buffer, replay_fraction=args.replay_fraction,
+                                       seed=seed * 100 + it + 1, progress=progress)
+            buffer.add(new)
+            rm_acc.append(pairwise_accuracy(rm, held_out))
+            rm_on_policy.append(on_policy_accuracy(trainer.params, it + 1))
+    policy_end = on_policy_accuracy(trainer.params, args.iterations)  # the last RM against the final policy
+    history = trainer.history
+    trainer.close()
+    steps = [0] + list(range(cfg.run.eval_every, total + 1, cfg.run.eval_every))
+    result = {"seed": seed, "steps": steps, "iteration_ends": [m * (i + 1) for i in range(args.iterations)],
+              "iterative": [acc0] + common.curve(history, "eval_accuracy", steps[1:]),
+              "reward_model_pairwise_accuracy": rm_acc,
+              "reward_model_on_policy_pairwise_accuracy": rm_on_policy,
+              "reward_model_on_final_policy_pairwise_accuracy": policy_end}
+    if not args.no_baseline:
+        base = Trainer(arm_config("fixed_rm"), task=task, tokenizer=tok, params=sft_policy, mesh=mesh,
+                       reward_model=fixed_rm, eval_examples=eval_examples, progress=progress, resume=False)
+        history = base.train()
+        base.close()
+        result["fixed_rm"] = [acc0] + common.curve(history, "eval_accuracy", steps[1:])
+    common.write_json(os.path.join(cfg.run.run_dir, f"seed{seed}.json"), result)
+    return result
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
@@ -56,84 +137,46 @@ def main(argv=None):
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the fixed-reward-model baseline run")
     p.add_argument("--replay-fraction", type=float, default=0.1, help="historical share of RM batches")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2)")
     p.add_argument("--out", default="runs/iterative_grpo", help="output directory")
     args = p.parse_args(argv)
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "run.steps=20", "run.eval_every=10"])
     if args.iterations < 1:
         p.error(f"--iterations must be >= 1, got {args.iterations}")
+    if not cfg.run.eval_every or cfg.run.steps % cfg.run.eval_every:
+        p.error(f"run.steps (steps per iteration, {cfg.run.steps}) must be a multiple of run.eval_every "
+                f"({cfg.run.eval_every}) so both arms are evaluated at every iteration boundary")
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tok = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
-    policy, mesh = common.sft_start(cfg, task, tok, root, args)
-    sft_policy = policy  # the baseline's start (a Trainer copies what it is given)
+    sft_policy, mesh = common.sft_start(cfg, task, tok, root, args)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
-    held_out = labelled_samples(task, "validation", 64, args.seed, wrong_step_prob=0.5)
-
-    # Iteration 0's reward model: trained from the SFT policy on SFT-style labelled samples.
-    buffer = ReplayBuffer(seed=args.seed)
-    first = labelled_samples(task, "train", 512, args.seed, wrong_step_prob=0.5)
-    rm, _ = train_reward_model(cfg.model, tok, first, kind="outcome", steps=args.rm_steps,
-                               init_params=policy, seed=args.seed, progress=not args.no_progress)
-    buffer.add(first)
-    fixed_rm = rm
-    acc0 = evaluate(cfg, policy, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
-    steps, accuracy, rm_acc, boundaries = [0], [acc0], [pairwise_accuracy(rm, held_out)], []
-
-    def on_policy_accuracy(it: int) -> float:
-        """How well r_φ ranks the current policy's own samples (what GRPO optimises against):
-        same-question (correct, wrong) pairs from fresh samples on validation questions."""
-        probe = policy_samples(cfg, policy, task, tok, mesh, num_prompts=64, per_prompt=8,
-                               seed=10_000 + it, split="validation")
-        return pairwise_accuracy(rm, probe)
-
-    rm_on_policy = [on_policy_accuracy(0)]
-    for it in range(args.iterations):
-        print(f"[iterative] iteration {it}: reward-model pairwise accuracy {rm_acc[-1]:.3f} on held-out "
-              f"SFT-style samples, {rm_on_policy[-1]:.3f} on the policy's own samples")
-        history, trainer = common.run_rl(cfg, task, tok, policy, mesh, root, f"iter{it}", ["rl.algorithm=grpo"],
-                                         seed=args.seed, eval_examples=eval_examples,
-                                         progress=not args.no_progress, reward_model=rm)
-        policy = trainer.params  # the next iteration's π_ref is this policy (a fresh Trainer copies it)
-        offset = steps[-1]
-        for h in history:
-            if "eval_accuracy" in h:
-                steps.append(offset + h["step"])
-                accuracy.append(h["eval_accuracy"])
-        boundaries.append(steps[-1])
-        if it + 1 < args.iterations:
-            new = policy_samples(cfg, policy, task, tok, mesh, num_prompts=args.rm_prompts, per_prompt=4,
-                                 seed=args.seed * 100 + it)
-            rm, _ = train_reward_model(cfg.model, tok, new, kind="outcome", steps=args.rm_continue_steps,
-                                       init_params=rm, replay=buffer, replay_fraction=args.replay_fraction,
-                                       seed=args.seed + it + 1, progress=not args.no_progress)
-            buffer.add(new)
-            rm_acc.append(pairwise_accuracy(rm, held_out))
-            rm_on_policy.append(on_policy_accuracy(it + 1))
-    policy_end = on_policy_accuracy(args.iterations)  # the last RM against the final policy
-    curves = {"iterative GRPO (RM retrained)": [accuracy]}
-    baseline = None
+    acc0 = evaluate(cfg, sft_policy, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
+    results = []
+    for seed in args.seeds:
+        cached = os.path.join(root, f"seed{seed}.json")
+        if os.path.exists(cached):
+            with open(cached) as f:
+                results.append(json.load(f))
+            print(f"[iterative] seed {seed}: restored from {cached}")
+        else:
+            results.append(run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0, seed))
+    steps = results[0]["steps"]
+    curves = {"iterative GRPO (RM retrained)": [r["iterative"] for r in results]}
     if not args.no_baseline:
-        total = args.iterations * cfg.run.steps
-        history, _ = common.run_rl(cfg, task, tok, sft_policy, mesh, root, "fixed_rm",
-                                   ["rl.algorithm=grpo", f"run.steps={total}"], seed=args.seed,
-                                   eval_examples=eval_examples, progress=not args.no_progress,
-                                   reward_model=fixed_rm)
-        baseline = [acc0] + common.curve(history, "eval_accuracy", steps[1:])
-        curves["GRPO, fixed RM"] = [baseline]
+        curves["GRPO, fixed RM"] = [r["fixed_rm"] for r in results]
     common.write_json(os.path.join(root, "curves.json"),
-                      {"steps": steps, "eval_accuracy": accuracy, "iteration_ends": boundaries,
-                       "fixed_rm_eval_accuracy": baseline,
-                       "reward_model_pairwise_accuracy": rm_acc,
-                       "reward_model_on_policy_pairwise_accuracy": rm_on_policy,
-                       "reward_model_on_final_policy_pairwise_accuracy": policy_end,
-                       "config": cfg.to_dict()})
+                      {"steps": steps, "seeds": args.seeds, "start_accuracy": acc0,
+                       "eval_accuracy": curves, "per_seed": results, "config": cfg.to_dict()})
     png = plot_runs(curves, steps, os.path.join(root, "figure6.png"), ylabel="held-out greedy accuracy",
-                    title=f"Iterative GRPO, {args.iterations} iterations of {cfg.run.steps} steps")
-    print(f"[iterative] accuracy {accuracy[0]:.3f} → " + " → ".join(
-        f"{accuracy[steps.index(b)]:.3f}" for b in boundaries) +
-          (f"; fixed RM: {baseline[-1]:.3f}" if baseline else "") +
-          f"; the last reward model ranks the final policy's samples at {policy_end:.3f}; wrote {png}")
+                    title=f"Iterative GRPO, {args.iterations} iterations of {cfg.run.steps} steps "
+                          f"(mean, 95% interval)")
+    finals = {name: [run[-1] for run in runs] for name, runs in curves.items()}
+    line = " | ".join(f"{name}: {format_interval(v)}" for name, v in finals.items())
+    if not args.no_baseline:
+        gaps = [a - b for a, b in zip(*finals.values())]
+        line += f" | paired gap {format_interval(gaps)}"
+    print(f"[iterative] start {acc0:.3f}; final held-out accuracy, mean [95% interval]: {line}; wrote {png}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from grpo_jax.stats import t_band
+
 
 def _pyplot():
     import matplotlib
@@ -55,7 +57,8 @@ def moving_average(rows: np.ndarray, window: int) -> np.ndarray:
 def plot_runs(curves: Mapping[str, Sequence[Sequence[float]]], steps: Sequence[float], path: str, *,
               ylabel: str, title: str = "", xlabel: str = "step", logx: bool = False,
               bars: Mapping[str, float] | None = None, bar_label: str = "", smooth: int = 1) -> str:
-    """Mean over seeds with a min–max band, one line per method. curves[name] = [seed][point].
+    """Mean over seeds with its 95% Student-t interval as a band (`stats.t_band`), one line
+    per method. curves[name] = [seed][point].
     `bars` (one value per method, e.g. peak memory) adds a bar panel on the right in the
     same colours. `smooth` > 1 plots each seed's trailing moving average over that many
     points (noisy per-step rewards) before the mean and band are taken."""
@@ -65,11 +68,11 @@ def plot_runs(curves: Mapping[str, Sequence[Sequence[float]]], steps: Sequence[f
     colors = {}
     for name, runs in curves.items():
         arr = moving_average(np.asarray(runs, dtype=float), smooth)
-        mean = arr.mean(0)
+        mean, low, high = t_band(arr)
         (line,) = ax.plot(steps, mean, label=f"{name} (n={arr.shape[0]})")
         colors[name] = line.get_color()
         if arr.shape[0] > 1:
-            ax.fill_between(steps, arr.min(0), arr.max(0), alpha=0.2)
+            ax.fill_between(steps, low, high, alpha=0.2, color=line.get_color())
     if bars:
         bx = axes[0][1]
         names = list(bars)

@@ -96,7 +96,8 @@ class Trainer:
             task.examples("test", cfg.data.eval_size, cfg.data.seed)
         self.history: list[dict] = []
         self.bad_steps = 0
-        self.start_step = 0
+        self.start_step = 0  # the step this Trainer resumed from (0 for a fresh run)
+        self.next_step = 0  # the first step the next `train` call takes
         self.writer = MetricsWriter(cfg.run.run_dir)
         self.ckpt = checkpointing.Checkpointer(os.path.join(cfg.run.run_dir, "checkpoints"),
                                                keep=cfg.run.keep_checkpoints,
@@ -127,7 +128,7 @@ class Trainer:
             return
         step, tree, meta = restored
         self.state, self.rng = tree["state"], jax.random.wrap_key_data(tree["rng"])
-        self.start_step = step
+        self.start_step = self.next_step = step
         self.bad_steps = int(meta.get("bad_steps", 0))
         self.writer.truncate_after(step)
         log.info("resumed from step %d in %s", step, self.cfg.run.run_dir)
@@ -189,15 +190,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self, steps: int | None = None) -> list[dict]:
+        """Train up to step `steps` (default `run.steps`), continuing from where this Trainer
+        stopped: calling train(20) then train(40) is the same run as train(40), which is how
+        iterative GRPO swaps the reward model and reference between iterations."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         total = steps if steps is not None else cfg.run.steps
-        bar = tqdm(total=total, initial=self.start_step, desc=self.algorithm.name,
+        bar = tqdm(total=total, initial=self.next_step, desc=self.algorithm.name,
                    disable=not (self.progress and is_main_process()), dynamic_ncols=True)
-        step = self.start_step
         try:
-            for step in range(self.start_step, total):
+            for step in range(self.next_step, total):
                 metrics = self.train_step(step)
                 done = step + 1
                 if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm") if k in metrics):
@@ -223,6 +226,7 @@ class Trainer:
                                  if k in metrics})
                 if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0 or done == total:
                     self.save(done)
+                self.next_step = done
         finally:
             bar.close()
         return self.history

@@ -96,6 +96,24 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, tok):
     jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), full.params, resumed.params)
 
 
+def test_train_in_segments_continues_one_run(tmp_path, tok):
+    """Iterative GRPO calls train(2) then train(4) on one Trainer: the second call must take
+    steps 3-4 with the questions, RNG and optimizer state of an uninterrupted train(4)."""
+    one = _trainer(_cfg(tmp_path / "one", tok, "run.steps=4", "run.checkpoint_every=0"), tok)
+    whole = one.train()
+    one.close()
+    seg = _trainer(_cfg(tmp_path / "seg", tok, "run.steps=4", "run.checkpoint_every=0"), tok)
+    seg.train(steps=2)
+    assert seg.next_step == 2 and seg.start_step == 0
+    history = seg.train(steps=4)
+    seg.close()
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    for a, b in zip(whole, history):
+        for k in ("loss", "reward_mean", "kl", "grad_norm", "lr"):
+            assert a[k] == b[k], (a["step"], k, a[k], b[k])
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), one.params, seg.params)
+
+
 @pytest.mark.parametrize("algorithm", ["sft", "rft", "online_rft", "dpo", "ppo", "grpo"])
 def test_every_algorithm_runs_two_steps(tmp_path, tok, algorithm):
     cfg = _cfg(tmp_path, tok, f"rl.algorithm={algorithm}", "run.steps=2", "run.checkpoint_every=0")
