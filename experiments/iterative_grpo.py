@@ -65,8 +65,8 @@ def run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0: float,
         ckpts = os.path.join(root, arm, "checkpoints")
         if os.path.isdir(ckpts) and os.listdir(ckpts):
             raise CheckpointError(f"{ckpts} holds checkpoints of an unfinished run of seed "
-                             f"{seed}; the retrained reward models are not checkpointed, so it cannot resume. "
-                             f"Delete {root} to rerun seed {seed}.")
+                                  f"{seed}; the retrained reward models are not checkpointed, so it cannot resume. "
+                                  f"Delete {root} to rerun seed {seed}.")
     progress, m = not args.no_progress, cfg.run.steps
     total = args.iterations * m
     held_out = labelled_samples(task, "validation", 64, seed, wrong_step_prob=0.5)
