@@ -13,37 +13,15 @@ import pytest
 
 from grpo_jax import advantages as adv_lib
 from grpo_jax import algorithms as alg
-from grpo_jax.config import Config, RLConfig
 from grpo_jax.batching import make_batch
-
-B, TC, G = 8, 6, 4
+from grpo_jax.config import Config, RLConfig
+from random_batches import B, G, TC, random_batch, random_logps
 
 
 def _cfg(**rl) -> Config:
     cfg = Config()
     cfg.rl = dataclasses.replace(RLConfig(group_size=G), **rl)
     return cfg
-
-
-def _batch(seed=0, rows=B, tc=TC, **kw):
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(1, tc + 1, rows)
-    lens[0] = tc  # at least one full row
-    mask = np.arange(tc)[None] < lens[:, None]
-    fields = dict(
-        sample_logprobs=np.where(mask, -rng.uniform(0.1, 3, (rows, tc)), 0.0),
-        rewards=rng.normal(size=rows), correct=rng.random(rows) < 0.5, truncated=lens == tc,
-        step_rewards=rng.normal(size=(rows, 3)),
-        step_end=np.sort(rng.integers(0, tc, (rows, 3)), axis=1),
-        step_mask=rng.random((rows, 3)) < 0.8)
-    fields.update(kw)
-    return make_batch(np.ones((rows, 2), np.int32), np.ones((rows, 2), bool),
-                      rng.integers(0, 50, (rows, tc)), mask, **fields)
-
-
-def _logps(seed, batch):
-    rng = np.random.default_rng(seed)
-    return jnp.asarray(np.where(batch.mask, -rng.uniform(0.1, 3, batch.mask.shape), 0.0), jnp.float32)
 
 
 def _grad(algo, cfg, logp, batch, extras, values=None):
@@ -103,9 +81,9 @@ def test_hparams_are_the_numbers_only():
 
 @pytest.mark.parametrize("name", ["sft", "rft", "online_rft"])
 def test_gradient_coefficient_sft_rft(name):
-    cfg, batch = _cfg(), _batch(1)
+    cfg, batch = _cfg(), random_batch(1)
     algo = alg.get_algorithm(name)
-    logp = _logps(2, batch)
+    logp = random_logps(2, batch)
     extras, _ = algo.extras_from_logprobs(batch, cfg)
     gc = np.ones(B) if name == "sft" else np.asarray(batch.correct, np.float64)
     expected = np.where(batch.mask, -(gc / _lengths(batch))[:, None] / B, 0.0)
@@ -117,9 +95,9 @@ def test_gradient_coefficient_grpo(num_updates):
     """GC = Â_i,t + β(π_ref/π_θ − 1) with k3, at ρ = 1 (μ = 1: stop_gradient(logp) as π_θold;
     μ > 1: π_θold log-probs passed in, equal to logp)."""
     beta = 0.3
-    cfg, batch = _cfg(beta=beta, kl_estimator="k3", num_updates=num_updates), _batch(3)
+    cfg, batch = _cfg(beta=beta, kl_estimator="k3", num_updates=num_updates), random_batch(3)
     algo = alg.get_algorithm("grpo")
-    logp, ref = _logps(4, batch), _logps(5, batch)
+    logp, ref = random_logps(4, batch), random_logps(5, batch)
     extras, _ = algo.extras_from_logprobs(batch, cfg, ref_logp=ref,
                                           old_logp=logp if num_updates > 1 else None)
     r = np.asarray(batch.rewards, np.float64).reshape(-1, G)
@@ -131,9 +109,9 @@ def test_gradient_coefficient_grpo(num_updates):
 
 def test_gradient_coefficient_ppo():
     """GC = A_t, the GAE advantage from KL-shaped token rewards and the old values."""
-    cfg, batch = _cfg(beta=0.1, gamma=0.9, lam=0.8, whiten_advantages=False), _batch(6)
+    cfg, batch = _cfg(beta=0.1, gamma=0.9, lam=0.8, whiten_advantages=False), random_batch(6)
     algo = alg.get_algorithm("ppo")
-    logp, ref = _logps(7, batch), _logps(8, batch)
+    logp, ref = random_logps(7, batch), random_logps(8, batch)
     values = jnp.asarray(np.random.default_rng(9).normal(size=(B, TC)), jnp.float32)
     extras, _ = algo.extras_from_logprobs(batch, cfg, old_logp=logp, ref_logp=ref, old_values=values)
     # independent GAE: r_t = −β log(π/π_ref) (+ score at the last token), δ, A by recursion
@@ -158,9 +136,9 @@ def test_gradient_coefficient_ppo():
 def test_gradient_coefficient_dpo():
     """GC = ±β σ(β ℓ(o−) − β ℓ(o+)), ℓ(o) = 1/|o| Σ log π_θ/π_ref; + on chosen, − on rejected."""
     beta = 0.7
-    cfg, batch = _cfg(dpo_beta=beta), _batch(10)
+    cfg, batch = _cfg(dpo_beta=beta), random_batch(10)
     algo = alg.get_algorithm("dpo")
-    logp, ref = _logps(11, batch), _logps(12, batch)
+    logp, ref = random_logps(11, batch), random_logps(12, batch)
     extras, _ = algo.extras_from_logprobs(batch, cfg, ref_logp=ref)
     n = _lengths(batch)
     ell = (np.asarray(logp, np.float64) - np.asarray(ref, np.float64)).sum(1) / n
@@ -195,9 +173,9 @@ def test_split_merge_round_trip_and_layout(unit):
 def test_loss_parts_add_up_over_micro_batches(name):
     """Σ_k num_k / Σ_k den_k over 4 micro-batches (and its gradient) equals the full batch,
     for every aggregation mode."""
-    batch = _batch(13)
+    batch = random_batch(13)
     algo = alg.get_algorithm(name)
-    logp, ref, old = _logps(14, batch), _logps(15, batch), _logps(16, batch)
+    logp, ref, old = random_logps(14, batch), random_logps(15, batch), random_logps(16, batch)
     values = jnp.asarray(np.random.default_rng(17).normal(size=(B, TC)), jnp.float32)
     unit = algo.micro_batch_unit
 
@@ -227,7 +205,7 @@ def test_loss_parts_add_up_over_micro_batches(name):
 def test_grpo_skip_zero_variance_groups_and_mask_truncated():
     rewards = np.array([1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5])  # group 1 has zero variance
     truncated = np.array([True, False, False, False, False, False, False, False])
-    batch = _batch(18, rewards=rewards, truncated=truncated)
+    batch = random_batch(18, rewards=rewards, truncated=truncated)
     algo = alg.get_algorithm("grpo")
     base = np.asarray(batch.mask)
     extras, metrics = algo.extras_from_logprobs(batch, _cfg(beta=0.0))
@@ -243,7 +221,7 @@ def test_grpo_skip_zero_variance_groups_and_mask_truncated():
 
 
 def test_grpo_process_supervision_with_and_without_std_scaling():
-    batch = _batch(19)
+    batch = random_batch(19)
     algo = alg.get_algorithm("grpo")
     shape = (B // G, G, 3)
     args = (jnp.asarray(batch.step_rewards).reshape(shape), jnp.asarray(batch.step_end).reshape(shape),
@@ -270,9 +248,9 @@ def test_grpo_process_supervision_with_and_without_std_scaling():
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
 def test_kl_estimator_is_the_configured_one(kind):
     """GRPO's KL term is rl.kl_estimator's: d loss / d logp = −Â/… + β ∂k/∂logp."""
-    batch, beta = _batch(20), 0.7
+    batch, beta = random_batch(20), 0.7
     algo = alg.get_algorithm("grpo")
-    logp, ref = _logps(21, batch), _logps(22, batch)
+    logp, ref = random_logps(21, batch), random_logps(22, batch)
     cfg = _cfg(beta=beta, kl_estimator=kind, scale_by_std=False)
     cfg.rl.aggregation = "token_mean"
     zero = make_batch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, batch.mask,
@@ -285,9 +263,9 @@ def test_kl_estimator_is_the_configured_one(kind):
 
 
 def test_ppo_whitening_and_value_clip_switches():
-    batch = _batch(23)
+    batch = random_batch(23)
     algo = alg.get_algorithm("ppo")
-    logp = _logps(24, batch)
+    logp = random_logps(24, batch)
     values = jnp.asarray(np.random.default_rng(25).normal(size=(B, TC)), jnp.float32)
     white, _ = algo.extras_from_logprobs(batch, _cfg(beta=0.0), old_logp=logp, old_values=values)
     raw, _ = algo.extras_from_logprobs(batch, _cfg(beta=0.0, whiten_advantages=False),
@@ -307,9 +285,9 @@ def test_ppo_whitening_and_value_clip_switches():
     ("grpo", {"loss_mask", "advantages", "old_logp", "ref_logp"}),
     ("ppo", {"loss_mask", "advantages", "old_logp", "old_values", "returns"})])
 def test_extras_name_the_arrays_each_algorithm_has(name, fields):
-    cfg, batch = _cfg(beta=0.04), _batch(30)
+    cfg, batch = _cfg(beta=0.04), random_batch(30)
     algo = alg.get_algorithm(name)
-    logp = _logps(31, batch)
+    logp = random_logps(31, batch)
     extras, _ = algo.extras_from_logprobs(batch, cfg, old_logp=logp, ref_logp=logp,
                                           old_values=logp)
     assert isinstance(extras, alg.Extras)

@@ -1,4 +1,4 @@
-"""Issue 18: settings that were silently ignored or did something other than their name.
+"""Options that were once silently ignored or did something other than their name (issue 18).
 
 Each test here failed before its fix. Everything runs on log-prob arrays or tiny configs.
 """
@@ -12,36 +12,13 @@ import pytest
 
 from grpo_jax import algorithms as alg
 from grpo_jax.config import Config, RLConfig
-from grpo_jax.batching import make_batch
-
-B, TC, G = 8, 6, 4
+from random_batches import B, G, random_batch, random_logps
 
 
 def _cfg(**rl) -> Config:
     cfg = Config()
     cfg.rl = dataclasses.replace(RLConfig(group_size=G), **rl)
     return cfg
-
-
-def _batch(seed=0, rows=B, tc=TC, **kw):
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(1, tc + 1, rows)
-    lens[0] = tc
-    mask = np.arange(tc)[None] < lens[:, None]
-    fields = dict(
-        sample_logprobs=np.where(mask, -rng.uniform(0.1, 3, (rows, tc)), 0.0),
-        rewards=rng.normal(size=rows), correct=rng.random(rows) < 0.5, truncated=lens == tc,
-        step_rewards=rng.normal(size=(rows, 3)),
-        step_end=np.sort(rng.integers(0, tc, (rows, 3)), axis=1),
-        step_mask=rng.random((rows, 3)) < 0.8)
-    fields.update(kw)
-    return make_batch(np.ones((rows, 2), np.int32), np.ones((rows, 2), bool),
-                      rng.integers(0, 50, (rows, tc)), mask, **fields)
-
-
-def _logps(seed, batch):
-    rng = np.random.default_rng(seed)
-    return jnp.asarray(np.where(batch.mask, -rng.uniform(0.1, 3, batch.mask.shape), 0.0), jnp.float32)
 
 
 def _lengths(batch):
@@ -58,9 +35,9 @@ def _group_adv(batch):
 def test_truncated_sampling_uses_the_samplers_logprobs_as_pi_old():
     """top-k: at μ = 1 the ratio is π_θ / π_sampler (the sampler's renormalised log-probs),
     not 1. Unclipped (wide ε): d loss / d logp = −Â ρ / (|o| B)."""
-    cfg, batch = _cfg(beta=0.0, top_k=5, eps_low=0.999, eps_high=1e6), _batch(3)
+    cfg, batch = _cfg(beta=0.0, top_k=5, eps_low=0.999, eps_high=1e6), random_batch(3)
     algo = alg.get_algorithm("grpo")
-    logp = _logps(4, batch)
+    logp = random_logps(4, batch)
     extras, _ = algo.extras_from_logprobs(batch, cfg)
     grad = jax.grad(lambda lp: algo.loss_from_logprobs(lp, batch, extras, cfg))(logp)
     rho = np.exp(np.asarray(logp, np.float64) - np.asarray(batch.sample_logprobs, np.float64))
@@ -121,7 +98,7 @@ def test_rft_is_sft_on_correct_outputs_at_any_temperature():
     """Eq. 10: with T = 0.7 sampling, RFT's loss equals SFT's on the correct outputs
     (same tokens, same model, same denominator)."""
     mcfg, params = _tiny_model()
-    batch = _batch(7)
+    batch = random_batch(7)
     batch = batch.replace(tokens=np.asarray(batch.tokens) % 64)
     results = {}
     for name in ("sft", "rft"):
@@ -280,8 +257,8 @@ def test_modes_are_compiled_in(field, value):
 
 
 def test_ppo_ratio_after_truncated_sampling_is_against_the_sampler():
-    batch = _batch(9)
-    logp = _logps(10, batch)
+    batch = random_batch(9)
+    logp = random_logps(10, batch)
     for top_k, want in ((5, batch.sample_logprobs), (0, logp)):
         extras, _ = alg.get_algorithm("ppo").extras_from_logprobs(
             batch, _cfg(top_k=top_k), old_logp=logp, old_values=jnp.zeros_like(logp), ref_logp=logp)
