@@ -8,12 +8,18 @@
 5. evaluate again, save a checkpoint, write summary.json and a PNG of reward/accuracy.
 
     python experiments/quickstart.py                          # defaults (see experiments/common.py)
+    python experiments/quickstart.py --seeds 0 1 2            # the README's three seeds
     python experiments/quickstart.py --sft-steps 800 rl.group_size=8 run.steps=200
+
+Each seed (`run.seed`: the model's initialisation, SFT and GRPO randomness; the questions stay
+those of `data.seed`) runs in `<run.run_dir>/seed<N>`; with several seeds, `summary.json` in
+`run.run_dir` holds them all and the gain's 95% t-interval.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
@@ -23,8 +29,9 @@ import common
 import jax
 
 from grpo_jax import config as config_lib
-from grpo_jax.plots import plot_history
 from grpo_jax.evaluation import evaluate
+from grpo_jax.plots import plot_history
+from grpo_jax.stats import format_interval
 from grpo_jax.trainer import Trainer
 
 
@@ -32,14 +39,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
     common.add_sft_args(p)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="run.seed values, one run each (default 0)")
     return p
 
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    base = common.load_cfg(args, ["run.run_dir=runs/quickstart"])
+    runs = [run_seed(args, config_lib.apply_overrides(copy.deepcopy(base), [
+        f"run.seed={seed}", f"run.run_dir={os.path.join(base.run.run_dir, f'seed{seed}')}"]).validate())
+        for seed in args.seeds]
+    if len(runs) == 1:
+        return runs[0]
+    gains = [r["accuracy_after"] - r["accuracy_before"] for r in runs]
+    summary = {"seeds": args.seeds, "gain": gains, "runs": runs}
+    with open(os.path.join(base.run.run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(f"[quickstart] gain in held-out greedy accuracy over seeds {args.seeds}: "
+          f"{format_interval(gains)}; per seed {', '.join(f'{g:+.3f}' for g in gains)}")
+    return summary
+
+
+def run_seed(args, cfg) -> dict:
+    """SFT, evaluate, GRPO, evaluate for one seed; writes its summary.json and curves.png."""
     t_start = time.perf_counter()
-    cfg = common.load_cfg(args, ["run.run_dir=runs/quickstart"])
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tokenizer = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
@@ -60,6 +84,9 @@ def main(argv=None) -> dict:
     summary = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
+        "seed": cfg.run.seed,
+        "eval_history": [{"step": 0, "accuracy": before["accuracy"]}] + [
+            {"step": h["step"], "accuracy": h["eval_accuracy"]} for h in history if "eval_accuracy" in h],
         "steps": cfg.run.steps,
         "sft_steps": args.sft_steps,
         "wall_time_s": round(time.perf_counter() - t_start, 1),
@@ -72,7 +99,7 @@ def main(argv=None) -> dict:
     png = plot_history([{"step": 0, "eval_accuracy": before["accuracy"]}] + history,
                        ["reward_mean", "eval_accuracy", "kl"], os.path.join(root, "curves.png"),
                        title=f"GRPO on arithmetic: held-out greedy accuracy {before['accuracy']:.2f} → {after['accuracy']:.2f}")
-    print(f"[quickstart] held-out accuracy {before['accuracy']:.3f} → {after['accuracy']:.3f} "
+    print(f"[quickstart] seed {cfg.run.seed}: held-out accuracy {before['accuracy']:.3f} → {after['accuracy']:.3f} "
           f"in {summary['wall_time_s']:.0f} s")
     print(f"[quickstart] summary:    {os.path.join(root, 'summary.json')}\n[quickstart] plot:       {png}\n"
           f"[quickstart] checkpoint: {summary['checkpoint_dir']}")
