@@ -140,7 +140,8 @@ def make_base_task(cfg):
     from grpo_jax.tasks import get_task, register_task
 
     if cfg.data.data_dir:
-        return get_task("gsm8k", manual_dir=cfg.data.data_dir), "GSM8K test split (official files)"
+        return get_task("gsm8k", manual_dir=cfg.data.data_dir,
+                        skip_bad_rows=cfg.data.skip_bad_rows), "GSM8K test split (official files)"
     register_task("gsm8k_synth", "grpo_jax.tasks.gsm8k_synth:Gsm8kSynthTask")
     return get_task("gsm8k_synth"), HELD_OUT_NOTE
 

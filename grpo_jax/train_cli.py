@@ -65,7 +65,7 @@ def make_task(cfg: config_lib.Config):
     if d.task == "arithmetic":
         return get_task("arithmetic", num_operands=d.num_operands, max_digits=d.max_digits, slip=d.slip)
     if d.task in ("gsm8k", "math"):
-        return get_task(d.task, manual_dir=d.data_dir or None)
+        return get_task(d.task, manual_dir=d.data_dir or None, skip_bad_rows=d.skip_bad_rows)
     return get_task(d.task)
 
 
