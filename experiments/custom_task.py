@@ -22,4 +22,6 @@ def main(argv: list[str]) -> dict:
     return result
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from grpo_jax import cli
+
+    cli.run(lambda: main(sys.argv[1:]))

@@ -42,6 +42,7 @@ import time
 
 
 from grpo_jax import config as config_lib  # (no jax import: --help stays instant)
+from grpo_jax.errors import PretrainedError
 
 DEFAULT_PRESET = "smollm2-135m"
 # Experiment defaults on top of the smollm2-135m preset (the command line overrides them).
@@ -184,7 +185,7 @@ def main(argv=None) -> dict:
     say(f"[gsm8k_grpo] loading {cfg.run.pretrained} ({jax.device_count()} {jax.devices()[0].platform} device(s))")
     model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
     if tokenizer is None:
-        raise SystemExit(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
+        raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
     cfg.model = model_cfg
     cfg.validate()
     tokenizer = ChatTokenizer(tokenizer)

@@ -171,10 +171,10 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     task = make_task(cfg) if task is None else task
     mesh = make_mesh(cfg.mesh)
     params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
-    write_config(cfg)
     sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       sft_data=sft_data, progress=progress, resume=True)
+    write_config(cfg)  # after the Trainer's restore: a checkpoint that does not match keeps its config.json
     try:
         if trainer.start_step >= cfg.run.steps:
             log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,

@@ -13,7 +13,7 @@ import os
 from typing import Any, Callable, Mapping
 
 from grpo_jax.data.builders import BUILDERS, SKIP_BAD_ROWS, STRICT
-from grpo_jax.errors import DataError
+from grpo_jax.errors import DataError, UnknownNameError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def build(name: str, data_dir: str | None = None, manual_dir: str | None = None,
     import tensorflow_datasets as tfds  # already imported by builders; local for clarity
 
     if name not in BUILDERS:
-        raise KeyError(f"unknown dataset {name!r}; available: {sorted(BUILDERS)}")
+        raise UnknownNameError(f"unknown dataset {name!r}; available: {sorted(BUILDERS)}")
     builder = BUILDERS[name](data_dir=data_dir, config=SKIP_BAD_ROWS if skip_bad_rows else STRICT,
                              file_format="array_record")
     if not builder.is_prepared() and not (manual_dir and os.path.isdir(manual_dir) and os.listdir(manual_dir)):
