@@ -22,6 +22,4 @@ def main(argv: list[str]) -> dict:
     return result
 
 if __name__ == "__main__":
-    from grpo_jax import cli
-
-    cli.run(lambda: main(sys.argv[1:]))
+    main(sys.argv[1:])
