@@ -194,7 +194,7 @@ def _describe(err: Exception) -> str:
     if isinstance(err, KeyError):
         return f"missing field {err}"
     if isinstance(err, json.JSONDecodeError):
-        return f"invalid JSON: {err.msg} at column {err.colno}"
+        return f"invalid JSON, {err.msg.lower()} column {err.colno}"
     return f"{type(err).__name__}: {err}"
 
 

@@ -37,13 +37,28 @@ def build(name: str, data_dir: str | None = None, manual_dir: str | None = None,
         raise UnknownNameError(f"unknown dataset {name!r}; available: {sorted(BUILDERS)}")
     builder = BUILDERS[name](data_dir=data_dir, config=SKIP_BAD_ROWS if skip_bad_rows else STRICT,
                              file_format="array_record")
-    if not builder.is_prepared() and not (manual_dir and os.path.isdir(manual_dir) and os.listdir(manual_dir)):
+    # TFDS's is_prepared() logs a warning for a dataset folder that does not exist yet, so a
+    # first build asks it only once the folder has its dataset_info.json.
+    prepared = (builder.data_path / "dataset_info.json").exists() and builder.is_prepared()
+    if not prepared and not (manual_dir and os.path.isdir(manual_dir) and os.listdir(manual_dir)):
         # TFDS would fail here with an AssertionError from deep inside its download manager.
         raise DataError(f"{name}: the folder {manual_dir!r} is missing or empty; "
                         f"{builder.MANUAL_DOWNLOAD_INSTRUCTIONS}")
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
-    )
+    # Preparing from local files takes seconds; TFDS's progress bars would only interleave
+    # with the run's own output (and with the one error line of a bad file).
+    tfds.disable_progress_bar()
+    try:
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
+        )
+    except DataError:
+        # A failed preparation leaves empty config/version folders that TFDS warns about on
+        # every later load; only empty folders are removed.
+        version_dir = os.fspath(builder.data_dir)
+        for path in (version_dir, os.path.dirname(version_dir)):
+            if os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+        raise
     for where, count in sorted(skipped_rows(builder).items()):
         log.warning("%s: skipped %d malformed row(s) of %s (data.skip_bad_rows)", name, count, where)
     return builder
