@@ -17,6 +17,15 @@ def test_error_family_keeps_old_names():
         assert issubclass(cls, errors.GrpoJaxError)
 
 
+def test_unknown_names_are_config_errors_and_still_key_errors():
+    from grpo_jax.tasks import get_task
+
+    with pytest.raises(KeyError) as err:  # what callers of these lookups caught before
+        get_task("nope")
+    assert isinstance(err.value, errors.ConfigError)
+    assert str(err.value).startswith("unknown task 'nope'; available:")  # not KeyError's quoted repr
+
+
 def test_config_differences_names_the_field_and_allows_resumable_ones():
     saved = {"model": {"num_layers": 2, "remat": "none"}, "rl": {"algorithm": "grpo"},
              "run": {"steps": 10}}
