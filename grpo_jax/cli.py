@@ -56,6 +56,7 @@ def run(main: Callable[[], object], prog: str | None = None) -> None:
     except GrpoJaxError as err:
         if debug_requested():
             raise
+        sys.stdout.flush()  # progress printed so far (os._exit below flushes nothing)
         sys.stderr.write(f"{prog}: error: {' '.join(str(err).split())}\n")
         sys.stderr.flush()
         # os._exit skips interpreter shutdown, where Orbax/tensorstore threads left open by
