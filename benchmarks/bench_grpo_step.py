@@ -25,7 +25,6 @@ Speedup = TRL seconds / ours; the target is ≥ 2 (our step ≤ 0.5× TRL's).
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 
@@ -178,4 +177,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from grpo_jax import cli
+
+    cli.run(main)

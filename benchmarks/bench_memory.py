@@ -23,7 +23,6 @@ compiled program is the per-device SPMD program, so the bytes are per device.
 from __future__ import annotations
 
 import os
-import sys
 
 flag = "--xla_force_host_platform_device_count=8"
 if flag not in os.environ.get("XLA_FLAGS", ""):
@@ -186,4 +185,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from grpo_jax import cli
+
+    cli.run(main)

@@ -16,7 +16,6 @@ The spread is over reps of the per-rep decode throughput.
 
 from __future__ import annotations
 
-import sys
 import time
 
 import common  # sets OMP_WAIT_POLICY before jax and torch load
@@ -117,4 +116,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from grpo_jax import cli
+
+    cli.run(main)

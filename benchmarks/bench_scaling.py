@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 
 import common
@@ -196,4 +195,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from grpo_jax import cli
+
+    cli.run(main)

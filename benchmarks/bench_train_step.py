@@ -36,7 +36,6 @@ overhead, not model work). The same count is used for every framework.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import tempfile
 import time
 
@@ -289,4 +288,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from grpo_jax import cli
+
+    cli.run(main)

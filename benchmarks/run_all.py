@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import common
+from grpo_jax.errors import ConfigError
 
 # name -> (script, extra environment); the order is the run order.
 SUITE = {
@@ -266,11 +267,11 @@ def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir
 def render(path: Path, args) -> int:
     """Rebuild the outputs from a saved results.json: same runs, same numbers, current text."""
     if not path.exists():
-        raise SystemExit(f"--render: {path} does not exist")
+        raise ConfigError(f"--render: {path} does not exist")
     saved = json.loads(path.read_text())
     missing = {"machine", "results", "runs", "markdown"} - set(saved)
     if missing:
-        raise SystemExit(f"--render: {path} lacks {sorted(missing)}; it predates --render, run the "
+        raise ConfigError(f"--render: {path} lacks {sorted(missing)}; it predates --render, run the "
                          "benchmarks again")
     args.quick = saved["mode"] == "quick"
     runs = []

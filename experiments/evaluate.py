@@ -27,6 +27,7 @@ import jax
 
 from grpo_jax import distributed, evaluate_run, pretrained
 from grpo_jax.config import MeshConfig
+from grpo_jax.errors import ConfigError, PretrainedError
 from grpo_jax.sharding import make_mesh
 from grpo_jax.tasks import get_task, register_task
 
@@ -63,9 +64,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise SystemExit(f"--shard expects i/n (e.g. 0/2), got {text!r}") from None
+        raise ConfigError(f"--shard expects i/n (e.g. 0/2), got {text!r}") from None
     if not 0 <= i < n:
-        raise SystemExit(f"--shard {text}: need 0 <= i < n")
+        raise ConfigError(f"--shard {text}: need 0 <= i < n")
     return i, n
 
 
@@ -93,7 +94,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
         if tokenizer is None:
-            raise SystemExit(f"--model {args.model}: no tokenizer found next to the weights")
+            raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
         load_s = time.perf_counter() - t0
         settings = evaluate_run.EvalSettings(
             num_samples=args.k, temperature=args.temperature, top_p=args.top_p,
@@ -119,4 +120,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from grpo_jax import cli
+
+    cli.run(main)

@@ -42,6 +42,7 @@ import time
 
 
 from grpo_jax import config as config_lib  # (no jax import: --help stays instant)
+from grpo_jax.errors import PretrainedError
 
 DEFAULT_PRESET = "smollm2-135m"
 # Experiment defaults on top of the smollm2-135m preset (the command line overrides them).
@@ -140,7 +141,8 @@ def make_base_task(cfg):
     from grpo_jax.tasks import get_task, register_task
 
     if cfg.data.data_dir:
-        return get_task("gsm8k", manual_dir=cfg.data.data_dir), "GSM8K test split (official files)"
+        return get_task("gsm8k", manual_dir=cfg.data.data_dir,
+                        skip_bad_rows=cfg.data.skip_bad_rows), "GSM8K test split (official files)"
     register_task("gsm8k_synth", "grpo_jax.tasks.gsm8k_synth:Gsm8kSynthTask")
     return get_task("gsm8k_synth"), HELD_OUT_NOTE
 
@@ -183,7 +185,7 @@ def main(argv=None) -> dict:
     say(f"[gsm8k_grpo] loading {cfg.run.pretrained} ({jax.device_count()} {jax.devices()[0].platform} device(s))")
     model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
     if tokenizer is None:
-        raise SystemExit(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
+        raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
     cfg.model = model_cfg
     cfg.validate()
     tokenizer = ChatTokenizer(tokenizer)

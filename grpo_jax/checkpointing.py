@@ -37,10 +37,12 @@ class Checkpointer:
         if "://" not in self.directory:
             self.directory = os.path.abspath(self.directory)
         self.every = max(every, 1)
+        # Handlers given up front (not only item names) so `item_metadata` can read the stored
+        # shapes before a restore (`_stored_shape_mismatches`).
         self._mngr = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-            item_names=("state", "meta"))
+            item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
 
     def all_steps(self) -> list[int]:
         return sorted(self._mngr.all_steps())
@@ -69,16 +71,25 @@ class Checkpointer:
 
         With `step=None`, tries the newest step first and falls back to older ones if it is
         unreadable. Returns (step, state, meta) or None when there is no checkpoint. A state
-        whose structure or shapes do not match `abstract_state` raises ValueError.
+        whose shapes or structure do not match `abstract_state` raises CheckpointError, naming
+        the parameter paths and shapes when they can be read from the stored metadata.
         """
         steps = [step] if step is not None else self.all_steps()[::-1]
         errors = []
         for s in steps:
+            mismatches = self._stored_shape_mismatches(s, abstract_state)
+            if mismatches:
+                shown = "; ".join(f"{path} is stored as {stored}, the model expects {wanted}"
+                                  for path, stored, wanted in mismatches[:3])
+                more = f" (and {len(mismatches) - 3} more)" if len(mismatches) > 3 else ""
+                raise CheckpointError(
+                    f"checkpoint step {s} in {self.directory} was saved by a different model: "
+                    f"{shown}{more}. Use the model settings it was saved with, or a new run dir")
             try:
                 out = self._mngr.restore(s, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
             except (ValueError, KeyError, TypeError) as e:
-                if _is_mismatch(e):
+                if _is_mismatch(e):  # a structure difference: Orbax names the missing keys
                     raise CheckpointError(
                         f"checkpoint step {s} in {self.directory} does not match the model/"
                         f"optimizer being restored: {e}") from e
@@ -96,6 +107,27 @@ class Checkpointer:
         if errors:
             log.warning("no readable checkpoint in %s (%d unreadable)", self.directory, len(errors))
         return None
+
+    def _stored_shape_mismatches(self, step: int, abstract_state: Any) -> list[tuple[str, tuple, tuple]]:
+        """(parameter path, stored shape, wanted shape) for each array of `abstract_state`
+        whose stored shape at `step` differs. Orbax's own error for this names neither the
+        parameter nor a safe fix (it suggests disabling the shape check). Paths are compared
+        as plain key strings; arrays that do not appear in both trees, and steps whose
+        metadata is unreadable, are left to the restore itself."""
+        try:
+            stored = self._mngr.item_metadata(step).state
+        except Exception:  # an unreadable step: restore() falls back or reports it
+            return []
+        stored_shapes = {_path_key(p): tuple(m.shape) for p, m in
+                         jax.tree_util.tree_flatten_with_path(getattr(stored, "tree", stored))[0]
+                         if hasattr(m, "shape")}
+        out = []
+        for path, want in jax.tree_util.tree_flatten_with_path(abstract_state)[0]:
+            got = stored_shapes.get(_path_key(path))
+            if got is not None and got != tuple(want.shape):
+                out.append((jax.tree_util.keystr(path), got, tuple(want.shape)))
+        # The parameters first: the optimizer moments only repeat their shapes.
+        return sorted(out, key=lambda m: "params" not in m[0])
 
     def check_config(self, requested: dict, ignore: tuple[str, ...] = ()) -> None:
         """Raise CheckpointError listing the restore-relevant fields (`config_differences`)
@@ -154,6 +186,11 @@ def check_run_dir(directory: str | os.PathLike, requested: dict, ignore: tuple[s
         ckpt.check_config(requested, ignore)
     finally:
         ckpt.close()
+
+
+def _path_key(path) -> tuple[str, ...]:
+    """A tree path as strings, whatever the node kind (Orbax stores named tuples as dicts)."""
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
 def _is_mismatch(e: Exception) -> bool:

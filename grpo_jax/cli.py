@@ -5,21 +5,41 @@
 
 A traceback is shown only with `--debug` on the command line or GRPO_JAX_DEBUG=1, since a
 library error's message already names the input to fix. Any other exception is a bug and
-propagates with its traceback.
+propagates with its traceback. Command-line usage errors (argparse's, and the `parser.error`
+calls of entry points) are reported the same way, as one line without the usage block.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import sys
 from typing import Callable
 
-from grpo_jax.errors import GrpoJaxError
+from grpo_jax.errors import ConfigError, GrpoJaxError
+
+
+def _usage_error(parser: argparse.ArgumentParser, message: str):
+    raise ConfigError(message)
 
 
 def debug_requested(argv: list[str] | None = None) -> bool:
     argv = sys.argv[1:] if argv is None else argv
     return "--debug" in argv or os.environ.get("GRPO_JAX_DEBUG", "") not in ("", "0")
+
+
+def configure_logging(fmt: str = "%(message)s", datefmt: str | None = None) -> None:
+    """Root logging with progress (below WARNING) on stdout and warnings on stderr, so stderr
+    holds only what needs attention: a failed run's stderr is its one error line."""
+    formatter = logging.Formatter(fmt, datefmt)
+    progress = logging.StreamHandler(sys.stdout)
+    progress.addFilter(lambda record: record.levelno < logging.WARNING)
+    warnings_ = logging.StreamHandler(sys.stderr)
+    warnings_.setLevel(logging.WARNING)
+    for handler in (progress, warnings_):
+        handler.setFormatter(formatter)
+    logging.basicConfig(level=logging.WARNING, handlers=[progress, warnings_])
 
 
 def run(main: Callable[[], object], prog: str | None = None) -> None:
@@ -28,14 +48,20 @@ def run(main: Callable[[], object], prog: str | None = None) -> None:
     if "--debug" in sys.argv:
         sys.argv.remove("--debug")  # entry points' own parsers do not know the flag
         os.environ["GRPO_JAX_DEBUG"] = "1"
+    # Every entry point builds its own argparse parser; routing their errors here (rather
+    # than changing each parser) keeps "one line, exit 2" true for all of them.
+    argparse_error, argparse.ArgumentParser.error = argparse.ArgumentParser.error, _usage_error
     try:
         result = main()
     except GrpoJaxError as err:
         if debug_requested():
             raise
+        sys.stdout.flush()  # progress printed so far (os._exit below flushes nothing)
         sys.stderr.write(f"{prog}: error: {' '.join(str(err).split())}\n")
         sys.stderr.flush()
         # os._exit skips interpreter shutdown, where Orbax/tensorstore threads left open by
         # the failed run print "sys.meta_path is None" noise.
         os._exit(2)
+    finally:
+        argparse.ArgumentParser.error = argparse_error
     sys.exit(result if isinstance(result, int) else 0)

@@ -238,6 +238,7 @@ class DataConfig:
     wrong_step_prob: float = 0.3
     slip: str = "random"  # arithmetic SFT errors: random | carry (systematic; see tasks/arithmetic.py)
     seed: int = 0
+    skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing
 
     def validate(self) -> None:
         _choice(self, "task", ("arithmetic", "countdown", "gsm8k", "math"))
@@ -271,6 +272,9 @@ class RunConfig:
             raise ConfigError("run.checkpoint_every/eval_every >= 0 and run.log_every >= 1")
 
 
+FILE_TASKS = ("gsm8k", "math")  # the tasks read from data.data_dir
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -300,6 +304,9 @@ class Config:
             if self.rl.algorithm not in readers and value != getattr(default, name):
                 out.append(f"rl.{name}={value!r} is ignored by rl.algorithm={self.rl.algorithm} "
                            f"(read only by {', '.join(readers)})")
+        if self.data.skip_bad_rows and self.data.task not in FILE_TASKS:
+            out.append(f"data.skip_bad_rows=True is ignored by data.task={self.data.task} "
+                       f"(it generates its problems; only {', '.join(FILE_TASKS)} read files)")
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,13 @@ class ConfigError(GrpoJaxError):
     """A configuration key, type or value that cannot be used."""
 
 
+class UnknownNameError(ConfigError, KeyError):
+    """A name (task, dataset, TPU slice, chip) that is not registered. Also a KeyError,
+    which these lookups raised before joining the family."""
+
+    __str__ = ValueError.__str__  # the message as written, not KeyError's quoted repr
+
+
 class MeshError(GrpoJaxError):
     """A mesh that does not fit the available devices."""
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from grpo_jax.errors import UnknownNameError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Default runtime version per TPU family (the accelerator type's prefix before "-N").
@@ -181,7 +183,7 @@ def get_slice(name: str) -> SlicePreset:
     try:
         return SLICES[key]
     except KeyError:
-        raise KeyError(
+        raise UnknownNameError(
             f"unknown TPU slice {name!r}; known slices: {', '.join(SLICES)} "
             "(v5e-N is accepted for v5litepod-N)"
         ) from None

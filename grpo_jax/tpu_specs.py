@@ -8,6 +8,8 @@ v6e 32 GB); the compiler reports slightly less usable HBM (e.g. 95.74 GiB on v5p
 
 from dataclasses import dataclass
 
+from grpo_jax.errors import UnknownNameError
+
 
 @dataclass(frozen=True)
 class ChipSpec:
@@ -47,4 +49,4 @@ def chip_of(topology: str) -> ChipSpec:
     try:
         return CHIPS[family]
     except KeyError:
-        raise KeyError(f"no chip constants for topology {topology!r}; known: {', '.join(CHIPS)}") from None
+        raise UnknownNameError(f"no chip constants for topology {topology!r}; known: {', '.join(CHIPS)}") from None

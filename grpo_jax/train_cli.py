@@ -39,7 +39,9 @@ import os
 import tempfile
 import time
 
+from grpo_jax import cli
 from grpo_jax import config as config_lib  # no jax import: --help stays instant
+from grpo_jax.errors import PretrainedError
 
 log = logging.getLogger("train")
 TOKENIZER_FILE = "tokenizer.model"
@@ -65,7 +67,7 @@ def make_task(cfg: config_lib.Config):
     if d.task == "arithmetic":
         return get_task("arithmetic", num_operands=d.num_operands, max_digits=d.max_digits, slip=d.slip)
     if d.task in ("gsm8k", "math"):
-        return get_task(d.task, manual_dir=d.data_dir or None)
+        return get_task(d.task, manual_dir=d.data_dir or None, skip_bad_rows=d.skip_bad_rows)
     return get_task(d.task)
 
 
@@ -115,7 +117,7 @@ def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: 
         runtime = {k: getattr(cfg.model, k) for k in ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat")}
         model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
         if tokenizer is None:
-            raise SystemExit(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
+            raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
         cfg.model = model_cfg
         cfg.validate()
     else:
@@ -162,13 +164,17 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     # model.vocab_size comes from the tokenizer, set below; the Trainer checks it again.
     checkpointing.check_run_dir(os.path.join(cfg.run.run_dir, "checkpoints"), cfg.to_dict(),
                                 ignore=("model.vocab_size",))
+    if cfg.rl.reward_model:  # its folder and metadata; the Trainer loads the weights
+        from grpo_jax.reward_models.scorer import RewardModel
+
+        RewardModel.read_meta(cfg.rl.reward_model)
     task = make_task(cfg) if task is None else task
     mesh = make_mesh(cfg.mesh)
     params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
-    write_config(cfg)
     sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       sft_data=sft_data, progress=progress, resume=True)
+    write_config(cfg)  # after the Trainer's restore: a checkpoint that does not match keeps its config.json
     try:
         if trainer.start_step >= cfg.run.steps:
             log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,
@@ -241,8 +247,7 @@ def main(argv=None) -> int:
 
     main_process = distributed.is_main_process()
     # Warnings from every process; progress messages (ours, not Orbax's) from process 0 only.
-    logging.basicConfig(level=logging.WARNING, format=f"[%(asctime)s p{jax.process_index()}] %(message)s",
-                        datefmt="%H:%M:%S")
+    cli.configure_logging(f"[%(asctime)s p{jax.process_index()}] %(message)s", datefmt="%H:%M:%S")
     for name in ("train", "grpo_jax"):
         logging.getLogger(name).setLevel(logging.INFO if main_process else logging.WARNING)
     log.info("%d process(es), %d devices (%s); run dir %s", jax.process_count(), jax.device_count(),
@@ -259,6 +264,4 @@ def main(argv=None) -> int:
 
 def console_main() -> None:
     """The `grpo-train` entry point: library errors as one line, exit 2 (grpo_jax.cli)."""
-    from grpo_jax import cli
-
     cli.run(main, prog="grpo-train")

@@ -98,12 +98,16 @@ class Trainer:
         self.bad_steps = 0
         self.start_step = 0  # the step this Trainer resumed from (0 for a fresh run)
         self.next_step = 0  # the first step the next `train` call takes
-        self.writer = MetricsWriter(cfg.run.run_dir)
         self.ckpt = checkpointing.Checkpointer(os.path.join(cfg.run.run_dir, "checkpoints"),
                                                keep=cfg.run.keep_checkpoints,
                                                every=max(cfg.run.checkpoint_every, 1))
-        if resume:
-            self._restore()
+        # Restore before the metrics writer opens its files: a checkpoint that does not match
+        # fails with the run dir untouched.
+        restored = self._restore() if resume else None
+        self.writer = MetricsWriter(cfg.run.run_dir)
+        if restored is not None:
+            self.writer.truncate_after(restored)
+            log.info("resumed from step %d in %s", self.start_step, cfg.run.run_dir)
 
     # ------------------------------------------------------------------ helpers
     def _group_size(self) -> int:
@@ -121,17 +125,17 @@ class Trainer:
         rng = to_global(jax.random.key_data(self.rng), replicated(self.mesh))
         return {"state": self.state, "rng": rng}
 
-    def _restore(self) -> None:
+    def _restore(self) -> int | None:
+        """Load the newest matching checkpoint into this Trainer; its step, or None if none."""
         self.ckpt.check_config(self.cfg.to_dict())
         restored = self.ckpt.restore(checkpointing.abstract_like(self._checkpoint_tree()))
         if restored is None:
-            return
+            return None
         step, tree, meta = restored
         self.state, self.rng = tree["state"], jax.random.wrap_key_data(tree["rng"])
         self.start_step = self.next_step = step
         self.bad_steps = int(meta.get("bad_steps", 0))
-        self.writer.truncate_after(step)
-        log.info("resumed from step %d in %s", step, self.cfg.run.run_dir)
+        return step
 
     def save(self, step: int) -> None:
         self.ckpt.save(step, self._checkpoint_tree(), {"step": step, "bad_steps": self.bad_steps,

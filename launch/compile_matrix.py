@@ -81,4 +81,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from grpo_jax import cli
+
+    cli.run(main)

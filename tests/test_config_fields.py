@@ -97,6 +97,7 @@ CHANGES = {
     "data.wrong_step_prob": (0.9, "grpo", {}),
     "data.slip": ("carry", "grpo", {}),
     "data.seed": (5, "grpo", {}),
+    "data.skip_bad_rows": (True, "grpo", {}),  # refused (warned) for the generated default task
 }
 
 # Fields that act on the loop (sampling length, files, logging cadence): the test that shows it.

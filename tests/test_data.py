@@ -7,6 +7,7 @@ import os
 import pytest
 
 from grpo_jax.data import loading
+from grpo_jax.errors import DataError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "data")
 
@@ -130,3 +131,79 @@ def test_transform_is_applied(data_dir):
     )
     lengths = [b[0] for b in loader]
     assert sorted(lengths) == sorted(len(e["question"]) for e in fixture_gsm8k("test"))
+
+
+def _gsm8k_with_bad_rows(folder):
+    """The fixture's files with a truncated row (line 2) and a row without an answer (line 5)."""
+    os.makedirs(folder)
+    with open(os.path.join(FIXTURES, "gsm8k", "train.jsonl")) as f:
+        good = [line for line in f if line.strip()]
+    bad = [good[0], '{"question": "Truncated\n', *good[1:3], '{"question": "no answer"}\n', *good[3:]]
+    with open(os.path.join(folder, "train.jsonl"), "w") as f:
+        f.writelines(bad)
+    with open(os.path.join(FIXTURES, "gsm8k", "test.jsonl")) as src, \
+            open(os.path.join(folder, "test.jsonl"), "w") as dst:
+        dst.write(src.read())
+    return os.path.join(folder, "train.jsonl"), good
+
+
+def test_bad_gsm8k_rows_fail_by_default_and_are_skipped_and_counted_on_request(tmp_path, caplog):
+    path, good = _gsm8k_with_bad_rows(str(tmp_path / "manual"))
+    with pytest.raises(DataError, match=rf"{path}:2: not a GSM8K row \(invalid JSON"):
+        loading.build("gsm8k", str(tmp_path / "tfds"), str(tmp_path / "manual"))
+    with caplog.at_level("WARNING", logger="grpo_jax.data.loading"):
+        builder = loading.build("gsm8k", str(tmp_path / "tfds"), str(tmp_path / "manual"),
+                                skip_bad_rows=True)
+    src = builder.as_data_source("train")
+    questions = sorted(loading.decode_record(src[i])["question"] for i in range(len(src)))
+    assert questions == sorted(json.loads(line)["question"] for line in good)
+    assert loading.skipped_rows(builder) == {path: 2}
+    assert f"gsm8k: skipped 2 malformed row(s) of {path}" in caplog.text
+    # Reused later, the prepared dataset still reports what it left out ...
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="grpo_jax.data.loading"):
+        loading.build("gsm8k", str(tmp_path / "tfds"), "/nonexistent", skip_bad_rows=True)
+    assert f"skipped 2 malformed row(s) of {path}" in caplog.text
+    # ... and a strict run never reuses it: it reads the files again and fails on line 2.
+    with pytest.raises(DataError, match=rf"{path}:2:"):
+        loading.build("gsm8k", str(tmp_path / "tfds"), str(tmp_path / "manual"))
+
+
+def test_bad_gsm8k_row_line_numbers_count_blank_lines(tmp_path):
+    path, _ = _gsm8k_with_bad_rows(str(tmp_path / "manual"))
+    with open(path) as f:
+        lines = f.readlines()
+    with open(path, "w") as f:  # blank lines before and the truncated row removed: line 5 is bad
+        f.writelines(["\n", lines[0], lines[2], lines[3], lines[4], *lines[5:]])
+    with pytest.raises(DataError, match=rf"{path}:5: not a GSM8K row \(missing field 'answer'\)"):
+        loading.build("gsm8k", str(tmp_path / "tfds"), str(tmp_path / "manual"))
+
+
+def _math_copy(folder):
+    import shutil
+
+    shutil.copytree(os.path.join(FIXTURES, "math"), folder)
+    return folder
+
+
+def test_bad_math_file_is_named_or_skipped(tmp_path, caplog):
+    manual = _math_copy(str(tmp_path / "manual"))
+    bad = os.path.join(manual, "train", "algebra", "99.json")
+    with open(bad, "w") as f:
+        f.write('{\n  "problem": "Compute $1+1$.",\n  "solution": "\\boxed{2}\n')
+    with pytest.raises(DataError, match=rf"{bad}:3: not a MATH problem \(invalid JSON"):
+        loading.build("math", str(tmp_path / "tfds"), manual)
+    with caplog.at_level("WARNING", logger="grpo_jax.data.loading"):
+        builder = loading.build("math", str(tmp_path / "tfds"), manual, skip_bad_rows=True)
+    assert builder.info.splits["train"].num_examples == len(fixture_math("train"))
+    assert loading.skipped_rows(builder) == {os.path.join(manual, "train"): 1}
+    assert f"math: skipped 1 malformed row(s) of {os.path.join(manual, 'train')}" in caplog.text
+
+
+def test_math_without_a_test_split_names_the_folder(tmp_path):
+    import shutil
+
+    manual = _math_copy(str(tmp_path / "manual"))
+    shutil.rmtree(os.path.join(manual, "test"))
+    with pytest.raises(DataError, match=rf"'{os.path.join(manual, 'test')}' holds no"):
+        loading.build("math", str(tmp_path / "tfds"), manual)

@@ -6,7 +6,6 @@ import sys
 import pytest
 
 from grpo_jax import checkpointing, config, errors, pretrained, sharding
-from grpo_jax.data import builders
 
 
 def test_error_family_keeps_old_names():
@@ -18,21 +17,21 @@ def test_error_family_keeps_old_names():
         assert issubclass(cls, errors.GrpoJaxError)
 
 
+def test_unknown_names_are_config_errors_and_still_key_errors():
+    from grpo_jax.tasks import get_task
+
+    with pytest.raises(KeyError) as err:  # what callers of these lookups caught before
+        get_task("nope")
+    assert isinstance(err.value, errors.ConfigError)
+    assert str(err.value).startswith("unknown task 'nope'; available:")  # not KeyError's quoted repr
+
+
 def test_config_differences_names_the_field_and_allows_resumable_ones():
     saved = {"model": {"num_layers": 2, "remat": "none"}, "rl": {"algorithm": "grpo"},
              "run": {"steps": 10}}
     requested = {"model": {"num_layers": 3, "remat": "full"}, "rl": {"algorithm": "grpo"},
                  "run": {"steps": 20}}
     assert checkpointing.config_differences(saved, requested) == [("model.num_layers", 2, 3)]
-
-
-def test_malformed_gsm8k_row_names_file_and_line(tmp_path):
-    path = tmp_path / "train.jsonl"
-    path.write_text('{"question": "a", "answer": "#### 1"}\n{"question": "b\n')
-    gen = builders.Gsm8kLocal._generate_examples(None, str(path))
-    next(gen)
-    with pytest.raises(errors.DataError, match=rf"{path}:2:"):
-        next(gen)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

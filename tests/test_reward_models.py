@@ -8,6 +8,7 @@ this data for thousands of steps: it would have to discover arithmetic from one 
 sample.
 """
 
+import json
 import math
 import random
 
@@ -19,6 +20,7 @@ import pytest
 from grpo_jax import reward_models as rm_lib
 from grpo_jax.reward_models import scorer as rm_scorer, training as rm_training
 from grpo_jax.config import ModelConfig
+from grpo_jax.errors import RewardModelError
 from grpo_jax.model import add_value_head
 from grpo_jax.reward_models import LabelledSample, ReplayBuffer, RewardModel
 from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus
@@ -280,8 +282,25 @@ def test_save_load_round_trip(orm, prm, data, tmp_path):
         assert again.step_scores(prompts, comps) == model.step_scores(prompts, comps)
         with pytest.raises(FileExistsError):
             model.save(path)
-    with pytest.raises(FileNotFoundError, match="not a saved reward model"):
+    with pytest.raises(RewardModelError, match="nothing' is not a directory"):
         RewardModel.load(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RewardModelError, match=r"empty' is not a saved reward model \(no reward_model.json\)"):
+        RewardModel.load(tmp_path / "empty")
+
+
+def test_reward_model_metadata_that_does_not_match_its_checkpoint_names_the_parameter(orm, tmp_path):
+    path = tmp_path / "rm"
+    orm[0].save(path)
+    meta = json.loads((path / "reward_model.json").read_text())
+    meta["model"]["mlp_dim"] *= 2
+    (path / "reward_model.json").write_text(json.dumps(meta))
+    with pytest.raises(RewardModelError, match=r"\['params'\]\['layers'\]\['mlp'\]\['down'\] is stored as") as err:
+        RewardModel.load(path)
+    assert "strict" not in str(err.value)
+    (path / "reward_model.json").write_text(json.dumps(meta)[:-10])
+    with pytest.raises(RewardModelError, match="reward_model.json: not valid JSON"):
+        RewardModel.load(path)
 
 
 # ------------------------------------------------------------------ errors

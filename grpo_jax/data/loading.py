@@ -8,40 +8,71 @@ the original would have yielded next.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any, Callable, Mapping
 
-from grpo_jax.data.builders import BUILDERS
-from grpo_jax.errors import DataError
+from grpo_jax.data.builders import BUILDERS, SKIP_BAD_ROWS, STRICT
+from grpo_jax.errors import DataError, UnknownNameError
+
+log = logging.getLogger(__name__)
 
 # Grain (which imports JAX) is imported only when a loader is made, so random access
 # through ``data_source`` (e.g. ``Task.examples``) stays light.
 
 
-def build(name: str, data_dir: str | None = None, manual_dir: str | None = None):
+def build(name: str, data_dir: str | None = None, manual_dir: str | None = None, *,
+          skip_bad_rows: bool = False):
     """The prepared builder for ``name`` ("gsm8k" or "math"), building it if needed.
 
     Building reads the official files from ``manual_dir`` (no network) and writes
-    array_record files under ``data_dir``; an already prepared dataset is reused.
+    array_record files under ``data_dir``; an already prepared dataset is reused. A
+    malformed row is a DataError naming its file and line, unless ``skip_bad_rows``: then
+    it is left out, and the rows left out are logged as a warning, per file, every time
+    the dataset is loaded.
     """
     import tensorflow_datasets as tfds  # already imported by builders; local for clarity
 
     if name not in BUILDERS:
-        raise KeyError(f"unknown dataset {name!r}; available: {sorted(BUILDERS)}")
-    builder = BUILDERS[name](data_dir=data_dir, file_format="array_record")
-    if not builder.is_prepared() and not (manual_dir and os.path.isdir(manual_dir) and os.listdir(manual_dir)):
+        raise UnknownNameError(f"unknown dataset {name!r}; available: {sorted(BUILDERS)}")
+    builder = BUILDERS[name](data_dir=data_dir, config=SKIP_BAD_ROWS if skip_bad_rows else STRICT,
+                             file_format="array_record")
+    # TFDS's is_prepared() logs a warning for a dataset folder that does not exist yet, so a
+    # first build asks it only once the folder has its dataset_info.json.
+    prepared = (builder.data_path / "dataset_info.json").exists() and builder.is_prepared()
+    if not prepared and not (manual_dir and os.path.isdir(manual_dir) and os.listdir(manual_dir)):
         # TFDS would fail here with an AssertionError from deep inside its download manager.
         raise DataError(f"{name}: the folder {manual_dir!r} is missing or empty; "
                         f"{builder.MANUAL_DOWNLOAD_INSTRUCTIONS}")
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
-    )
+    # Preparing from local files takes seconds; TFDS's progress bars would only interleave
+    # with the run's own output (and with the one error line of a bad file).
+    tfds.disable_progress_bar()
+    try:
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
+        )
+    except DataError:
+        # A failed preparation leaves empty config/version folders that TFDS warns about on
+        # every later load; only empty folders are removed.
+        version_dir = os.fspath(builder.data_dir)
+        for path in (version_dir, os.path.dirname(version_dir)):
+            if os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+        raise
+    for where, count in sorted(skipped_rows(builder).items()):
+        log.warning("%s: skipped %d malformed row(s) of %s (data.skip_bad_rows)", name, count, where)
     return builder
 
 
-def data_source(name: str, split: str, data_dir: str | None = None, manual_dir: str | None = None):
+def skipped_rows(builder) -> dict[str, int]:
+    """File (GSM8K) or split folder (MATH) -> rows left out when ``builder`` was prepared."""
+    return dict((builder.info.metadata or {}).get("skipped_rows", {}))
+
+
+def data_source(name: str, split: str, data_dir: str | None = None, manual_dir: str | None = None,
+                *, skip_bad_rows: bool = False):
     """Random-access source of raw records (dicts of bytes) for one split."""
-    return build(name, data_dir, manual_dir).as_data_source(split)
+    return build(name, data_dir, manual_dir, skip_bad_rows=skip_bad_rows).as_data_source(split)
 
 
 def decode_record(record: Mapping[str, Any]) -> dict[str, Any]:

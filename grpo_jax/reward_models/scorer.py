@@ -16,6 +16,7 @@ from grpo_jax import model as model_lib
 from grpo_jax import sampling
 from grpo_jax.checkpointing import Checkpointer
 from grpo_jax.config import ModelConfig
+from grpo_jax.errors import CheckpointError, RewardModelError
 from grpo_jax.reward_models.data import line_step_ends
 from grpo_jax.tokenizer import Tokenizer, char_to_token_index
 
@@ -210,20 +211,52 @@ class RewardModel:
             ckpt.close()
         (path / _META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
 
+    @staticmethod
+    def read_meta(path: str | os.PathLike) -> dict:
+        """The saved ``reward_model.json`` of ``path``, checked: a RewardModelError names the
+        path and what is wrong (no such folder, no or unreadable metadata, a model config
+        that does not parse). Cheap, so a run can check its reward model before it writes."""
+        path = Path(path)
+        meta_path = path / _META_FILE
+        if not path.is_dir():
+            raise RewardModelError(f"reward model {str(path)!r} is not a directory; give the folder a "
+                                   "reward model was saved to (experiments/train_reward_model.py)")
+        if not meta_path.is_file():
+            raise RewardModelError(f"{str(path)!r} is not a saved reward model (no {_META_FILE}); give "
+                                   "the folder a reward model was saved to")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise RewardModelError(f"{meta_path}: not valid JSON ({err}); save the reward model again") from None
+        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise RewardModelError(f"{meta_path}: format {found!r}, expected {_FORMAT!r}")
+        missing = [k for k in ("kind", "loss", "transform", "process_reduce", "tokenizer", "model")
+                   if k not in meta]
+        if missing:
+            raise RewardModelError(f"{meta_path}: missing {missing}; save the reward model again")
+        try:
+            ModelConfig(**meta["model"]).validate()
+        except (TypeError, ValueError) as err:
+            raise RewardModelError(f"{meta_path}: its model config is unusable ({err})") from None
+        return meta
+
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer: Tokenizer | None = None, *,
              step: int | None = None, **kwargs) -> "RewardModel":
         """Restore a saved reward model (latest step unless ``step``); ``tokenizer`` is needed
-        only if none was saved with it. ``kwargs`` go to the constructor (e.g. max_batch)."""
+        only if none was saved with it, and its token ids must fit the reward model's
+        vocabulary. ``kwargs`` go to the constructor (e.g. max_batch). Anything unusable
+        about ``path`` is a RewardModelError naming it."""
         path = Path(path)
-        meta_path = path / _META_FILE
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{path} is not a saved reward model (no {_META_FILE})")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{meta_path}: unknown format {meta.get('format')!r}")
+        meta = cls.read_meta(path)
         cfg = ModelConfig(**meta["model"])
         tokenizer = tokenizer or _load_tokenizer(meta["tokenizer"], path)
+        if tokenizer.vocab_size > cfg.vocab_size:
+            # Token ids past the reward model's embedding would be clipped silently by the gather.
+            raise RewardModelError(
+                f"reward model {str(path)!r} has a vocabulary of {cfg.vocab_size} tokens, the policy's "
+                f"tokenizer {tokenizer.vocab_size}; train the reward model with the policy's tokenizer")
         shapes = model_lib.param_shapes(cfg, value_head=True)
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract = {"params": jax.tree.map(
@@ -231,10 +264,13 @@ class RewardModel:
         ckpt = Checkpointer(path / "checkpoints")
         try:
             out = ckpt.restore(abstract, step)
+        except CheckpointError as err:
+            raise RewardModelError(f"reward model {str(path)!r}: {err}") from None
         finally:
             ckpt.close()
         if out is None:
-            raise FileNotFoundError(f"no readable reward model checkpoint under {path}")
+            raise RewardModelError(f"no readable reward model checkpoint under {str(path)!r} "
+                                   f"(see the warnings above); save the reward model again")
         restored_step, state, _ = out
         kwargs.setdefault("process_reduce", meta["process_reduce"])
         return cls(cfg, state["params"], tokenizer, meta["kind"], transform=meta["transform"],
@@ -262,4 +298,4 @@ def _load_tokenizer(kind: str, path: Path) -> Tokenizer:
         from grpo_jax.bpe_tokenizer import BPETokenizer
 
         return BPETokenizer.from_hf_dir(path / "tokenizer")
-    raise ValueError(f"{path}: no tokenizer was saved with this reward model; pass tokenizer=")
+    raise RewardModelError(f"{path}: no tokenizer was saved with this reward model; pass tokenizer=")

@@ -28,6 +28,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from grpo_jax.errors import UnknownNameError
+
 
 @dataclasses.dataclass(frozen=True)
 class Example:
@@ -119,7 +121,7 @@ def available_tasks() -> list[str]:
 def get_task(name: str, **kwargs) -> Task:
     """Instantiate a registered task, passing ``kwargs`` to its constructor."""
     if name not in _REGISTRY:
-        raise KeyError(f"unknown task {name!r}; available: {available_tasks()}")
+        raise UnknownNameError(f"unknown task {name!r}; available: {available_tasks()}")
     module_name, cls_name = _REGISTRY[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls(**kwargs)

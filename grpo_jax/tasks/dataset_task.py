@@ -13,7 +13,8 @@ class DatasetTask(Task):
 
     ``data_dir`` is where TFDS keeps prepared datasets (TFDS default if None);
     ``manual_dir`` holds the official files (TFDS default ``<data_dir>/downloads/manual``).
-    The dataset is built on first use if it is not prepared yet.
+    The dataset is built on first use if it is not prepared yet; ``skip_bad_rows`` leaves
+    malformed rows out (counted and logged) instead of raising a DataError.
     """
 
     dataset: str = ""
@@ -27,9 +28,11 @@ class DatasetTask(Task):
     # model's chat template. ``{question}`` is ``Example.meta["question"]``.
     paper_prompt: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
-    def __init__(self, data_dir: str | None = None, manual_dir: str | None = None):
+    def __init__(self, data_dir: str | None = None, manual_dir: str | None = None, *,
+                 skip_bad_rows: bool = False):
         self.data_dir = data_dir
         self.manual_dir = manual_dir
+        self.skip_bad_rows = skip_bad_rows
         self._sources: dict[str, Any] = {}
 
     def to_example(self, record: dict) -> Example:
@@ -43,7 +46,7 @@ class DatasetTask(Task):
             from grpo_jax.data import loading
 
             self._sources[split] = loading.data_source(
-                self.dataset, split, self.data_dir, self.manual_dir
+                self.dataset, split, self.data_dir, self.manual_dir, skip_bad_rows=self.skip_bad_rows
             )
         return self._sources[split]
 
