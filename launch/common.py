@@ -410,12 +410,12 @@ def source_from_args(args: argparse.Namespace) -> SourceSettings:
 
 
 def main_guard(main) -> None:
-    """Run ``main()`` through `grpo_jax.cli.run` (library errors: one line, exit 2), turning
-    LaunchError into a one-line message and exit code 1."""
+    """Run ``main()`` through `grpo_jax.cli.run`: library errors and LaunchError alike end as
+    one `<prog>: error: ...` line and exit 2."""
     from grpo_jax import cli
 
     try:
         cli.run(main)
     except LaunchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+        print(f"{os.path.basename(sys.argv[0])}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)

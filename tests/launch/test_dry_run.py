@@ -196,8 +196,8 @@ def test_bad_slice_name_lists_the_known_ones():
 ])
 def test_bad_settings_fail_before_any_command(args, message):
     done = launch(*args, "--dry-run")
-    assert done.returncode == 1 and done.stdout == ""
-    assert message in done.stderr
+    assert done.returncode == 2 and done.stdout == ""
+    assert message in done.stderr and done.stderr.count("\n") == 1 and ": error: " in done.stderr
 
 
 # ----------------------------------------------------------------------------- relaunch loop
