@@ -22,7 +22,6 @@ import os
 import sys
 import time
 
-import common  # noqa: F401  (puts the repository on sys.path like the other experiments)
 import jax
 
 from grpo_jax import distributed, evaluate_run, pretrained
@@ -30,6 +29,7 @@ from grpo_jax.config import MeshConfig
 from grpo_jax.errors import ConfigError, PretrainedError
 from grpo_jax.sharding import make_mesh
 from grpo_jax.tasks import get_task, register_task
+from grpo_jax.tasks.dataset_task import DatasetTask
 
 PAPER_TASKS = ("gsm8k", "math", "gsm8k_synth")
 
@@ -88,6 +88,9 @@ def main(argv=None) -> dict:
     if not args.merge_only:
         shard, num_shards = parse_shard(args.shard)
         task = make_task(args)
+        if args.limit < 0 and not isinstance(task, DatasetTask):
+            raise ConfigError(f"--task {args.task} generates its questions, so there is no 'all' of "
+                              "them: give --limit N")
         examples = task.examples(args.split, args.limit, args.seed)
         # Each host samples its own questions on its own devices: no collective across hosts.
         mesh = make_mesh(MeshConfig(), jax.local_devices())

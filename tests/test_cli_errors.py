@@ -94,6 +94,7 @@ def _bad_inputs(tmp):
         ("evaluate.py", ev + ["--model", "smollm2-135m", "--task", "nope"], "unknown task 'nope'", 1),
         ("evaluate.py", ev + ["--model", "smollm2-135m", "--task", "arithmetic", "--shard", "3/2"],
          "--shard 3/2: need 0 <= i < n", 1),
+        ("evaluate.py", ev + ["--model", "smollm2-135m", "--task", "arithmetic"], "give --limit N", 1),
     ]
 
 
