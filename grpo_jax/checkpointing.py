@@ -108,6 +108,28 @@ class Checkpointer:
             log.warning("no readable checkpoint in %s (%d unreadable)", self.directory, len(errors))
         return None
 
+    def restore_params(self, abstract_params: Any, step: int) -> Any:
+        """Only the policy parameters (`state.params`) of `step`, onto the shardings in
+        `abstract_params`: evaluation needs nothing else, and the optimizer moments,
+        reference and value model would take 2-4x the policy's memory. The Trainer's
+        `StandardRestore` reads whole items, so the state item is read here with a
+        partial PyTree restore of the same step directory."""
+        wanted = {"state": {"params": abstract_params}}
+        mismatches = self._stored_shape_mismatches(step, wanted)
+        if mismatches:
+            path, stored, want = mismatches[0]
+            raise CheckpointError(f"checkpoint step {step} in {self.directory}: {path} is stored as {stored}, "
+                                  f"the model expects {want}")
+        ckptr = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+        try:
+            out = ckptr.restore(self._mngr.directory / str(step) / "state", args=ocp.args.PyTreeRestore(
+                item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
+                partial_restore=True))
+        finally:
+            ckptr.close()
+        _check_shapes(abstract_params, out["state"]["params"], step)
+        return out["state"]["params"]
+
     def _stored_shape_mismatches(self, step: int, abstract_state: Any) -> list[tuple[str, tuple, tuple]]:
         """(parameter path, stored shape, wanted shape) for each array of `abstract_state`
         whose stored shape at `step` differs. Orbax's own error for this names neither the

@@ -161,6 +161,8 @@ def test_other_settings_in_the_same_folder_are_an_error(smollm2, bench, whole):
 
 
 def test_cli_help():
+    # PYTHONPATH: the script must import this checkout's package, not an installed one.
     out = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), "--help"],
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert "--model" in out and "--k" in out and "--shard" in out
+                         capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}).stdout
+    assert "--model" in out and "--k" in out and "--shard" in out and "--step" in out

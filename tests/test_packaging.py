@@ -1,5 +1,6 @@
 """The package installs as a library: `pip install .` finds every subpackage, the console
 entry point works, and no script reaches the repo root through sys.path."""
+import importlib
 import json
 import os
 import re
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import setuptools
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,6 +38,32 @@ def test_grpo_train_entry_point_resolves_a_config():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["rl"]["group_size"] == 3
+
+
+def _scripts() -> dict[str, str]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def test_every_entry_point_names_a_console_main():
+    # The wheel's scripts call the named function with no arguments: it must exist and go
+    # through grpo_jax.cli.run (console_main), not a main(argv) that returns a value.
+    scripts = _scripts()
+    assert set(scripts) == {"grpo-train", "grpo-evaluate"}
+    for target in scripts.values():
+        module, attr = target.split(":")
+        assert attr == "console_main" and callable(getattr(importlib.import_module(module), attr))
+
+
+def test_grpo_evaluate_entry_point_reports_errors_under_its_name(tmp_path):
+    # Run the pyproject target the way the installed script does (the venv's script may
+    # predate this entry point); a bad --task fails before any model is loaded.
+    module, attr = _scripts()["grpo-evaluate"].split(":")
+    out = subprocess.run([sys.executable, "-c", f"from {module} import {attr}; {attr}()", "--model", "smollm2-135m",
+                          "--task", "nope", "--no-progress", "--out", str(tmp_path / "eval")],
+                         capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 2
+    assert out.stderr.startswith("grpo-evaluate: error: unknown task 'nope'"), out.stderr
 
 
 def test_no_script_edits_sys_path():

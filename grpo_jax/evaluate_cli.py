@@ -1,0 +1,228 @@
+"""Evaluate a pretrained model on a benchmark: greedy top-1, Pass@K and Maj@K with 95% intervals.
+
+    grpo-evaluate --model smollm2-135m --task gsm8k_synth --limit 50
+    grpo-evaluate --model /ckpt/deepseek-math-7b-rl --task gsm8k \\
+        --manual-dir /data/gsm8k --k 64 --temperature 0.7 --max-new-tokens 1024
+
+(`grpo-evaluate` is installed with the package; `python experiments/evaluate.py` is the same.)
+
+--model: a GGUF file, an HF folder (config.json + safetensors), a converted folder,
+"smollm2-135m", or a grpo_jax training run dir (config.json + checkpoints/, as `grpo-train`
+writes it): every saved checkpoint step is evaluated (--step N: one), each into
+<out>/step-N/, and <out>/curve.json + curve.png hold greedy accuracy (and Pass@K / Maj@K at
+K = --k when k > 1) against the step. --task: gsm8k, math, arithmetic, countdown, gsm8k_synth, or a user's task as
+"module:Class". For gsm8k and math the default prompt is the DeepSeekMath chain-of-thought
+format (the task's `paper_prompt`) in the model's chat template; other tasks use their own.
+
+Writes <out>/shard-*.jsonl (one line per question: prompt, completions, extracted answers,
+correctness), <out>/settings.json and <out>/summary.json. A killed evaluation continues
+where it stopped when rerun with the same arguments. Multi-host (or --shard i/n by hand):
+each process scores its shard of questions on its own devices; process 0 merges
+(--merge-only merges shards written by separate runs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+
+from grpo_jax import checkpointing, cli, distributed, evaluate_run, model, plots, pretrained, train_cli
+from grpo_jax.config import Config, MeshConfig
+from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
+from grpo_jax.sharding import make_mesh
+from grpo_jax.tasks import get_task, register_task
+from grpo_jax.tasks.dataset_task import DatasetTask
+
+PAPER_TASKS = ("gsm8k", "math", "gsm8k_synth")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True,
+                   help="GGUF file, HF folder, converted folder, smollm2-135m, or a training run dir")
+    p.add_argument("--step", type=int, default=None, help="run dir: evaluate only this checkpoint step")
+    p.add_argument("--task", required=True, help="gsm8k, math, arithmetic, countdown, gsm8k_synth or module:Class")
+    p.add_argument("--split", default="test")
+    p.add_argument("--limit", type=int, default=-1, help="first N questions of the split (-1: all)")
+    p.add_argument("--k", type=int, default=1, help="samples per question (Pass@K / Maj@K for K <= k; 0: greedy only)")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default: the run's rl.max_new_tokens for a run dir, else 512")
+    p.add_argument("--prompt", choices=evaluate_run.PROMPT_STYLES, default=None,
+                   help="paper: the DeepSeekMath CoT format (default for gsm8k/math); task: the task's prompt")
+    p.add_argument("--chunk-rows", type=int, default=0,
+                   help="sampled rows per sampler call (default 8 per local device, at least --k)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math)")
+    p.add_argument("--manual-dir", default=None, help="folder with the official GSM8K/MATH files")
+    p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>)")
+    p.add_argument("--shard", default="", help="i/n: score only shard i of n (default: this process of all)")
+    p.add_argument("--merge-only", action="store_true", help="merge the shards in --out and print the summary")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    if not text:
+        return jax.process_index(), jax.process_count()
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard expects i/n (e.g. 0/2), got {text!r}") from None
+    if not 0 <= i < n:
+        raise ConfigError(f"--shard {text}: need 0 <= i < n")
+    return i, n
+
+
+def make_task(args):
+    kwargs = {}
+    if args.task in ("gsm8k", "math"):
+        kwargs = {"data_dir": args.data_dir, "manual_dir": args.manual_dir}
+    name = args.task
+    if ":" in name:
+        register_task(name, name)
+    return get_task(name, **kwargs)
+
+
+def saved_run_config(path: str) -> dict | None:
+    """The Config dict of a grpo_jax run dir (its config.json, written by train_cli), or None.
+    An HF folder also holds a config.json, so the file must have the Config's sections."""
+    f = os.path.join(path, "config.json")
+    if not os.path.isfile(f):
+        return None
+    with open(f, encoding="utf-8") as fh:
+        saved = json.load(fh)
+    return saved if isinstance(saved, dict) and {"model", "rl", "run"} <= set(saved) else None
+
+
+def load_run(run_dir: str, saved: dict, task, mesh):
+    """(Config, tokenizer, Checkpointer, saved steps) of a training run, built the way
+    train_cli built it: config.json's model section is the model actually trained, and the
+    tokenizer is the run's tokenizer.model (or the pretrained model's own)."""
+    cfg = Config.from_dict(saved)
+    cfg.run.run_dir = run_dir  # the folder may have been moved or copied since training
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    # Checkpointer creates its folder: look before, so evaluating writes nothing into the run.
+    ckpt = checkpointing.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+    steps = ckpt.all_steps() if ckpt else []
+    if not steps:
+        raise CheckpointError(f"{run_dir} is a training run dir with no checkpoints under {ckpt_dir}")
+    if not cfg.run.pretrained and not os.path.isfile(os.path.join(run_dir, train_cli.TOKENIZER_FILE)):
+        # shared_tokenizer would train a new one, whose ids mean nothing to these weights.
+        raise CheckpointError(f"{run_dir} has no {train_cli.TOKENIZER_FILE}: its tokenizer is lost")
+    # The initial (or pretrained) params are dropped: each step's come from its checkpoint.
+    _, tokenizer = train_cli.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=cfg.model.vocab_size)
+    return cfg, tokenizer, ckpt, steps
+
+
+def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh, meta, load_s):
+    """Sample and score this process's shard (i, n) into `out`; on process 0 (no --shard)
+    merge the shards and return the summary, else None."""
+    shard, num_shards = shards
+    settings = evaluate_run.EvalSettings(
+        num_samples=args.k, temperature=args.temperature, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, seed=args.seed,
+        chunk_rows=args.chunk_rows or max(args.k, 8 * jax.local_device_count()),
+        prompt=args.prompt or ("paper" if args.task in PAPER_TASKS else "task"))
+    times = evaluate_run.evaluate_shard(model_cfg, params, tokenizer, task, examples, out, settings,
+                                        shard=shard, num_shards=num_shards, mesh=mesh, meta=meta,
+                                        progress=not args.no_progress)
+    print(f"shard {shard}/{num_shards}: {times['questions']} questions; load {load_s:.1f}s, "
+          f"sample {times['sample']:.1f}s, score {times['score']:.1f}s", file=sys.stderr)
+    distributed.barrier("evaluate")
+    if args.shard or not distributed.is_main_process():
+        return None
+    return report(out, {"load": load_s, "sample": times["sample"], "score": times["score"]})
+
+
+def report(out: str, timing: dict | None) -> dict:
+    summary = evaluate_run.merge_and_summarize(out, timing=timing)
+    print(evaluate_run.format_summary(summary))
+    print(f"wrote {os.path.join(out, 'summary.json')}")
+    return summary
+
+
+def curve_point(step: int, summary: dict) -> dict:
+    """One step of the curve: greedy accuracy, and Pass@K / Maj@K at the largest K drawn."""
+    point = {"step": step, "greedy": summary["greedy"]["accuracy"], "greedy_ci95": summary["greedy"]["ci95"]}
+    k = summary["samples_per_question"]
+    if k > 1:
+        for name in ("pass", "maj"):
+            point[f"{name}@{k}"] = summary[f"{name}@k"][str(k)]["value"]
+            point[f"{name}@{k}_ci95"] = summary[f"{name}@k"][str(k)]["ci95"]
+    return point
+
+
+def write_curve(out: str, points: list[dict], title: str) -> dict:
+    keys = [k for k in points[0] if k != "step" and not k.endswith("_ci95")]
+    curve = {"points": points}
+    with open(os.path.join(out, "curve.json"), "w", encoding="utf-8") as f:
+        json.dump(curve, f, indent=2)
+    plots.plot_history(points, keys, os.path.join(out, "curve.png"), title=title)
+    print(f"wrote {os.path.join(out, 'curve.json')} and curve.png ({len(points)} steps)")
+    return curve
+
+
+def main(argv=None) -> dict:
+    """The summary of a model, or {"points": [...]} (the curve) for a run dir; {} on a
+    process that does not merge."""
+    args = build_parser().parse_args(argv)
+    distributed.initialize()
+    out = args.out or os.path.join("runs", "eval", "-".join(
+        os.path.basename(os.path.normpath(x)) for x in (args.model, args.task.replace(":", "."), args.split)))
+    saved = saved_run_config(args.model)
+    if saved is None and args.step is not None:
+        raise ConfigError(f"--step needs --model to be a training run dir; {args.model} is not one")
+    if args.merge_only:
+        if saved is None:
+            return report(out, None)
+        steps = sorted(int(d.split("-", 1)[1]) for d in os.listdir(out) if d.startswith("step-"))
+        steps = [args.step] if args.step is not None else steps
+        points = [curve_point(s, report(os.path.join(out, f"step-{s}"), None)) for s in steps]
+        return write_curve(out, points, f"{args.model} on {args.task} ({args.split})")
+    shards = parse_shard(args.shard)
+    task = make_task(args)
+    if args.limit < 0 and not isinstance(task, DatasetTask):
+        raise ConfigError(f"--task {args.task} generates its questions, so there is no 'all' of "
+                          "them: give --limit N")
+    examples = task.examples(args.split, args.limit, args.seed)
+    # Each host samples its own questions on its own devices: no collective across hosts.
+    mesh = make_mesh(MeshConfig(), jax.local_devices())
+    meta = {"model": args.model, "task": args.task, "split": args.split, "limit": args.limit}
+    if saved is None:
+        args.max_new_tokens = args.max_new_tokens or 512
+        t0 = time.perf_counter()
+        cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
+        if tokenizer is None:
+            raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
+        return score(args, shards, cfg, params, tokenizer, task, examples, out, mesh, meta, time.perf_counter() - t0) or {}
+
+    cfg, tokenizer, ckpt, steps = load_run(args.model, saved, task, mesh)
+    if args.step is not None:
+        if args.step not in steps:
+            raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {steps}")
+        steps = [args.step]
+    args.max_new_tokens = args.max_new_tokens or cfg.rl.max_new_tokens
+    abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
+    points = []
+    for step in steps:
+        t0 = time.perf_counter()
+        params = ckpt.restore_params(abstract, step)
+        summary = score(args, shards, cfg.model, params, tokenizer, task, examples, os.path.join(out, f"step-{step}"),
+                        mesh, {**meta, "step": step}, time.perf_counter() - t0)
+        if summary is not None:
+            points.append(curve_point(step, summary))
+    ckpt.close()
+    if not points:
+        return {}
+    return write_curve(out, points, f"{args.model} on {args.task} ({args.split})")
+
+
+def console_main() -> None:
+    """The `grpo-evaluate` entry point: library errors as one line, exit 2 (grpo_jax.cli)."""
+    cli.run(main, prog="grpo-evaluate")
