@@ -50,7 +50,10 @@ def topology_devices(topology: str) -> list:
     # libtpu takes a machine-wide lock file by default; compiling needs no TPU, so let
     # several processes (pytest workers, concurrent checks) load it.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+    # A v4 chip has two TensorCores; the topology lists each as a device unless asked for
+    # megacore, the mode a v4 TPU VM runs JAX in (one device per chip, as grpo_jax.slices counts).
+    extra = {"chip_config_name": "megacore"} if topology.startswith("v4:") else {}
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **extra).devices)
 
 
 def topology_mesh(cfg: Config, slice_name: str) -> tuple[Any, str]:
