@@ -210,18 +210,16 @@ def sample_mesh(cfg: Config, slice_name: str):
     return mesh_from_shape(preset.sample_mesh, topology_devices(TOPOLOGIES[preset.name]))
 
 
-def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int,
-                    dtype=jnp.bfloat16) -> dict:
+def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
     """{"prefill": (compiled, s), "decode": (compiled, s)} for one sampler call of
     ``prompts`` x ``group_size`` rows, ``prompt_len`` prompt tokens and rl.max_new_tokens
-    new ones, with the policy cast to ``dtype`` (the sampling copy)."""
+    new ones, reading the rl.sample_dtype copy of the policy (``sampling.sampling_copy``)."""
     from grpo_jax import sampling
 
     m = cfg.model
     rows = prompts * group_size
     tc = sampling.bucket_length(cfg.rl.max_new_tokens)
-    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype if s.dtype == jnp.float32 else s.dtype),
-                          model_lib.param_shapes(m))
+    params = jax.eval_shape(lambda p: sampling.sampling_copy(p, cfg.rl.sample_dtype), model_lib.param_shapes(m))
     params = _abstract(params, model_lib.param_shardings(m, mesh))
     bs = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sharding(mesh, len(shape), shape[0]))
     rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))

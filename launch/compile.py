@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Compile a preset's programs for a TPU slice on this (CPU-only) machine and check they fit.
 
-    python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b \\
-        rl.num_micro_batches=256 --json out.json
+    python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b --json out.json
 
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
 sampler decode, train step -- which holds the reference log-prob pass) it prints per-chip
@@ -25,19 +24,20 @@ from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
 from grpo_jax.tpu_specs import chip_of  # noqa: E402
 
 
-def check(cfg, slice_name: str, prompt_len: int, sample_prompts: int | None = None,
-          log=print) -> dict:
+def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     """{program: report} for every program of a run of ``cfg`` on ``slice_name``, plus a
-    "summary"; raises aot.FitError naming the first program that does not fit."""
+    "summary"; raises aot.FitError naming the first program that does not fit. The sampler
+    is compiled for one call of rl.sample_prompts questions (as the trainer makes them)."""
     mesh, topology = aot.topology_mesh(cfg, slice_name)
     chip = chip_of(topology)
     g = cfg.rl.group_size
     questions = cfg.data.batch_size
-    per_call = sample_prompts or questions
+    per_call = cfg.rl.sample_prompts or questions
     calls = -(-questions // per_call)
     results = {}
     smesh = aot.sample_mesh(cfg, slice_name)
-    log(f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), mesh {dict(smesh.shape)}")
+    log(f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
+        f"policy, mesh {dict(smesh.shape)}")
     flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
     programs = _compiling("sample_prefill/decode", aot.compile_sampler, cfg, smesh, per_call, g, prompt_len)
     for name, (compiled, secs) in programs.items():
@@ -94,8 +94,6 @@ def main(argv=None) -> int:
     parser.add_argument("--slice", required=True,
                         help="slice preset (v5p-128, v4-32, v5litepod-256, ...) or topology (v5e:2x2)")
     parser.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per row (default 256)")
-    parser.add_argument("--sample-prompts", type=int, default=None,
-                        help="questions per sampler call (default: data.batch_size, one call)")
     parser.add_argument("--json", help="write the per-program reports here")
     add_config_args(parser)
     args = parser.parse_args(argv)
@@ -105,7 +103,7 @@ def main(argv=None) -> int:
         return 2
     cfg = config_from_args(args)
     try:
-        results = check(cfg, args.slice, args.prompt_len, args.sample_prompts)
+        results = check(cfg, args.slice, args.prompt_len)
     except aot.FitError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 1
