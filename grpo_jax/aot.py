@@ -26,7 +26,7 @@ from grpo_jax.algorithms import RLHParams, get_algorithm
 from grpo_jax.config import Config
 from grpo_jax.batching import Batch
 from grpo_jax.optimizer import make_optimizer, value_optimizer_config
-from grpo_jax.sharding import batch_sharding, make_mesh, on_mesh, replicated
+from grpo_jax.sharding import batch_sharding, make_mesh, make_sample_mesh, on_mesh, replicated
 from grpo_jax.slices import get_slice
 from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of
 
@@ -171,10 +171,13 @@ def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
     return float(fwd * passes)
 
 
-def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_trips: int = 1) -> dict:
+def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_trips: int = 1,
+           resident_bytes: int = 0) -> dict:
     """Per-chip memory, FLOPs (analytic, whole step / chips), bytes accessed (cost
     analysis counts loop bodies once; ``byte_trips`` scales it, e.g. decode steps x layers
-    for the bandwidth-bound decode loop), collectives and a roofline time / MFU."""
+    for the bandwidth-bound decode loop), collectives and a roofline time / MFU.
+    ``resident_bytes``: other buffers live on each chip while the program runs (the train
+    state during sampling); the program fits when its peak plus these fit HBM."""
     mem = memory(compiled)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -182,7 +185,8 @@ def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_tr
     t_compute = flops / chip.peak_bf16_flops
     t_memory = float(cost.get("bytes accessed", 0.0)) * byte_trips / chip.hbm_bandwidth
     est = max(t_compute, t_memory)
-    return {**mem, "hbm_capacity_bytes": chip.hbm_bytes, "fits": mem["peak_bytes"] <= chip.hbm_bytes,
+    return {**mem, "resident_bytes": resident_bytes, "hbm_capacity_bytes": chip.hbm_bytes,
+            "fits": mem["peak_bytes"] + resident_bytes <= chip.hbm_bytes,
             "flops_per_chip": flops, "cost_analysis_flops_loop_bodies_once": float(cost.get("flops", 0.0)),
             "bytes_accessed_loop_bodies_once": float(cost.get("bytes accessed", 0.0)),
             "collectives": collectives(compiled.as_text()),
@@ -195,19 +199,20 @@ def check_fit(name: str, rep: dict) -> None:
         raise FitError(
             f"{name}: peak HBM {rep['peak_bytes'] / 1e9:.2f} GB per chip (arguments "
             f"{rep['argument_bytes'] / 1e9:.2f} + temps {rep['temp_bytes'] / 1e9:.2f} + outputs "
-            f"{rep['output_bytes'] / 1e9:.2f} - aliases {rep['alias_bytes'] / 1e9:.2f}) exceeds "
-            f"the chip's {rep['hbm_capacity_bytes'] / 1e9:.0f} GB")
+            f"{rep['output_bytes'] / 1e9:.2f} - aliases {rep['alias_bytes'] / 1e9:.2f})"
+            + (f" + {rep['resident_bytes'] / 1e9:.2f} GB train state held meanwhile" if rep["resident_bytes"] else "")
+            + f" exceeds the chip's {rep['hbm_capacity_bytes'] / 1e9:.0f} GB")
 
 
 def sample_mesh(cfg: Config, slice_name: str):
-    """The sampler's mesh: the slice preset's ``sample_mesh`` (replicas x tensor), or the
-    train mesh for a raw topology name."""
+    """The sampler's mesh as the trainer builds it (``sharding.make_sample_mesh``): the
+    slice preset's ``sample_mesh`` (replicas x tensor), or the train mesh for a raw
+    topology name."""
     if ":" in slice_name:
         return topology_mesh(cfg, slice_name)[0]
-    from grpo_jax.sharding import mesh_from_shape
-
     preset = get_slice(slice_name)
-    return mesh_from_shape(preset.sample_mesh, topology_devices(TOPOLOGIES[preset.name]))
+    return make_sample_mesh(dataclasses.replace(cfg.mesh, slice=preset.name),
+                            topology_devices(TOPOLOGIES[preset.name]))
 
 
 def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
@@ -219,7 +224,7 @@ def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len
     m = cfg.model
     rows = prompts * group_size
     tc = sampling.bucket_length(cfg.rl.max_new_tokens)
-    params = jax.eval_shape(lambda p: sampling.sampling_copy(p, cfg.rl.sample_dtype), model_lib.param_shapes(m))
+    params = jax.eval_shape(lambda p: sampling.sampling_copy(m, p, cfg.rl.sample_dtype), model_lib.param_shapes(m))
     params = _abstract(params, model_lib.param_shardings(m, mesh))
     bs = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sharding(mesh, len(shape), shape[0]))
     rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))

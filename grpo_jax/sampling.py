@@ -440,17 +440,24 @@ def programs(cfg: ModelConfig, mesh: Mesh | None, *, unroll: bool = True,
             _jitted("decode", forward_cfg, mesh, bool(unroll), bool(filtered)))
 
 
-def sampling_copy(params, dtype: str):
-    """The policy the sampler reads: float32 leaves cast to ``dtype`` ("float32" returns
-    ``params`` itself), on the same shardings. A bfloat16 copy halves the weights' memory
-    and the bytes each decode step reads; with float32 master weights and float32 compute
-    its log-probs differ slightly from the trainer's (logged as logprob_mismatch_*)."""
-    return params if dtype == "float32" else _cast_floats(params, dtype)
+def sampling_copy(cfg: ModelConfig, params, dtype: str, mesh: Mesh | None = None):
+    """The policy the sampler reads: float32 leaves cast to ``dtype``, placed on ``mesh``
+    (the sampler's mesh, ``sharding.make_sample_mesh``) or, when None, where they are.
+    float32 on the params' own placement returns ``params`` itself. A bfloat16 copy halves
+    the weights' memory and the bytes each decode step reads; with float32 master weights
+    and float32 compute its log-probs differ slightly from the trainer's (logged as
+    logprob_mismatch_*)."""
+    if dtype == "float32" and (mesh is None or mesh == mesh_of(params)):
+        return params
+    return _copier(cfg, mesh, dtype)(params)
 
 
-@functools.partial(jax.jit, static_argnames="dtype")
-def _cast_floats(params, dtype: str):
-    return jax.tree.map(lambda x: x.astype(dtype) if x.dtype == jnp.float32 else x, params)
+@functools.lru_cache(maxsize=8)
+def _copier(cfg: ModelConfig, mesh: Mesh | None, dtype: str):
+    """One jitted cast (and reshard onto ``mesh``) per model, mesh and dtype."""
+    out = None if mesh is None else model_lib.param_shardings(cfg, mesh)
+    cast = lambda x: x.astype(dtype) if x.dtype == jnp.float32 else x
+    return jax.jit(lambda params: jax.tree.map(cast, params), out_shardings=out)
 
 
 # ============================================================================ glue

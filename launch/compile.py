@@ -35,27 +35,29 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     per_call = cfg.rl.sample_prompts or questions
     calls = -(-questions // per_call)
     results = {}
-    smesh = aot.sample_mesh(cfg, slice_name)
-    log(f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
-        f"policy, mesh {dict(smesh.shape)}")
-    flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
-    programs = _compiling("sample_prefill/decode", aot.compile_sampler, cfg, smesh, per_call, g, prompt_len)
-    for name, (compiled, secs) in programs.items():
-        # Decode reads the weights and the cache once per token: cost_analysis counts the
-        # token loop's body (with its layers) once, so scale its bytes by the token count.
-        trips = cfg.rl.max_new_tokens if name == "decode" else 1
-        rep = aot.report(compiled, chip, smesh.size, flops[name], byte_trips=trips)
-        rep.update(compile_seconds=secs, calls_per_step=calls)
-        results[f"sample_{name}"] = rep
-        log(_line(f"sample_{name}", rep))
     rows = questions * g
-    log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
+    log(f"[1/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
         f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
     compiled, secs = _compiling("train_step", aot.compile_train_step, cfg, mesh, rows, prompt_len)
     rep = aot.report(compiled, chip, mesh.size, aot.train_flops(cfg, rows, prompt_len))
     rep.update(compile_seconds=secs, calls_per_step=1)
     results["train_step"] = rep
     log(_line("train_step", rep))
+    # The train state (the step's donated arguments) stays in HBM while the sampler runs.
+    state_bytes = rep["alias_bytes"]
+    smesh = aot.sample_mesh(cfg, slice_name)
+    log(f"[2/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
+        f"policy, mesh {dict(smesh.shape)}, {state_bytes / 1e9:.2f} GB/chip of train state resident")
+    flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
+    programs = _compiling("sample_prefill/decode", aot.compile_sampler, cfg, smesh, per_call, g, prompt_len)
+    for name, (compiled, secs) in programs.items():
+        # Decode reads the weights and the cache once per token: cost_analysis counts the
+        # token loop's body (with its layers) once, so scale its bytes by the token count.
+        trips = cfg.rl.max_new_tokens if name == "decode" else 1
+        rep = aot.report(compiled, chip, smesh.size, flops[name], byte_trips=trips, resident_bytes=state_bytes)
+        rep.update(compile_seconds=secs, calls_per_step=calls)
+        results[f"sample_{name}"] = rep
+        log(_line(f"sample_{name}", rep))
     rollout = sum(r["roofline_seconds"] * r["calls_per_step"] for k, r in results.items() if k.startswith("sample"))
     update = results["train_step"]["roofline_seconds"]
     total_flops = sum(r["flops_per_chip"] * r["calls_per_step"] for r in results.values())
@@ -83,7 +85,7 @@ def _compiling(name: str, fn, *args):
 
 
 def _line(name: str, r: dict) -> str:
-    return (f"  {name:14s} peak {r['peak_bytes'] / 1e9:7.2f} / {r['hbm_capacity_bytes'] / 1e9:.0f} GB "
+    return (f"  {name:14s} peak {(r['peak_bytes'] + r['resident_bytes']) / 1e9:7.2f} / {r['hbm_capacity_bytes'] / 1e9:.0f} GB "
             f"{'fits' if r['fits'] else 'DOES NOT FIT'}  {r['flops_per_chip'] / 1e12:9.2f} TFLOP/chip  "
             f"roofline {r['roofline_seconds']:8.3f} s  compile {r['compile_seconds']:.0f} s")
 

@@ -148,23 +148,27 @@ def test_rollout_in_calls_of_a_few_questions_equals_one_call(tmp_path, tok):
 
 def test_bfloat16_sampling_copy_reaches_the_sampler(tmp_path, tok, monkeypatch):
     """rl.sample_dtype=bfloat16: the sampler reads bf16 weights, so its log-probs differ
-    from the float32 trainer's (logprob_mismatch_*); with float32 they agree."""
+    from the float32 trainer's (logprob_mismatch_*); with float32 they agree. With
+    mesh.slice the copy lives on the slice's sampling mesh (v5litepod-8: 2 replicas x
+    tensor 4), the train state on its train mesh (fsdp 8)."""
     from grpo_jax import sampling
+    from grpo_jax.sharding import mesh_of
 
     seen, sample_to_host = [], sampling.sample_to_host
 
     def spy(cfg, params, *args, **kw):
-        seen.append({str(x.dtype) for x in jax.tree.leaves(params)})
+        seen.append(({str(x.dtype) for x in jax.tree.leaves(params)}, dict(mesh_of(params).shape)))
         return sample_to_host(cfg, params, *args, **kw)
 
     monkeypatch.setattr(sampling, "sample_to_host", spy)
     mismatch = {}
     for dtype in ("float32", "bfloat16"):
-        trainer = _trainer(_cfg(tmp_path / dtype, tok, f"rl.sample_dtype={dtype}"), tok)
+        trainer = _trainer(_cfg(tmp_path / dtype, tok, f"rl.sample_dtype={dtype}", "mesh.slice=v5litepod-8"), tok)
         metrics = trainer.train_step(0)
         assert {str(x.dtype) for x in jax.tree.leaves(trainer.params)} == {"float32"}  # master weights
+        assert dict(mesh_of(trainer.params).shape) == {"data": 1, "fsdp": 8, "tensor": 1}
         trainer.close()
-        assert seen.pop() == {dtype}
+        assert seen.pop() == ({dtype}, {"data": 2, "fsdp": 1, "tensor": 4})
         mismatch[dtype] = (metrics["logprob_mismatch_mean"], metrics["logprob_mismatch_max"])
     # Measured: bf16 mean 2.2e-4, f32 max 4.8e-7 (rounding of the batch shapes only).
     assert mismatch["float32"][1] < 1e-5, mismatch
