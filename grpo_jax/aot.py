@@ -114,10 +114,8 @@ def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
     jitted = jax.jit(step.fn, in_shardings=(step.state_shardings, step.batch_shardings(batch),
                                             replicated(mesh)),
                      out_shardings=(step.state_shardings, replicated(mesh)), donate_argnums=(0,))
-    start = time.perf_counter()
     with on_mesh(mesh):  # the model's activation constraints, as in a real run
-        compiled = jitted.lower(state, batch, hp).compile()
-    return compiled, time.perf_counter() - start
+        return compile_lowered("train_step", jitted.lower(state, batch, hp))
 
 
 def memory(compiled) -> dict:
@@ -217,12 +215,14 @@ def sample_mesh(cfg: Config, slice_name: str):
 
 def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
     """{"prefill": (compiled, s), "decode": (compiled, s)} for one sampler call of
-    ``prompts`` x ``group_size`` rows, ``prompt_len`` prompt tokens and rl.max_new_tokens
-    new ones, reading the rl.sample_dtype copy of the policy (``sampling.sampling_copy``)."""
+    ``prompts`` x ``group_size`` rows (padded to the mesh as the sampler pads them),
+    ``prompt_len`` prompt tokens and rl.max_new_tokens new ones, reading the
+    rl.sample_dtype copy of the policy (``sampling.sampling_copy``). FitError names the
+    program the compiler finds too big for HBM."""
     from grpo_jax import sampling
 
     m = cfg.model
-    rows = prompts * group_size
+    prompts, rows = sampling.padded_rows(prompts, group_size, mesh)
     tc = sampling.bucket_length(cfg.rl.max_new_tokens)
     params = jax.eval_shape(lambda p: sampling.sampling_copy(m, p, cfg.rl.sample_dtype), model_lib.param_shapes(m))
     params = _abstract(params, model_lib.param_shardings(m, mesh))
@@ -231,19 +231,29 @@ def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len
     prefill, decode = sampling.programs(m, mesh, unroll=False)
     shared = bs((rows,), jnp.int32) if group_size > 1 else None
     args = (params, bs((prompts, prompt_len), jnp.int32), bs((prompts, prompt_len), bool), shared)
-    start = time.perf_counter()
-    pre = prefill.lower(*args, cache_len=prompt_len + tc).compile()
-    pre_s = time.perf_counter() - start
+    pre, pre_s = compile_lowered("sample_prefill", prefill.lower(*args, cache_len=prompt_len + tc))
     cache, logits0 = prefill.eval_shape(*args, cache_len=prompt_len + tc)
     cache = _abstract(cache, sampling.cache_sharding(mesh, cache))
     logits0 = bs(logits0.shape, logits0.dtype)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
+    dec, dec_s = compile_lowered("sample_decode", decode.lower(
+        params, cache, logits0, bs((rows,), jnp.int32), bs((rows,), jnp.int32), bs((rows,), bool), key,
+        rep((), jnp.float32), rep((), jnp.int32), rep((), jnp.float32), rep((), jnp.int32),
+        rep((m.vocab_size,), bool), rep((), jnp.int32), num_cols=tc))
+    return {"prefill": (pre, pre_s), "decode": (dec, dec_s)}
+
+
+def compile_lowered(name: str, lowered) -> tuple[Any, float]:
+    """(compiled, seconds); FitError naming the program when the compiler runs out of HBM
+    (XLA refuses to compile what cannot fit)."""
     start = time.perf_counter()
-    dec = decode.lower(params, cache, logits0, bs((rows,), jnp.int32), bs((rows,), jnp.int32),
-                       bs((rows,), bool), key, rep((), jnp.float32), rep((), jnp.int32),
-                       rep((), jnp.float32), rep((), jnp.int32), rep((m.vocab_size,), bool),
-                       rep((), jnp.int32), num_cols=tc).compile()
-    return {"prefill": (pre, pre_s), "decode": (dec, time.perf_counter() - start)}
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # jax raises JaxRuntimeError; match on XLA's status text
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise FitError(f"{name}: {str(e).splitlines()[0]}") from None
+    return compiled, time.perf_counter() - start
 
 
 def sampler_flops(cfg: Config, rows: int, prompt_len: int) -> dict:

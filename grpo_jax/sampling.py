@@ -138,6 +138,14 @@ def _batch_degree(mesh: Mesh | None) -> int:
     return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def padded_rows(num_prompts: int, group_size: int, mesh: Mesh | None) -> tuple[int, int]:
+    """(prefill rows, decode rows) of one call: the prompts and the num_prompts x
+    group_size samples, each padded with dummy rows to a multiple of the batch-sharding
+    degree (so every device holds the same number of rows)."""
+    degree = _batch_degree(mesh)
+    return _round_up(num_prompts, degree), _round_up(num_prompts * group_size, degree)
+
+
 def _global_key(key, mesh: Mesh):
     """The key replicated on `mesh`, from the same key value on every process (typed or raw)."""
     if isinstance(key, jax.Array) and not key.is_fully_addressable:
@@ -201,19 +209,18 @@ class _HostBatch:
 
 
 def _host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, pad_id: int,
-                degree: int, prompt_bucket: int, row_offset: int = 0) -> _HostBatch:
+                mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0) -> _HostBatch:
     """Left-pad the prompts into `prompt_bucket` and lay out the (padded) sample rows, whose
     randomness indices start at `row_offset` (the call's first row in the whole batch)."""
     num = len(prompts)
     tp = prompt_bucket
-    pp = _round_up(num, degree)
+    pp, bp = padded_rows(num, group_size, mesh)
     tokens = np.full((pp, tp), pad_id, np.int32)
     mask = np.zeros((pp, tp), bool)
     for i, p in enumerate(prompts):
         tokens[i, tp - len(p):] = p
         mask[i, tp - len(p):] = True
     rows = num * group_size
-    bp = _round_up(rows, degree)
     src = np.full((bp,), pp - 1, np.int32)  # dummy rows copy the last (maybe dummy) prompt
     src[:rows] = np.arange(rows) // group_size
     valid = np.arange(bp) < rows
@@ -542,8 +549,7 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     """One prefill + decode for validated prompts, left-padded to `prompt_bucket`; sample
     row r draws its randomness as row `row_offset + r`."""
     # -- host: pad
-    host = _host_batch(prompts, group_size, max_new_tokens, pad_id, _batch_degree(mesh),
-                       prompt_bucket, row_offset)
+    host = _host_batch(prompts, group_size, max_new_tokens, pad_id, mesh, prompt_bucket, row_offset)
     stop_mask = np.zeros((cfg.vocab_size,), bool)
     stop_mask[list(stop_tokens)] = True
     prompt_arrays = (host.prompt_tokens, host.prompt_mask)
