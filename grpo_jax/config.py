@@ -385,8 +385,8 @@ def deepseekmath_rl_7b() -> Config:
     rows per micro-batch). Sized for v5p-128 (launch/compile.py, README "Will it fit?"):
     the sampler takes 16 questions x 64 = 1024 rows per call (the whole batch in one call
     would need a ~41 TB KV cache) from a bfloat16 copy of the float32 policy, and the
-    train step runs 256 micro-batches of 256 rows (4 per chip; 64 micro-batches do not
-    fit v5p HBM)."""
+    train step runs 256 micro-batches of 256 rows (4 per chip). Smaller slices need
+    fewer questions per sampler call and more micro-batches (README "Will it fit?")."""
     cfg = Config()
     cfg.model = ModelConfig(
         vocab_size=102400, embed_dim=4096, num_layers=30, num_heads=32, num_kv_heads=32,
