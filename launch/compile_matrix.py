@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # (preset, slice, config overrides, label of the overridden row). The presets as they are,
 # the 7B recipe's other reading of "batch size 1024" (1024 outputs = 16 questions x 64,
-# see the preset's docstring) and the smallest slice it fits on, with what it takes.
+# see the preset's docstring), what makes it fit v4-32, and the smallest slice it fits
+# on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch).
 OUTPUTS_1024 = ["data.batch_size=16", "rl.num_micro_batches=4"]
 MATRIX = [
     ("cpu-tiny", "v5litepod-8", [], ""),
@@ -28,8 +29,9 @@ MATRIX = [
     ("deepseekmath-rl-7b", "v5p-128", [], ""),
     ("deepseekmath-rl-7b", "v5p-128", OUTPUTS_1024, "1024-outputs"),
     ("deepseekmath-rl-7b", "v4-32", [], ""),
+    ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=4"], "sample_prompts-4"),
     ("deepseekmath-rl-7b", "v5litepod-256", [], ""),
-    ("deepseekmath-rl-7b", "v5p-8", [], ""),
+    ("deepseekmath-rl-7b", "v5p-8", ["rl.sample_prompts=1", "rl.num_micro_batches=4096"], "smallest"),
 ]
 
 
