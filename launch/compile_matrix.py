@@ -29,7 +29,7 @@ MATRIX = [
     ("deepseekmath-rl-7b", "v5p-128", [], ""),
     ("deepseekmath-rl-7b", "v5p-128", OUTPUTS_1024, "1024-outputs"),
     ("deepseekmath-rl-7b", "v4-32", [], ""),
-    ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=4"], "sample_prompts-4"),
+    ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=2"], "sample_prompts-2"),
     ("deepseekmath-rl-7b", "v5litepod-256", [], ""),
     ("deepseekmath-rl-7b", "v5p-8", ["rl.sample_prompts=1", "rl.num_micro_batches=4096"], "smallest"),
 ]
