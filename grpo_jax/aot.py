@@ -26,7 +26,7 @@ from grpo_jax.algorithms import RLHParams, get_algorithm
 from grpo_jax.config import Config
 from grpo_jax.batching import Batch
 from grpo_jax.optimizer import make_optimizer, value_optimizer_config
-from grpo_jax.sharding import batch_sharding, make_mesh, on_mesh, replicated
+from grpo_jax.sharding import batch_sharding, make_mesh, make_sample_mesh, on_mesh, replicated
 from grpo_jax.slices import get_slice
 from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of
 
@@ -50,7 +50,10 @@ def topology_devices(topology: str) -> list:
     # libtpu takes a machine-wide lock file by default; compiling needs no TPU, so let
     # several processes (pytest workers, concurrent checks) load it.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+    # A v4 chip has two TensorCores; the topology lists each as a device unless asked for
+    # megacore, the mode a v4 TPU VM runs JAX in (one device per chip, as grpo_jax.slices counts).
+    extra = {"chip_config_name": "megacore"} if topology.startswith("v4:") else {}
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **extra).devices)
 
 
 def topology_mesh(cfg: Config, slice_name: str) -> tuple[Any, str]:
@@ -111,10 +114,8 @@ def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
     jitted = jax.jit(step.fn, in_shardings=(step.state_shardings, step.batch_shardings(batch),
                                             replicated(mesh)),
                      out_shardings=(step.state_shardings, replicated(mesh)), donate_argnums=(0,))
-    start = time.perf_counter()
     with on_mesh(mesh):  # the model's activation constraints, as in a real run
-        compiled = jitted.lower(state, batch, hp).compile()
-    return compiled, time.perf_counter() - start
+        return compile_lowered("train_step", jitted.lower(state, batch, hp))
 
 
 def memory(compiled) -> dict:
@@ -168,10 +169,13 @@ def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
     return float(fwd * passes)
 
 
-def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_trips: int = 1) -> dict:
+def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_trips: int = 1,
+           resident_bytes: int = 0) -> dict:
     """Per-chip memory, FLOPs (analytic, whole step / chips), bytes accessed (cost
     analysis counts loop bodies once; ``byte_trips`` scales it, e.g. decode steps x layers
-    for the bandwidth-bound decode loop), collectives and a roofline time / MFU."""
+    for the bandwidth-bound decode loop), collectives and a roofline time / MFU.
+    ``resident_bytes``: other buffers live on each chip while the program runs (the train
+    state during sampling); the program fits when its peak plus these fit HBM."""
     mem = memory(compiled)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -179,7 +183,8 @@ def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_tr
     t_compute = flops / chip.peak_bf16_flops
     t_memory = float(cost.get("bytes accessed", 0.0)) * byte_trips / chip.hbm_bandwidth
     est = max(t_compute, t_memory)
-    return {**mem, "hbm_capacity_bytes": chip.hbm_bytes, "fits": mem["peak_bytes"] <= chip.hbm_bytes,
+    return {**mem, "resident_bytes": resident_bytes, "hbm_capacity_bytes": chip.hbm_bytes,
+            "fits": mem["peak_bytes"] + resident_bytes <= chip.hbm_bytes,
             "flops_per_chip": flops, "cost_analysis_flops_loop_bodies_once": float(cost.get("flops", 0.0)),
             "bytes_accessed_loop_bodies_once": float(cost.get("bytes accessed", 0.0)),
             "collectives": collectives(compiled.as_text()),
@@ -192,52 +197,63 @@ def check_fit(name: str, rep: dict) -> None:
         raise FitError(
             f"{name}: peak HBM {rep['peak_bytes'] / 1e9:.2f} GB per chip (arguments "
             f"{rep['argument_bytes'] / 1e9:.2f} + temps {rep['temp_bytes'] / 1e9:.2f} + outputs "
-            f"{rep['output_bytes'] / 1e9:.2f} - aliases {rep['alias_bytes'] / 1e9:.2f}) exceeds "
-            f"the chip's {rep['hbm_capacity_bytes'] / 1e9:.0f} GB")
+            f"{rep['output_bytes'] / 1e9:.2f} - aliases {rep['alias_bytes'] / 1e9:.2f})"
+            + (f" + {rep['resident_bytes'] / 1e9:.2f} GB train state held meanwhile" if rep["resident_bytes"] else "")
+            + f" exceeds the chip's {rep['hbm_capacity_bytes'] / 1e9:.0f} GB")
 
 
 def sample_mesh(cfg: Config, slice_name: str):
-    """The sampler's mesh: the slice preset's ``sample_mesh`` (replicas x tensor), or the
-    train mesh for a raw topology name."""
+    """The sampler's mesh as the trainer builds it (``sharding.make_sample_mesh``): the
+    slice preset's ``sample_mesh`` (replicas x tensor), or the train mesh for a raw
+    topology name."""
     if ":" in slice_name:
         return topology_mesh(cfg, slice_name)[0]
-    from grpo_jax.sharding import mesh_from_shape
-
     preset = get_slice(slice_name)
-    return mesh_from_shape(preset.sample_mesh, topology_devices(TOPOLOGIES[preset.name]))
+    return make_sample_mesh(dataclasses.replace(cfg.mesh, slice=preset.name),
+                            topology_devices(TOPOLOGIES[preset.name]))
 
 
-def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int,
-                    dtype=jnp.bfloat16) -> dict:
+def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
     """{"prefill": (compiled, s), "decode": (compiled, s)} for one sampler call of
-    ``prompts`` x ``group_size`` rows, ``prompt_len`` prompt tokens and rl.max_new_tokens
-    new ones, with the policy cast to ``dtype`` (the sampling copy)."""
+    ``prompts`` x ``group_size`` rows (padded to the mesh as the sampler pads them),
+    ``prompt_len`` prompt tokens and rl.max_new_tokens new ones, reading the
+    rl.sample_dtype copy of the policy (``sampling.sampling_copy``). FitError names the
+    program the compiler finds too big for HBM."""
     from grpo_jax import sampling
 
     m = cfg.model
-    rows = prompts * group_size
+    prompts, rows = sampling.padded_rows(prompts, group_size, mesh)
     tc = sampling.bucket_length(cfg.rl.max_new_tokens)
-    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype if s.dtype == jnp.float32 else s.dtype),
-                          model_lib.param_shapes(m))
+    params = jax.eval_shape(lambda p: sampling.sampling_copy(m, p, cfg.rl.sample_dtype), model_lib.param_shapes(m))
     params = _abstract(params, model_lib.param_shardings(m, mesh))
     bs = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sharding(mesh, len(shape), shape[0]))
     rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))
     prefill, decode = sampling.programs(m, mesh, unroll=False)
     shared = bs((rows,), jnp.int32) if group_size > 1 else None
     args = (params, bs((prompts, prompt_len), jnp.int32), bs((prompts, prompt_len), bool), shared)
-    start = time.perf_counter()
-    pre = prefill.lower(*args, cache_len=prompt_len + tc).compile()
-    pre_s = time.perf_counter() - start
+    pre, pre_s = compile_lowered("sample_prefill", prefill.lower(*args, cache_len=prompt_len + tc))
     cache, logits0 = prefill.eval_shape(*args, cache_len=prompt_len + tc)
     cache = _abstract(cache, sampling.cache_sharding(mesh, cache))
     logits0 = bs(logits0.shape, logits0.dtype)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
+    dec, dec_s = compile_lowered("sample_decode", decode.lower(
+        params, cache, logits0, bs((rows,), jnp.int32), bs((rows,), jnp.int32), bs((rows,), bool), key,
+        rep((), jnp.float32), rep((), jnp.int32), rep((), jnp.float32), rep((), jnp.int32),
+        rep((m.vocab_size,), bool), rep((), jnp.int32), num_cols=tc))
+    return {"prefill": (pre, pre_s), "decode": (dec, dec_s)}
+
+
+def compile_lowered(name: str, lowered) -> tuple[Any, float]:
+    """(compiled, seconds); FitError naming the program when the compiler runs out of HBM
+    (XLA refuses to compile what cannot fit)."""
     start = time.perf_counter()
-    dec = decode.lower(params, cache, logits0, bs((rows,), jnp.int32), bs((rows,), jnp.int32),
-                       bs((rows,), bool), key, rep((), jnp.float32), rep((), jnp.int32),
-                       rep((), jnp.float32), rep((), jnp.int32), rep((m.vocab_size,), bool),
-                       rep((), jnp.int32), num_cols=tc).compile()
-    return {"prefill": (pre, pre_s), "decode": (dec, time.perf_counter() - start)}
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # jax raises JaxRuntimeError; match on XLA's status text
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise FitError(f"{name}: {str(e).splitlines()[0]}") from None
+    return compiled, time.perf_counter() - start
 
 
 def sampler_flops(cfg: Config, rows: int, prompt_len: int) -> dict:

@@ -55,6 +55,7 @@ RL_READERS: dict[str, tuple[str, ...]] = {
     "advantage_estimator": ("grpo",),
     "policy_loss": ("ppo", "grpo"),
     "tis_cap": ("ppo", "grpo"),
+    "sample_prompts": _SAMPLED, "sample_dtype": _SAMPLED,
 }
 
 
@@ -183,6 +184,13 @@ class RLConfig:
     advantage_estimator: str = "grpo"  # grpo (group mean/std) | rloo | reinforce_pp
     policy_loss: str = "clipped"  # clipped (PPO/GRPO) | gspo | cispo
     tis_cap: float = 0.0  # truncated IS against the sampler's log-probs, cap C; 0 = off
+    # Questions per sampler call (0 = the whole batch in one call): the KV cache holds
+    # sample_prompts x group_size rows, so a large batch is sampled in several calls.
+    sample_prompts: int = 0
+    # The policy copy the sampler uses: bfloat16 halves its memory and read bandwidth when
+    # master weights are float32 (its log-probs then differ slightly from the trainer's:
+    # logged as logprob_mismatch_*, corrected by rl.tis_cap).
+    sample_dtype: str = "float32"
 
     def validate(self) -> None:
         _choice(self, "algorithm", ALGORITHM_NAMES)
@@ -191,6 +199,9 @@ class RLConfig:
         _choice(self, "aggregation", AGGREGATION_MODES)
         _choice(self, "advantage_estimator", ADVANTAGE_ESTIMATORS)
         _choice(self, "policy_loss", POLICY_LOSSES)
+        _choice(self, "sample_dtype", ("float32", "bfloat16"))
+        if self.sample_prompts < 0:
+            raise ConfigError(f"rl.sample_prompts must be >= 0 (0 = one call), got {self.sample_prompts}")
         if self.tis_cap < 0:
             raise ConfigError(f"rl.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
         if self.supervision == "process" and (self.advantage_estimator != "grpo"
@@ -291,6 +302,11 @@ class Config:
             raise ConfigError(
                 f"model.max_seq_len={self.model.max_seq_len} leaves no room for a prompt "
                 f"plus rl.max_new_tokens={self.rl.max_new_tokens}")
+        if self.rl.sample_prompts and self.data.batch_size % self.rl.sample_prompts:
+            # Equal calls share one compiled sampler; a shorter last call would compile another.
+            raise ConfigError(
+                f"rl.sample_prompts={self.rl.sample_prompts} must divide data.batch_size="
+                f"{self.data.batch_size} (every sampler call has the same shape)")
         for message in self.unused_options():
             warnings.warn(message, ConfigWarning, stacklevel=2)
         return self
@@ -366,7 +382,18 @@ def smollm2_135m() -> Config:
 
 def deepseekmath_rl_7b() -> Config:
     """The paper's RL recipe (§4.2): lr 1e-6, β=0.04, G=64, max length 1024, 1024 questions
-    per batch, a single update per exploration stage, on DeepSeekMath-Instruct 7B's shape."""
+    per batch, a single update per exploration stage, on DeepSeekMath-Instruct 7B's shape.
+
+    "The training batch size is 1024" follows "for each question, we sample 64 outputs";
+    it reads as 1024 questions (data.batch_size counts questions here) or as 1024 outputs
+    (16 questions x 64). The preset takes 1024 questions x 64 = 65,536 outputs per step:
+    it is the reading that costs 64x more, so a preset that fits it fits both. The other
+    reading is the override ``data.batch_size=16 rl.num_micro_batches=4`` (the same 256
+    rows per micro-batch). Sized for v5p-128 (launch/compile.py, README "Will it fit?"):
+    the sampler takes 16 questions x 64 = 1024 rows per call (the whole batch in one call
+    would need a ~41 TB KV cache) from a bfloat16 copy of the float32 policy, and the
+    train step runs 256 micro-batches of 256 rows (4 per chip). Smaller slices need
+    fewer questions per sampler call and more micro-batches (README "Will it fit?")."""
     cfg = Config()
     cfg.model = ModelConfig(
         vocab_size=102400, embed_dim=4096, num_layers=30, num_heads=32, num_kv_heads=32,
@@ -376,8 +403,8 @@ def deepseekmath_rl_7b() -> Config:
     cfg.optimizer = OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
                                     weight_decay=0.1, grad_clip=1.0)
     cfg.rl = RLConfig(algorithm="grpo", group_size=64, beta=0.04, kl_estimator="k3",
-                      num_updates=1, max_new_tokens=1024, num_micro_batches=64,
-                      temperature=1.0)
+                      num_updates=1, max_new_tokens=1024, num_micro_batches=256,
+                      temperature=1.0, sample_prompts=16, sample_dtype="bfloat16")
     cfg.data = DataConfig(task="gsm8k", batch_size=1024)
     cfg.run = RunConfig(run_dir="runs/deepseekmath-rl-7b", steps=1000, checkpoint_every=50,
                         eval_every=50)

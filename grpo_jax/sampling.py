@@ -14,7 +14,9 @@ The module has three parts, kept apart on purpose:
    then runs a `lax.while_loop`, one token per iteration, that stops as soon as every row
    has hit a stop token (or after `max_new_tokens`). The cache is donated to `_decode`
    and returned by it, so the loop updates it in place instead of copying it.
-3. **Glue**: `sample` / `sample_with_info` call 1, then 2, then 1 again.
+3. **Glue**: `sample` / `sample_with_info` call 1, then 2, then 1 again; `sample_to_host`
+   does that for a few prompts at a time and concatenates the results on the host, so a
+   step's KV cache holds one call's rows, not the whole batch's.
 
 Conventions (the train step recomputes log-probs with the same ones)
 --------------------------------------------------------------------
@@ -41,7 +43,9 @@ Conventions (the train step recomputes log-probs with the same ones)
   uniform from `fold_in(fold_in(key, t), r)` and inverse-CDF sampling. A row's result
   depends only on (key, r, its prompt, params, settings): it does not depend on the batch
   padding, the mesh, or on whether the prefill is shared, so `sample(prompts, G)` equals
-  `sample([p for p in prompts for _ in range(G)], group_size=1)` row by row.
+  `sample([p for p in prompts for _ in range(G)], group_size=1)` row by row, and
+  `sample_to_host` in several calls equals one call (each call's rows keep their index in
+  the whole batch).
 * **Stop tokens.** The stop token is part of the completion (`mask` True, counted in
   `lengths`); everything after it is `pad_id`, masked, with log-prob 0. `finished` is True
   for rows that hit a stop token ("eos"), False for rows cut at `max_new_tokens` ("length").
@@ -87,7 +91,7 @@ from jax.sharding import Mesh
 
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
-from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, on_mesh, replicated, to_global
+from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, on_mesh, replicated, to_global, to_host
 
 MIN_BUCKET = 16
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
@@ -132,6 +136,14 @@ def _round_up(n: int, multiple: int) -> int:
 
 def _batch_degree(mesh: Mesh | None) -> int:
     return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def padded_rows(num_prompts: int, group_size: int, mesh: Mesh | None) -> tuple[int, int]:
+    """(prefill rows, decode rows) of one call: the prompts and the num_prompts x
+    group_size samples, each padded with dummy rows to a multiple of the batch-sharding
+    degree (so every device holds the same number of rows)."""
+    degree = _batch_degree(mesh)
+    return _round_up(num_prompts, degree), _round_up(num_prompts * group_size, degree)
 
 
 def _global_key(key, mesh: Mesh):
@@ -197,23 +209,23 @@ class _HostBatch:
 
 
 def _host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, pad_id: int,
-                degree: int) -> _HostBatch:
-    """Left-pad the prompts into the prompt bucket and lay out the (padded) sample rows."""
+                mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0) -> _HostBatch:
+    """Left-pad the prompts into `prompt_bucket` and lay out the (padded) sample rows, whose
+    randomness indices start at `row_offset` (the call's first row in the whole batch)."""
     num = len(prompts)
-    tp = bucket_length(max(len(p) for p in prompts))
-    pp = _round_up(num, degree)
+    tp = prompt_bucket
+    pp, bp = padded_rows(num, group_size, mesh)
     tokens = np.full((pp, tp), pad_id, np.int32)
     mask = np.zeros((pp, tp), bool)
     for i, p in enumerate(prompts):
         tokens[i, tp - len(p):] = p
         mask[i, tp - len(p):] = True
     rows = num * group_size
-    bp = _round_up(rows, degree)
     src = np.full((bp,), pp - 1, np.int32)  # dummy rows copy the last (maybe dummy) prompt
     src[:rows] = np.arange(rows) // group_size
     valid = np.arange(bp) < rows
     lens = mask.sum(1).astype(np.int32)[src]
-    return _HostBatch(tokens, mask, src, np.arange(bp, dtype=np.int32), valid, lens,
+    return _HostBatch(tokens, mask, src, row_offset + np.arange(bp, dtype=np.int32), valid, lens,
                       bucket_length(max_new_tokens))
 
 
@@ -435,6 +447,26 @@ def programs(cfg: ModelConfig, mesh: Mesh | None, *, unroll: bool = True,
             _jitted("decode", forward_cfg, mesh, bool(unroll), bool(filtered)))
 
 
+def sampling_copy(cfg: ModelConfig, params, dtype: str, mesh: Mesh | None = None):
+    """The policy the sampler reads: float32 leaves cast to ``dtype``, placed on ``mesh``
+    (the sampler's mesh, ``sharding.make_sample_mesh``) or, when None, where they are.
+    float32 on the params' own placement returns ``params`` itself. A bfloat16 copy halves
+    the weights' memory and the bytes each decode step reads; with float32 master weights
+    and float32 compute its log-probs differ slightly from the trainer's (logged as
+    logprob_mismatch_*)."""
+    if dtype == "float32" and (mesh is None or mesh == mesh_of(params)):
+        return params
+    return _copier(cfg, mesh, dtype)(params)
+
+
+@functools.lru_cache(maxsize=8)
+def _copier(cfg: ModelConfig, mesh: Mesh | None, dtype: str):
+    """One jitted cast (and reshard onto ``mesh``) per model, mesh and dtype."""
+    out = None if mesh is None else model_lib.param_shardings(cfg, mesh)
+    cast = lambda x: x.astype(dtype) if x.dtype == jnp.float32 else x
+    return jax.jit(lambda params: jax.tree.map(cast, params), out_shardings=out)
+
+
 # ============================================================================ glue
 
 def sample(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key, group_size: int = 1,
@@ -461,14 +493,63 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
                      pad_id: int = 0, mesh: Mesh | None = None,
                      unroll: bool = True) -> tuple[Rollout, SampleInfo]:
     """`sample`, plus a `SampleInfo` describing the shapes used and the decode steps run."""
-    # -- host: validate, bucket, pad
     prompts = _validate(cfg, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_k=top_k, top_p=top_p,
                         stop_tokens=stop_tokens, pad_id=pad_id)
+    mesh = _sampling_mesh(params, mesh)
+    return _sample_call(cfg, params, prompts, key=key, group_size=group_size,
+                        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh,
+                        unroll=unroll, prompt_bucket=bucket_length(max(len(p) for p in prompts)))
+
+
+def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key,
+                   prompts_per_call: int = 0, group_size: int = 1, max_new_tokens: int,
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   stop_tokens: Sequence[int] = (), pad_id: int = 0, mesh: Mesh | None = None,
+                   unroll: bool = True) -> Rollout:
+    """`sample`'s Rollout as host numpy arrays (on every process), sampled
+    `prompts_per_call` prompts at a time (0 = all in one call).
+
+    Each call's results go to the host before the next call starts, so the device holds
+    one call's KV cache ([layers, prompts_per_call * G, ...]) instead of the whole batch's.
+    Every call uses the prompt bucket of the whole batch and its rows keep their index
+    in it (the randomness index), so the tokens, masks and lengths equal those of one call;
+    log-probs may differ in the last bits (other batch shapes), as between meshes.
+    """
+    prompts = _validate(cfg, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_k=top_k, top_p=top_p,
+                        stop_tokens=stop_tokens, pad_id=pad_id)
+    if not isinstance(prompts_per_call, (int, np.integer)) or prompts_per_call < 0:
+        raise ValueError(f"prompts_per_call must be an int >= 0 (0 = one call), got {prompts_per_call!r}")
+    mesh = _sampling_mesh(params, mesh)
+    per_call = prompts_per_call or len(prompts)
+    tp = bucket_length(max(len(p) for p in prompts))
+    parts = []
+    for start in range(0, len(prompts), per_call):
+        rollout, _ = _sample_call(cfg, params, prompts[start:start + per_call], key=key,
+                                  group_size=group_size, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, top_k=top_k, top_p=top_p,
+                                  stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh, unroll=unroll,
+                                  prompt_bucket=tp, row_offset=start * group_size)
+        parts.append(jax.tree.map(to_host, rollout))
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def _sampling_mesh(params, mesh: Mesh | None) -> Mesh | None:
     mesh = mesh_of(params) if mesh is None else mesh
-    if mesh is not None and mesh.size == 1:
-        mesh = None  # one device: nothing to shard, and the unsharded programs are reused
-    host = _host_batch(prompts, group_size, max_new_tokens, pad_id, _batch_degree(mesh))
+    # One device: nothing to shard, and the unsharded programs are reused.
+    return None if mesh is not None and mesh.size == 1 else mesh
+
+
+def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, group_size: int,
+                 max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+                 stop_tokens: Sequence[int], pad_id: int, mesh: Mesh | None, unroll: bool,
+                 prompt_bucket: int, row_offset: int = 0) -> tuple[Rollout, SampleInfo]:
+    """One prefill + decode for validated prompts, left-padded to `prompt_bucket`; sample
+    row r draws its randomness as row `row_offset + r`."""
+    # -- host: pad
+    host = _host_batch(prompts, group_size, max_new_tokens, pad_id, mesh, prompt_bucket, row_offset)
     stop_mask = np.zeros((cfg.vocab_size,), bool)
     stop_mask[list(stop_tokens)] = True
     prompt_arrays = (host.prompt_tokens, host.prompt_mask)

@@ -10,6 +10,7 @@ failing at compile time.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -20,7 +21,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from grpo_jax.config import DTYPE_NAMES, MeshConfig
 from grpo_jax.errors import MeshError  # noqa: F401  (re-exported: importable from here as before)
-from grpo_jax.slices import MESH_AXES  # defined there, without jax, for the launch scripts
+from grpo_jax.slices import MESH_AXES, get_slice  # defined there, without jax, for the launch scripts
 
 
 # logical name -> mesh axes (tried in order; a tuple shards one dim over several axes).
@@ -90,6 +91,18 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
         except (AssertionError, ValueError, NotImplementedError):
             arr = np.array(devices).reshape(ici)
     return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def make_sample_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The sampler's mesh: with ``cfg.slice`` set, that slice preset's ``sample_mesh``
+    (replicas x tensor: decode is bandwidth-bound, so each replica holds the whole policy
+    rather than re-gathering fsdp shards at every token), with the same DCN part; without
+    it, the train mesh."""
+    if not cfg.slice:
+        return make_mesh(cfg, devices)
+    data, fsdp, tensor = get_slice(cfg.slice).sample_mesh
+    return make_mesh(dataclasses.replace(cfg, slice="", ici_data=data, ici_fsdp=fsdp, ici_tensor=tensor),
+                     devices)
 
 
 def mesh_from_shape(shape: tuple[int, int, int], devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -27,6 +27,7 @@ import numpy as np
 import optax
 
 from grpo_jax import checkpointing, sampling
+from grpo_jax.sampling import sampling_copy
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
                                texts_to_batch)
@@ -36,7 +37,7 @@ from grpo_jax.evaluation import evaluate
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import make_optimizer, updates_applied, value_optimizer_config
-from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global, to_host
+from grpo_jax.sharding import make_mesh, make_sample_mesh, replicated, shard_batch, to_global
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, encode_prompt
 from grpo_jax.train_step import init_train_state, make_train_step
@@ -62,6 +63,8 @@ class Trainer:
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
         self.algorithm = get_algorithm(cfg.rl.algorithm)
         self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
+        # mesh.slice: sample on the slice's sampling mesh (a copy of the policy per replica)
+        self.sample_mesh = make_sample_mesh(cfg.mesh, self.mesh.devices.flat) if cfg.mesh.slice else self.mesh
         if reward_model is None and cfg.rl.reward_model:
             from grpo_jax.reward_models import RewardModel
 
@@ -159,11 +162,14 @@ class Trainer:
         examples = self.questions(step)
         policy = self.state.params if source == "policy" else self.sft_params
         g = rl.group_size
-        rollout = sampling.sample(cfg.model, policy, [encode_prompt(tok, ex.prompt) for ex in examples],
-                                  key=key, group_size=g, max_new_tokens=rl.max_new_tokens,
-                                  temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
-                                  stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.mesh)
-        rollout = jax.tree.map(to_host, rollout)  # device → host (gathered from every process)
+        # The rl.sample_dtype copy on the sampling mesh, made once per step; the rollout
+        # comes back to the host (gathered from every process), rl.sample_prompts questions per call.
+        copy = sampling_copy(cfg.model, policy, rl.sample_dtype, self.sample_mesh)
+        rollout = sampling.sample_to_host(
+            cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples],
+            key=key, prompts_per_call=rl.sample_prompts, group_size=g, max_new_tokens=rl.max_new_tokens,
+            temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
+            stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.sample_mesh)
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")
         info = {"reward_mean": float(scores.rewards.mean()), "accuracy_train": float(scores.correct.mean()),

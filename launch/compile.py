@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Compile a preset's programs for a TPU slice on this (CPU-only) machine and check they fit.
 
-    python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b \\
-        rl.num_micro_batches=256 --json out.json
+    python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b --json out.json
 
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
 sampler decode, train step -- which holds the reference log-prob pass) it prints per-chip
@@ -25,37 +24,40 @@ from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
 from grpo_jax.tpu_specs import chip_of  # noqa: E402
 
 
-def check(cfg, slice_name: str, prompt_len: int, sample_prompts: int | None = None,
-          log=print) -> dict:
+def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     """{program: report} for every program of a run of ``cfg`` on ``slice_name``, plus a
-    "summary"; raises aot.FitError naming the first program that does not fit."""
+    "summary"; raises aot.FitError naming the first program that does not fit. The sampler
+    is compiled for one call of rl.sample_prompts questions (as the trainer makes them)."""
     mesh, topology = aot.topology_mesh(cfg, slice_name)
     chip = chip_of(topology)
     g = cfg.rl.group_size
     questions = cfg.data.batch_size
-    per_call = sample_prompts or questions
+    per_call = cfg.rl.sample_prompts or questions
     calls = -(-questions // per_call)
     results = {}
-    smesh = aot.sample_mesh(cfg, slice_name)
-    log(f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), mesh {dict(smesh.shape)}")
-    flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
-    programs = _compiling("sample_prefill/decode", aot.compile_sampler, cfg, smesh, per_call, g, prompt_len)
-    for name, (compiled, secs) in programs.items():
-        # Decode reads the weights and the cache once per token: cost_analysis counts the
-        # token loop's body (with its layers) once, so scale its bytes by the token count.
-        trips = cfg.rl.max_new_tokens if name == "decode" else 1
-        rep = aot.report(compiled, chip, smesh.size, flops[name], byte_trips=trips)
-        rep.update(compile_seconds=secs, calls_per_step=calls)
-        results[f"sample_{name}"] = rep
-        log(_line(f"sample_{name}", rep))
     rows = questions * g
-    log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
+    log(f"[1/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
         f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
-    compiled, secs = _compiling("train_step", aot.compile_train_step, cfg, mesh, rows, prompt_len)
+    compiled, secs = aot.compile_train_step(cfg, mesh, rows, prompt_len)
     rep = aot.report(compiled, chip, mesh.size, aot.train_flops(cfg, rows, prompt_len))
     rep.update(compile_seconds=secs, calls_per_step=1)
     results["train_step"] = rep
     log(_line("train_step", rep))
+    # The train state (the step's donated arguments) stays in HBM while the sampler runs.
+    state_bytes = rep["alias_bytes"]
+    smesh = aot.sample_mesh(cfg, slice_name)
+    log(f"[2/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
+        f"policy, mesh {dict(smesh.shape)}, {state_bytes / 1e9:.2f} GB/chip of train state resident")
+    flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
+    programs = aot.compile_sampler(cfg, smesh, per_call, g, prompt_len)
+    for name, (compiled, secs) in programs.items():
+        # Decode reads the weights and the cache once per token: cost_analysis counts the
+        # token loop's body (with its layers) once, so scale its bytes by the token count.
+        trips = cfg.rl.max_new_tokens if name == "decode" else 1
+        rep = aot.report(compiled, chip, smesh.size, flops[name], byte_trips=trips, resident_bytes=state_bytes)
+        rep.update(compile_seconds=secs, calls_per_step=calls)
+        results[f"sample_{name}"] = rep
+        log(_line(f"sample_{name}", rep))
     rollout = sum(r["roofline_seconds"] * r["calls_per_step"] for k, r in results.items() if k.startswith("sample"))
     update = results["train_step"]["roofline_seconds"]
     total_flops = sum(r["flops_per_chip"] * r["calls_per_step"] for r in results.values())
@@ -71,19 +73,8 @@ def check(cfg, slice_name: str, prompt_len: int, sample_prompts: int | None = No
     return results
 
 
-def _compiling(name: str, fn, *args):
-    """fn(*args), with the compiler's out-of-memory error turned into a FitError naming
-    the program (XLA refuses to compile what cannot fit HBM)."""
-    try:
-        return fn(*args)
-    except Exception as e:  # jax raises JaxRuntimeError; match on XLA's status text
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        raise aot.FitError(f"{name}: {str(e).splitlines()[0]}") from None
-
-
 def _line(name: str, r: dict) -> str:
-    return (f"  {name:14s} peak {r['peak_bytes'] / 1e9:7.2f} / {r['hbm_capacity_bytes'] / 1e9:.0f} GB "
+    return (f"  {name:14s} peak {(r['peak_bytes'] + r['resident_bytes']) / 1e9:7.2f} / {r['hbm_capacity_bytes'] / 1e9:.0f} GB "
             f"{'fits' if r['fits'] else 'DOES NOT FIT'}  {r['flops_per_chip'] / 1e12:9.2f} TFLOP/chip  "
             f"roofline {r['roofline_seconds']:8.3f} s  compile {r['compile_seconds']:.0f} s")
 
@@ -94,8 +85,6 @@ def main(argv=None) -> int:
     parser.add_argument("--slice", required=True,
                         help="slice preset (v5p-128, v4-32, v5litepod-256, ...) or topology (v5e:2x2)")
     parser.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per row (default 256)")
-    parser.add_argument("--sample-prompts", type=int, default=None,
-                        help="questions per sampler call (default: data.batch_size, one call)")
     parser.add_argument("--json", help="write the per-program reports here")
     add_config_args(parser)
     args = parser.parse_args(argv)
@@ -105,7 +94,7 @@ def main(argv=None) -> int:
         return 2
     cfg = config_from_args(args)
     try:
-        results = check(cfg, args.slice, args.prompt_len, args.sample_prompts)
+        results = check(cfg, args.slice, args.prompt_len)
     except aot.FitError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 1

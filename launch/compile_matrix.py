@@ -4,8 +4,8 @@
     python launch/compile_matrix.py [--only PRESET] [--out benchmarks/tpu_check]
 
 Each entry runs in its own process (one compile at a time; a failure to fit is a
-result, not a crash) and writes OUT/PRESET_SLICE.json; the table is compiler estimates,
-not measured TPU runs.
+result, not a crash) and writes OUT/PRESET_SLICE[_LABEL].json; the table is compiler
+estimates, not measured TPU runs.
 """
 from __future__ import annotations
 
@@ -17,28 +17,34 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# (preset, slice, extra compile.py arguments). The 7B recipe samples 16 questions x G=64
-# per sampler call and trains in 256 micro-batches (4 rows per chip per micro-batch on 64
-# chips): see the README for why.
-SEVEN_B = ["--sample-prompts", "16", "rl.num_micro_batches=256"]
+# (preset, slice, config overrides, label of the overridden row). The presets as they are,
+# the 7B recipe's other reading of "batch size 1024" (1024 outputs = 16 questions x 64,
+# see the preset's docstring), what makes it fit v4-32, and the smallest slice it fits
+# on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch).
+OUTPUTS_1024 = ["data.batch_size=16", "rl.num_micro_batches=4"]
 MATRIX = [
-    ("cpu-tiny", "v5litepod-8", []),
-    ("smollm2-135m", "v5litepod-8", []),
-    ("smollm2-135m", "v6e-8", []),
-    ("deepseekmath-rl-7b", "v5p-128", SEVEN_B),
-    ("deepseekmath-rl-7b", "v4-32", SEVEN_B),
-    ("deepseekmath-rl-7b", "v5litepod-256", SEVEN_B),
-    ("deepseekmath-rl-7b", "v5p-8", SEVEN_B),
+    ("cpu-tiny", "v5litepod-8", [], ""),
+    ("smollm2-135m", "v5litepod-8", [], ""),
+    ("smollm2-135m", "v6e-8", [], ""),
+    ("deepseekmath-rl-7b", "v5p-128", [], ""),
+    ("deepseekmath-rl-7b", "v5p-128", OUTPUTS_1024, "1024-outputs"),
+    ("deepseekmath-rl-7b", "v4-32", [], ""),
+    ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=2"], "sample_prompts-2"),
+    ("deepseekmath-rl-7b", "v5litepod-256", [], ""),
+    ("deepseekmath-rl-7b", "v5p-8", ["rl.sample_prompts=1", "rl.num_micro_batches=4096"], "smallest"),
 ]
 
 
-def run_one(preset: str, slice_name: str, extra: list[str], out: Path) -> dict:
-    path = out / f"{preset}_{slice_name}.json"
+def run_one(preset: str, slice_name: str, extra: list[str], label: str, out: Path) -> dict:
+    path = out / f"{preset}_{slice_name}{'_' + label if label else ''}.json"
     cmd = [sys.executable, str(ROOT / "launch/compile.py"), "--slice", slice_name,
            "--preset", preset, "--json", str(path), *extra]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    row = {"preset": preset, "slice": slice_name, "command": " ".join(["python", "launch/compile.py", *cmd[2:]]),
+    where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+    shown = [where if a == str(path) else a for a in cmd[2:]]
+    row = {"preset": preset, "slice": slice_name, "label": label,
+           "command": " ".join(["python", "launch/compile.py", *shown]),
            "wall_seconds": time.perf_counter() - start, "exit_code": proc.returncode}
     if proc.returncode == 0:
         row["results"] = json.loads(path.read_text())
@@ -48,15 +54,18 @@ def run_one(preset: str, slice_name: str, extra: list[str], out: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
+    """Markdown rows; the sampler's peaks include the train state it shares HBM with."""
     lines = ["| preset | slice | fits? | peak HBM/chip: prefill / decode / train (GB) | rollout s | update s | MFU | compile s |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        name = r["preset"] + (f" ({r['label']})" if r.get("label") else "")
         if "results" not in r:
-            lines.append(f"| {r['preset']} | {r['slice']} | no: {r['error']} | | | | | {r['wall_seconds']:.0f} |")
+            lines.append(f"| {name} | {r['slice']} | no: {r['error']} | | | | | {r['wall_seconds']:.0f} (wall) |")
             continue
         res, s = r["results"], r["results"]["summary"]
-        peaks = " / ".join(f"{res[k]['peak_bytes'] / 1e9:.2f}" for k in ("sample_prefill", "sample_decode", "train_step"))
-        lines.append(f"| {r['preset']} | {r['slice']} | yes | {peaks} | {s['rollout_seconds']:.1f} | "
+        peaks = " / ".join(f"{(res[k]['peak_bytes'] + res[k]['resident_bytes']) / 1e9:.2f}"
+                           for k in ("sample_prefill", "sample_decode", "train_step"))
+        lines.append(f"| {name} | {r['slice']} | yes | {peaks} | {s['rollout_seconds']:.1f} | "
                      f"{s['update_seconds']:.1f} | {s['mfu']:.0%} | {s['compile_seconds']:.0f} |")
     return "\n".join(lines)
 
@@ -70,13 +79,20 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     todo = [m for m in MATRIX if args.only in (None, m[0])]
     rows = []
-    for i, (preset, slice_name, extra) in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {preset} on {slice_name} ...", flush=True)
-        rows.append(run_one(preset, slice_name, extra, out))
+    for i, (preset, slice_name, extra, label) in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {preset} on {slice_name} {' '.join(extra)}...", flush=True)
+        rows.append(run_one(preset, slice_name, extra, label, out))
         print(f"    {'fits' if rows[-1]['exit_code'] == 0 else rows[-1].get('error')} "
               f"({rows[-1]['wall_seconds']:.0f} s)", flush=True)
-    (out / "matrix.json").write_text(json.dumps(rows, indent=1))
-    print(table(rows))
+    # --only reruns some rows: keep the others' last results, in the matrix's order.
+    index = lambda r: (r["preset"], r["slice"], r.get("label", ""))
+    saved = out / "matrix.json"
+    merged = {index(r): r for r in (json.loads(saved.read_text()) if saved.exists() else [])}
+    merged.update({index(r): r for r in rows})
+    order = [(p, s, label) for p, s, _, label in MATRIX]
+    rows_all = [merged[k] for k in order if k in merged]
+    saved.write_text(json.dumps(rows_all, indent=1))
+    print(table(rows_all))
     return 0 if all(r["exit_code"] in (0, 1) for r in rows) else 1
 
 

@@ -235,6 +235,20 @@ def test_shared_prefill_equals_repeated_prompts(params, temperature):
         assert (np.asarray(shared.tokens[0]) != np.asarray(shared.tokens[1])).any()
 
 
+def test_calls_of_one_prompt_equal_one_call(params):
+    """sample_to_host in calls of 1 prompt: each call's rows keep their index in the batch
+    (the randomness index) and the batch's prompt bucket, so the rows equal one call's."""
+    kw = dict(key=jax.random.key(7), group_size=G, max_new_tokens=12, temperature=1.0)
+    one = _sample(params, temperature=1.0)
+    calls = sampling.sample_to_host(CFG, params, PROMPTS, prompts_per_call=1, **kw)
+    assert isinstance(calls.tokens, np.ndarray) and calls.tokens.shape == (6, 12)
+    for name in ("prompt_tokens", "prompt_mask", "tokens", "mask", "lengths", "finished"):
+        np.testing.assert_array_equal(np.asarray(getattr(one, name)), getattr(calls, name), err_msg=name)
+    np.testing.assert_allclose(np.asarray(one.logprobs), calls.logprobs, atol=1e-5)
+    with pytest.raises(ValueError, match="prompts_per_call must be an int >= 0"):
+        sampling.sample_to_host(CFG, params, PROMPTS, prompts_per_call=-1, **kw)
+
+
 def test_rolled_layers_equal_unrolled(params):
     a = _sample(params, temperature=1.0, unroll=True)
     b = _sample(params, temperature=1.0, unroll=False)
