@@ -32,8 +32,10 @@ test: $(STAMP_TEST)
 tpu-check: $(STAMP_TEST)
 	$(PY) launch/compile_matrix.py
 
+# The CPU quickstart: JAX_PLATFORMS=cpu keeps libtpu (installed by `make test`) from probing
+# for TPU metadata this machine does not have.
 demo: $(STAMP_LIB)
-	$(PY) experiments/quickstart.py
+	JAX_PLATFORMS=cpu $(PY) experiments/quickstart.py
 
 bench: $(STAMP_TEST)
 	$(PY) benchmarks/run_all.py
