@@ -103,7 +103,7 @@ CHANGES = {
 # Fields that act on the loop (sampling length, files, logging cadence): the test that shows it.
 ELSEWHERE = {
     "rl.max_new_tokens": "test_sampling.py::test_rollout_layout",
-    "rl.reward_model": "test_issue18.py::test_reward_model_with_a_rule_reward_algorithm_is_refused",
+    "rl.reward_model": "test_options.py::test_reward_model_with_a_rule_reward_algorithm_is_refused",
     "rl.sample_prompts": "test_trainer.py::test_rollout_in_calls_of_a_few_questions_equals_one_call",
     "rl.sample_dtype": "test_trainer.py::test_bfloat16_sampling_copy_reaches_the_sampler",
     "data.data_dir": "test_tasks_datasets.py::test_gsm8k_examples",
