@@ -1,7 +1,7 @@
 """Your own task: SFT, then GRPO teach a tiny model to add digits. Options: section.field=value."""
 import random
-import sys
 
+from grpo_jax import cli
 from grpo_jax.tasks.custom import CustomTask
 from grpo_jax.train_cli import sft_then_rl
 
@@ -22,4 +22,4 @@ def main(argv: list[str]) -> dict:
     return result
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main, pass_argv=True)

@@ -42,8 +42,9 @@ def configure_logging(fmt: str = "%(message)s", datefmt: str | None = None) -> N
     logging.basicConfig(level=logging.WARNING, handlers=[progress, warnings_])
 
 
-def run(main: Callable[[], object], prog: str | None = None) -> None:
-    """Call `main()` and exit with its int result (0 otherwise); library errors exit 2 in one line."""
+def run(main: Callable[..., object], prog: str | None = None, *, pass_argv: bool = False) -> None:
+    """Call `main()` (`main(sys.argv[1:])` with ``pass_argv``) and exit with its int result
+    (0 otherwise); library errors exit 2 in one line."""
     prog = prog or os.path.basename(sys.argv[0])
     if "--debug" in sys.argv:
         sys.argv.remove("--debug")  # entry points' own parsers do not know the flag
@@ -52,7 +53,7 @@ def run(main: Callable[[], object], prog: str | None = None) -> None:
     # than changing each parser) keeps "one line, exit 2" true for all of them.
     argparse_error, argparse.ArgumentParser.error = argparse.ArgumentParser.error, _usage_error
     try:
-        result = main()
+        result = main(sys.argv[1:]) if pass_argv else main()
     except GrpoJaxError as err:
         if debug_requested():
             raise
