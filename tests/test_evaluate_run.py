@@ -166,3 +166,29 @@ def test_cli_help():
                          capture_output=True, text=True, check=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT}).stdout
     assert "--model" in out and "--k" in out and "--shard" in out and "--step" in out
+
+
+def test_two_processes_give_the_same_records_as_one(bench, whole, tmp_path):
+    """Two live evaluate.py processes, one shard each, running at the same time, then a
+    --merge-only: the per-question records equal the single-process run's."""
+    task, _ = bench
+    if task.name != "gsm8k":
+        pytest.skip("one dataset is enough to cross the process boundary")
+    out = tmp_path / "out"
+    # One CPU device per process (no fake 8-device mesh): the single-process run's program.
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), "--model", "smollm2-135m",
+           "--task", "gsm8k", "--manual-dir", os.path.join(FIXTURES, "gsm8k"), "--k", "2",
+           "--temperature", "1.0", "--max-new-tokens", "4", "--chunk-rows", "2", "--prompt", "paper",
+           "--out", str(out), "--no-progress"]
+    procs = [subprocess.Popen(cmd + ["--shard", f"{i}/2", "--data-dir", str(tmp_path / f"tfds{i}")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    assert sorted(os.listdir(out)) == ["settings.json", "shard-00000-of-00002.jsonl", "shard-00001-of-00002.jsonl"]
+    merged = subprocess.run(cmd + ["--merge-only"], env=env, capture_output=True, text=True, timeout=300)
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    assert records(out) == records(whole[0])
+    summary = json.loads((out / "summary.json").read_text())
+    assert {k: summary[k] for k in ("greedy", "pass@k", "maj@k")} == {k: whole[1][k] for k in ("greedy", "pass@k", "maj@k")}
