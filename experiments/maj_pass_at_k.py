@@ -18,6 +18,7 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.plots import plot_runs
+from grpo_jax.stats import format_interval
 from grpo_jax.evaluation import evaluate
 
 
@@ -57,10 +58,10 @@ def main(argv=None):
     }
     png = plot_runs(curves, ks, os.path.join(root, "figure7.png"), ylabel="accuracy", xlabel="K",
                     logx=True, title="Maj@K and Pass@K before/after GRPO (arithmetic)")
-    for k in ks:
-        a_maj = sum(a[f"maj@{k}"] for a in after) / len(after)
-        a_pass = sum(a[f"pass@{k}"] for a in after) / len(after)
-        print(f"K={k:2d}  Maj@K {before[f'maj@{k}']:.3f} → {a_maj:.3f}   Pass@K {before[f'pass@{k}']:.3f} → {a_pass:.3f}")
+    for k in ks:  # after GRPO: mean and 95% t-interval over the seeds
+        a_maj = format_interval([a[f"maj@{k}"] for a in after])
+        a_pass = format_interval([a[f"pass@{k}"] for a in after])
+        print(f"K={k:2d}  Maj@K {before[f'maj@{k}']:.3f} → {a_maj}   Pass@K {before[f'pass@{k}']:.3f} → {a_pass}")
     print(f"[maj/pass] wrote {png}")
 
 

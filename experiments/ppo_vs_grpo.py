@@ -19,6 +19,7 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.plots import plot_runs
+from grpo_jax.stats import format_interval
 from grpo_jax.sharding import shard_batch
 
 METHODS = {
@@ -74,6 +75,8 @@ def main(argv=None):
         ratio = memory[name]["peak_bytes"] / memory["PPO"]["peak_bytes"] if "PPO" in memory else float("nan")
         med = sorted(step_time[name])[len(step_time[name]) // 2]
         print(f"| {name} | {memory[name]['peak_bytes']:,} | {ratio:.2f} | {med:.2f} |")
+    for name in args.methods:  # final 10-step mean training reward, 95% t-interval over seeds
+        print(f"[ppo_vs_grpo] {name}: final reward {format_interval([sum(r[-10:]) / len(r[-10:]) for r in rewards[name]])}")
     print(f"[ppo_vs_grpo] wrote {png}")
 
 
