@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
 import os
 import time
@@ -54,8 +53,7 @@ def main(argv=None) -> dict:
         return runs[0]
     gains = [r["accuracy_after"] - r["accuracy_before"] for r in runs]
     summary = {"seeds": args.seeds, "gain": gains, "runs": runs}
-    with open(os.path.join(base.run.run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    common.write_json(os.path.join(base.run.run_dir, "summary.json"), summary)
     print(f"[quickstart] gain in held-out greedy accuracy over seeds {args.seeds}: "
           f"{format_interval(gains)}; per seed {', '.join(f'{g:+.3f}' for g in gains)}")
     return summary
@@ -94,8 +92,7 @@ def run_seed(args, cfg) -> dict:
         "checkpoint_dir": os.path.abspath(os.path.join(cfg.run.run_dir, "checkpoints")),
         "config": cfg.to_dict(),
     }
-    with open(os.path.join(root, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    common.write_json(os.path.join(root, "summary.json"), summary)
     png = plot_history([{"step": 0, "eval_accuracy": before["accuracy"]}] + history,
                        ["reward_mean", "eval_accuracy", "kl"], os.path.join(root, "curves.png"),
                        title=f"GRPO on arithmetic: held-out greedy accuracy {before['accuracy']:.2f} → {after['accuracy']:.2f}")
