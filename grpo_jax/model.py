@@ -277,10 +277,16 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh, value_head: bool = False) -> A
 def init_params(cfg: ModelConfig, key: jax.Array, mesh: Mesh | None = None, *, value_head: bool = False) -> Params:
     """Random parameters, created directly in their shards when a mesh is given (the init
     runs under jit with out_shardings, so no device ever holds the whole model)."""
+    return _initializer(cfg, mesh, value_head)(key)
+
+
+@functools.lru_cache(maxsize=16)
+def _initializer(cfg: ModelConfig, mesh: Mesh | None, value_head: bool):
+    """One compiled init per (model, mesh, head): tracing the flax modules and compiling
+    their initializers takes seconds, a fresh key only milliseconds."""
     fn = lambda k: nn.meta.unbox(_init_boxed(cfg, k, value_head))
-    if mesh is None:
-        return jax.jit(fn)(key)
-    return jax.jit(fn, out_shardings=param_shardings(cfg, mesh, value_head))(key)
+    out = None if mesh is None else param_shardings(cfg, mesh, value_head)
+    return jax.jit(fn, out_shardings=out)
 
 
 def default_positions(mask: jax.Array) -> jax.Array:

@@ -14,6 +14,10 @@ TINY = ModelConfig(vocab_size=97, embed_dim=32, num_layers=2, num_heads=4, num_k
                    head_dim=8, mlp_dim=64, max_seq_len=64)
 
 
+# Jitted once per config: op-by-op dispatch of the layer scan costs seconds per call.
+_logits = jax.jit(model.forward_logits, static_argnums=0)
+
+
 def _params(cfg, seed=0, **kw):
     return model.init_params(cfg, jax.random.key(seed), **kw)
 
@@ -27,7 +31,7 @@ def _params(cfg, seed=0, **kw):
 def test_output_shapes(cfg):
     params = _params(cfg)
     tokens = jax.random.randint(jax.random.key(1), (3, 7), 0, cfg.vocab_size)
-    logits = model.forward_logits(cfg, params, tokens)
+    logits = _logits(cfg, params, tokens)
     assert logits.shape == (3, 7, cfg.vocab_size) and logits.dtype == jnp.float32
     assert params["layers"]["attn"]["k"].shape == (cfg.num_layers, cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim)
     assert ("lm_head" in params) == (not cfg.tie_embeddings)
@@ -37,8 +41,8 @@ def test_causal_mask():
     params = _params(TINY)
     tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, TINY.vocab_size)
     changed = tokens.at[:, 6].set((tokens[:, 6] + 1) % TINY.vocab_size)
-    a = model.forward_logits(TINY, params, tokens)
-    b = model.forward_logits(TINY, params, changed)
+    a = _logits(TINY, params, tokens)
+    b = _logits(TINY, params, changed)
     np.testing.assert_array_equal(a[:, :6], b[:, :6])
     assert np.abs(a[:, 6:] - b[:, 6:]).max() > 1e-4
 
@@ -46,14 +50,14 @@ def test_causal_mask():
 def test_padding_invariance_left_and_right():
     params = _params(TINY)
     seq = jax.random.randint(jax.random.key(2), (1, 6), 1, TINY.vocab_size)
-    ref = model.forward_logits(TINY, params, seq)[0]
+    ref = _logits(TINY, params, seq)[0]
     pad = jnp.full((1, 3), 5, jnp.int32)  # pad tokens with arbitrary ids
     left = jnp.concatenate([pad, seq], 1)
     left_mask = jnp.concatenate([jnp.zeros((1, 3), bool), jnp.ones((1, 6), bool)], 1)
     right = jnp.concatenate([seq, pad], 1)
     right_mask = left_mask[:, ::-1]
-    np.testing.assert_allclose(model.forward_logits(TINY, params, left, left_mask)[0, 3:], ref, atol=1e-5)
-    np.testing.assert_allclose(model.forward_logits(TINY, params, right, right_mask)[0, :6], ref, atol=1e-5)
+    np.testing.assert_allclose(_logits(TINY, params, left, left_mask)[0, 3:], ref, atol=1e-5)
+    np.testing.assert_allclose(_logits(TINY, params, right, right_mask)[0, :6], ref, atol=1e-5)
 
 
 def test_gqa_equals_mha_with_repeated_kv_heads():
@@ -66,7 +70,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     p_mha["layers"]["attn"]["k"] = jnp.repeat(p["layers"]["attn"]["k"], groups, axis=2)
     p_mha["layers"]["attn"]["v"] = jnp.repeat(p["layers"]["attn"]["v"], groups, axis=2)
     tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, TINY.vocab_size)
-    np.testing.assert_allclose(model.forward_logits(gqa, p, tokens), model.forward_logits(mha, p_mha, tokens), atol=1e-5)
+    np.testing.assert_allclose(_logits(gqa, p, tokens), _logits(mha, p_mha, tokens), atol=1e-5)
 
 
 @pytest.mark.parametrize("unroll", [False, True])
@@ -76,16 +80,16 @@ def test_cached_decoding_matches_full_forward(unroll):
     tokens = jax.random.randint(jax.random.key(4), (b, t), 0, TINY.vocab_size)
     # row 0 left-padded by 3
     mask = jnp.ones((b, t), bool).at[0, :3].set(False)
-    full = model.forward_logits(TINY, params, tokens, mask)
+    full = _logits(TINY, params, tokens, mask)
     cache = model.init_cache(TINY, b, 16)
     positions = model.default_positions(mask)
     prefix = 5
-    hidden, cache = model.forward_hidden(TINY, params, tokens[:, :prefix], mask[:, :prefix],
-                                         positions[:, :prefix], cache, unroll=unroll)
+    # Jitted: the one-token steps share one compile instead of dispatching op by op.
+    step = jax.jit(lambda *a: model.forward_hidden(TINY, *a, unroll=unroll))
+    hidden, cache = step(params, tokens[:, :prefix], mask[:, :prefix], positions[:, :prefix], cache)
     outs = [hidden]
     for i in range(prefix, t):
-        h, cache = model.forward_hidden(TINY, params, tokens[:, i:i + 1], mask[:, i:i + 1],
-                                        positions[:, i:i + 1], cache, unroll=unroll)
+        h, cache = step(params, tokens[:, i:i + 1], mask[:, i:i + 1], positions[:, i:i + 1], cache)
         outs.append(h)
     logits = jnp.concatenate(outs, 1) @ model.unembed_matrix(TINY, params)
     np.testing.assert_allclose(logits[0, 3:], full[0, 3:], atol=1e-5)
@@ -99,7 +103,7 @@ def _loss_and_grads(cfg, params, tokens):
         lp = jax.nn.log_softmax(logits)
         return -jnp.take_along_axis(lp, tokens[:, 1:, None], -1).mean()
 
-    return jax.value_and_grad(loss)(params)
+    return jax.jit(jax.value_and_grad(loss))(params)
 
 
 @pytest.mark.parametrize("variant", [dict(scan_layers=False), dict(remat="full"), dict(remat="dots")])
@@ -121,8 +125,8 @@ def test_value_head_and_bfloat16_compute():
     assert hidden.dtype == jnp.bfloat16
     values = model.value_outputs(params, hidden)
     assert values.shape == (2, 5) and values.dtype == jnp.float32
-    f32 = model.forward_logits(TINY, params, tokens)
-    bf16 = model.forward_logits(cfg, params, tokens)
+    f32 = _logits(TINY, params, tokens)
+    bf16 = _logits(cfg, params, tokens)
     assert np.abs(np.asarray(f32) - np.asarray(bf16)).max() < 0.05  # same model, lower precision
 
 
