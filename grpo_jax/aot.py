@@ -89,9 +89,9 @@ def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh) -> Bat
                     step_mask=arr((rows, 1), bool))
 
 
-def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
-    """(compiled train step, seconds) for a batch of ``rows`` x (prompt_len +
-    rl.max_new_tokens) tokens; the state is abstract and sharded like a real run's."""
+def train_state(cfg: Config, mesh):
+    """(TrainStep, abstract TrainState): the train step as a run builds it and its state as
+    ShapeDtypeStructs sharded like a real run's (policy, optimizer, reference, value model)."""
     tx, _ = make_optimizer(cfg.optimizer, cfg.run.steps, updates_per_step=cfg.rl.num_updates)
     value_tx = None
     if get_algorithm(cfg.rl.algorithm).needs_value_model:
@@ -106,7 +106,20 @@ def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
     if value_tx is not None:
         vparams = model_lib.param_shapes(cfg.model, value_head=True)
         shapes = shapes.replace(value_params=vparams, value_opt_state=jax.eval_shape(value_tx.init, vparams))
-    state = _abstract(shapes, step.state_shardings)
+    return step, _abstract(shapes, step.state_shardings)
+
+
+def bytes_per_chip(tree) -> int:
+    """Bytes one device holds of a tree of sharded ShapeDtypeStructs (its shards only,
+    without the TPU's tile padding, which matters only for tiny arrays)."""
+    return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
+    """(compiled train step, seconds) for a batch of ``rows`` x (prompt_len +
+    rl.max_new_tokens) tokens; the state is abstract and sharded like a real run's."""
+    step, state = train_state(cfg, mesh)
     batch = abstract_batch(rows, prompt_len, cfg.rl.max_new_tokens, mesh)
     hp = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x),
                                                      sharding=replicated(mesh)),

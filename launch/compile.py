@@ -6,8 +6,8 @@
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
 sampler decode, train step -- which holds the reference log-prob pass) it prints per-chip
 peak HBM against the chip's capacity, FLOPs, bytes, collectives and a roofline time.
-Exits 1 naming the program and its numbers when one does not fit. The numbers are
-compiler estimates, not measurements on a TPU.
+Exits 1 naming the program and its numbers as soon as one does not fit (the sampler is
+compiled first). The numbers are compiler estimates, not measurements on a TPU.
 """
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ from grpo_jax.tpu_specs import chip_of  # noqa: E402
 
 def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     """{program: report} for every program of a run of ``cfg`` on ``slice_name``, plus a
-    "summary"; raises aot.FitError naming the first program that does not fit. The sampler
-    is compiled for one call of rl.sample_prompts questions (as the trainer makes them)."""
+    "summary"; raises aot.FitError naming the first program that does not fit, as soon as
+    it is compiled (the sampler first: its KV cache is what usually does not fit, and it
+    compiles faster than the train step). The sampler is compiled for one call of
+    rl.sample_prompts questions (as the trainer makes them)."""
     mesh, topology = aot.topology_mesh(cfg, slice_name)
     chip = chip_of(topology)
     g = cfg.rl.group_size
@@ -35,18 +37,10 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     per_call = cfg.rl.sample_prompts or questions
     calls = -(-questions // per_call)
     results = {}
-    rows = questions * g
-    log(f"[1/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
-        f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
-    compiled, secs = aot.compile_train_step(cfg, mesh, rows, prompt_len)
-    rep = aot.report(compiled, chip, mesh.size, aot.train_flops(cfg, rows, prompt_len))
-    rep.update(compile_seconds=secs, calls_per_step=1)
-    results["train_step"] = rep
-    log(_line("train_step", rep))
-    # The train state (the step's donated arguments) stays in HBM while the sampler runs.
-    state_bytes = rep["alias_bytes"]
+    # The train state (the train step's donated arguments) stays in HBM while the sampler runs.
+    state_bytes = aot.bytes_per_chip(aot.train_state(cfg, mesh)[1])
     smesh = aot.sample_mesh(cfg, slice_name)
-    log(f"[2/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
+    log(f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
         f"policy, mesh {dict(smesh.shape)}, {state_bytes / 1e9:.2f} GB/chip of train state resident")
     flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
     programs = aot.compile_sampler(cfg, smesh, per_call, g, prompt_len)
@@ -58,18 +52,24 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
         rep.update(compile_seconds=secs, calls_per_step=calls)
         results[f"sample_{name}"] = rep
         log(_line(f"sample_{name}", rep))
+        aot.check_fit(f"sample_{name}", rep)
+    rows = questions * g
+    log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
+        f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
+    compiled, secs = aot.compile_train_step(cfg, mesh, rows, prompt_len)
+    rep = aot.report(compiled, chip, mesh.size, aot.train_flops(cfg, rows, prompt_len))
+    rep.update(compile_seconds=secs, calls_per_step=1)
+    results["train_step"] = rep
+    log(_line("train_step", rep))
+    aot.check_fit("train_step", rep)
     rollout = sum(r["roofline_seconds"] * r["calls_per_step"] for k, r in results.items() if k.startswith("sample"))
     update = results["train_step"]["roofline_seconds"]
     total_flops = sum(r["flops_per_chip"] * r["calls_per_step"] for r in results.values())
     results["summary"] = {
-        "slice": slice_name, "topology": topology, "chips": mesh.size,
-        "fits": all(r["fits"] for r in results.values()),
+        "slice": slice_name, "topology": topology, "chips": mesh.size, "fits": True,
         "rollout_seconds": rollout, "update_seconds": update,
         "mfu": total_flops / chip.peak_bf16_flops / (rollout + update) if rollout + update else 0.0,
         "compile_seconds": sum(r["compile_seconds"] for r in results.values())}
-    for name, r in results.items():
-        if name != "summary":
-            aot.check_fit(name, r)
     return results
 
 

@@ -35,3 +35,6 @@ def test_7b_widths_train_step_on_v5p_128_is_fully_sharded():
     state_bytes = params * (4 + 4 + 4 + 4)  # f32 params, Adam mu and nu, f32 reference
     per_chip = compiled.memory_analysis().argument_size_in_bytes
     assert 0.9 < per_chip / (state_bytes / mesh.size) < 1.2, per_chip
+    # The fit check's train-state estimate (unpadded shard bytes) is the donated state.
+    estimate = aot.bytes_per_chip(aot.train_state(cfg, mesh)[1])
+    assert abs(estimate / compiled.memory_analysis().alias_size_in_bytes - 1) < 0.02
