@@ -68,9 +68,13 @@ Sharding
 Under a mesh (`mesh=` or, when omitted, the mesh the params live on) the batch and the KV
 cache are sharded over ('data', 'fsdp') and the cache's kv heads over 'tensor' (the rules
 table in `grpo_jax.sharding`); the params are used as they are sharded for training (no
-gather of the whole model anywhere). The prompt batch and the sample batch are padded to
-a multiple of the batch-sharding degree with dummy rows that start out finished (they
-never delay the early stop) and are stripped from the result. Inputs become global arrays
+gather of the whole model anywhere). The sample batch is padded to a multiple of the
+batch-sharding degree with dummy rows that start out finished (they never delay the early
+stop) and are stripped from the result. The prompt batch is laid out shard by shard: each
+shard's block holds the prompts of that shard's sample rows (a prompt whose group spans
+two shards is prefilled on both), so copying a prompt's cache to its G rows is a local
+copy on every device — a gather across shards would move the whole cache between chips
+(on a 7B model, tens of GB per chip per call). Inputs become global arrays
 (`sharding.to_global`: every process passes the same prompts and key), so the sampler
 also runs on several processes; there the returned arrays are global too, and host code
 reads them through `sharding.to_host`.
@@ -139,11 +143,35 @@ def _batch_degree(mesh: Mesh | None) -> int:
 
 
 def padded_rows(num_prompts: int, group_size: int, mesh: Mesh | None) -> tuple[int, int]:
-    """(prefill rows, decode rows) of one call: the prompts and the num_prompts x
-    group_size samples, each padded with dummy rows to a multiple of the batch-sharding
-    degree (so every device holds the same number of rows)."""
-    degree = _batch_degree(mesh)
-    return _round_up(num_prompts, degree), _round_up(num_prompts * group_size, degree)
+    """(prefill rows, decode rows) of one call: the num_prompts x group_size samples padded
+    with dummy rows to a multiple of the batch-sharding degree D, and the prefill batch of
+    `_prefill_layout` (D blocks of equal size, one per shard)."""
+    slots, src = _prefill_layout(num_prompts, group_size, _batch_degree(mesh))
+    return len(slots), len(src)
+
+
+def _prefill_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
+    """(slot_prompt [D*k], src [Bp]): prefill slot j holds prompt slot_prompt[j] (-1: a
+    dummy prompt); sample row r copies the cache of slot src[r]. Rows and slots are split
+    into D equal contiguous blocks (the batch sharding), and every row's slot lies in its
+    own shard's block; k is the most prompts any shard's rows need. Dummy rows copy their
+    block's first slot."""
+    rows = num_prompts * group_size
+    per_shard = _round_up(rows, degree) // degree
+    needs = []
+    for shard in range(degree):
+        first, last = shard * per_shard, min((shard + 1) * per_shard, rows) - 1
+        needs.append(list(range(first // group_size, last // group_size + 1)) if first <= last else [])
+    k = max(1, max(len(n) for n in needs))
+    slot_prompt = np.full((degree * k,), -1, np.int32)
+    src = np.empty((degree * per_shard,), np.int32)
+    for shard, prompts in enumerate(needs):
+        slot_prompt[shard * k: shard * k + len(prompts)] = prompts
+        for i in range(per_shard):
+            r = shard * per_shard + i
+            local = r // group_size - prompts[0] if r < rows else 0
+            src[r] = shard * k + local
+    return slot_prompt, src
 
 
 def _global_key(key, mesh: Mesh):
@@ -199,31 +227,36 @@ def _validate(cfg: ModelConfig, prompts, *, group_size, max_new_tokens, temperat
 
 @dataclasses.dataclass
 class _HostBatch:
-    prompt_tokens: np.ndarray  # [Pp, Tp] left-padded
+    prompt_tokens: np.ndarray  # [Pp, Tp] left-padded, in `_prefill_layout` order
     prompt_mask: np.ndarray  # [Pp, Tp]
-    src_rows: np.ndarray  # [Bp] prompt row each sample row copies its cache from
+    src_rows: np.ndarray  # [Bp] prefill slot each sample row copies its cache from
     row_ids: np.ndarray  # [Bp] = 0..Bp-1 (the randomness index)
     row_valid: np.ndarray  # [Bp] False for dummy rows
     prompt_lens: np.ndarray  # [Bp] real prompt tokens of each sample row
     completion_bucket: int
 
 
+def _left_pad(prompts: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, mask) [len(prompts), width], each prompt right-aligned."""
+    tokens = np.full((len(prompts), width), pad_id, np.int32)
+    mask = np.zeros((len(prompts), width), bool)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p):] = p
+        mask[i, width - len(p):] = True
+    return tokens, mask
+
+
 def _host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, pad_id: int,
                 mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0) -> _HostBatch:
-    """Left-pad the prompts into `prompt_bucket` and lay out the (padded) sample rows, whose
-    randomness indices start at `row_offset` (the call's first row in the whole batch)."""
-    num = len(prompts)
-    tp = prompt_bucket
-    pp, bp = padded_rows(num, group_size, mesh)
-    tokens = np.full((pp, tp), pad_id, np.int32)
-    mask = np.zeros((pp, tp), bool)
-    for i, p in enumerate(prompts):
-        tokens[i, tp - len(p):] = p
-        mask[i, tp - len(p):] = True
-    rows = num * group_size
-    src = np.full((bp,), pp - 1, np.int32)  # dummy rows copy the last (maybe dummy) prompt
-    src[:rows] = np.arange(rows) // group_size
-    valid = np.arange(bp) < rows
+    """Left-pad the prompts into `prompt_bucket`, lay them out for the prefill
+    (`_prefill_layout`) and lay out the (padded) sample rows, whose randomness indices start
+    at `row_offset` (the call's first row in the whole batch)."""
+    slot_prompt, src = _prefill_layout(len(prompts), group_size, _batch_degree(mesh))
+    # One extra all-pad, fully masked row for the dummy slots.
+    tokens, mask = _left_pad(prompts + [[]], prompt_bucket, pad_id)
+    tokens, mask = tokens[slot_prompt], mask[slot_prompt]
+    bp = len(src)
+    valid = np.arange(bp) < len(prompts) * group_size
     lens = mask.sum(1).astype(np.int32)[src]
     return _HostBatch(tokens, mask, src, row_offset + np.arange(bp, dtype=np.int32), valid, lens,
                       bucket_length(max_new_tokens))
@@ -316,11 +349,40 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_
     # Left padding: every row's last prompt token is in the last column.
     logits = model_lib.logits_from_hidden(cfg, params, hidden[:, -1])
     if src_rows is not None:  # None: one sample per prompt, rows already in place
-        cache = model_lib.KVCache(
-            k=jnp.take(cache.k, src_rows, axis=1), v=jnp.take(cache.v, src_rows, axis=1),
-            mask=jnp.take(cache.mask, src_rows, axis=0), index=cache.index)
-        logits = jnp.take(logits, src_rows, axis=0)
+        cache, logits = _copy_to_rows(cache, logits, src_rows, mesh)
     return _constrain(cache, mesh, cache_sharding), _batch_constrain(logits, mesh)
+
+
+def _copy_to_rows(cache: model_lib.KVCache, logits, src_rows, mesh: Mesh | None):
+    """Sample row r gets prefill slot src_rows[r]'s cache and logits. `_prefill_layout`
+    puts every row's slot in the row's own shard, so under a mesh each device copies from
+    its own block (a shard_map with block-local indices): no cache bytes cross devices."""
+    def take(k, v, mask, logits, src):
+        return (jnp.take(k, src, axis=1), jnp.take(v, src, axis=1), jnp.take(mask, src, axis=0),
+                jnp.take(logits, src, axis=0))
+
+    if mesh is None:
+        k, v, mask, logits = take(cache.k, cache.v, cache.mask, logits, src_rows)
+    else:
+        cs = cache_sharding(mesh, cache)
+        rows = batch_sharding(mesh, 1, src_rows.shape[0]).spec
+        specs = (cs.k.spec, cs.v.spec, cs.mask.spec, batch_sharding(mesh, 2, logits.shape[0]).spec)
+        # Slot indices are global; each block starts at shard * (slots per shard).
+        per_shard = cache.mask.shape[0] // _batch_degree(mesh)
+        local = lambda *a: take(*a[:4], a[4] - per_shard * _block_index(mesh, rows[0]))
+        k, v, mask, logits = jax.shard_map(local, mesh=mesh, in_specs=specs + (rows,),
+                                           out_specs=specs)(cache.k, cache.v, cache.mask, logits, src_rows)
+    return model_lib.KVCache(k=k, v=v, mask=mask, index=cache.index), logits
+
+
+def _block_index(mesh: Mesh, axes) -> jax.Array:
+    """Inside shard_map: this device's block of a dimension sharded over ``axes`` (a mesh
+    axis name, a tuple of them, major first, or None)."""
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    index = jnp.int32(0)
+    for axis in axes:
+        index = index * mesh.shape[axis] + jax.lax.axis_index(axis)
+    return index
 
 
 def _unstack(tree, n: int) -> list:
@@ -577,8 +639,8 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     if tokens.shape != (rows, max_new_tokens):
         tokens, mask, logps = (x[:rows, :max_new_tokens] for x in (tokens, mask, logps))
         finished = finished[:rows]
-    prompt_tokens, prompt_mask = (np.repeat(x[: len(prompts)], group_size, axis=0)
-                                  for x in (host.prompt_tokens, host.prompt_mask))
+    prompt_tokens, prompt_mask = (np.repeat(x, group_size, axis=0)
+                                  for x in _left_pad(prompts, tp, pad_id))
     if mesh is None:
         prompt_tokens, prompt_mask = jnp.asarray(prompt_tokens), jnp.asarray(prompt_mask)
     else:

@@ -18,7 +18,7 @@ from grpo_jax import model, sampling
 from grpo_jax.config import cpu_tiny
 from jax.sharding import PartitionSpec as P
 
-from grpo_jax.sharding import mesh_from_shape
+from grpo_jax.sharding import batch_sharding, mesh_from_shape
 
 # cpu-tiny with an untied head (a tied head makes a random model repeat its input token)
 # and max_seq_len 64 so the length checks are easy to hit.
@@ -254,6 +254,42 @@ def test_rolled_layers_equal_unrolled(params):
     b = _sample(params, temperature=1.0, unroll=False)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize("num,group,degree", [(3, 2, 4), (16, 64, 64), (5, 3, 4), (2, 16, 8),
+                                               (7, 1, 4), (1, 8, 8), (3, 5, 1)])
+def test_prefill_layout_keeps_every_rows_prompt_on_its_shard(num, group, degree):
+    slots, src = sampling._prefill_layout(num, group, degree)
+    rows = num * group
+    assert len(slots) % degree == 0 and len(src) % degree == 0 and len(src) - rows < degree
+    per_slot_block, per_row_block = len(slots) // degree, len(src) // degree
+    for r in range(len(src)):
+        assert src[r] // per_slot_block == r // per_row_block  # same shard
+        if r < rows:
+            assert slots[src[r]] == r // group
+    # Every prompt is prefilled at least once, and no shard prefills more than it needs.
+    assert set(range(num)) <= set(slots.tolist())
+    if group == 1:
+        np.testing.assert_array_equal(slots[src[:rows]], np.arange(rows))
+
+
+def test_prefill_moves_no_cache_between_devices():
+    """2 prompts x G = 16 on 8 data-parallel replicas (the sampling mesh of a slice preset:
+    whole weights on every device): each device copies its prompt's cache to its own 4
+    rows, so the compiled prefill has no collective at all."""
+    from grpo_jax import aot
+
+    mesh = mesh_from_shape((8, 1, 1))
+    p8 = model.init_params(CFG, jax.random.key(0), mesh)
+    host = sampling._host_batch([[1, 2, 3], [4, 5]], 16, 16, 0, mesh, 16)
+    prefill, _ = sampling.programs(CFG, mesh)
+    put = lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim, x.shape[0]))
+    lowered = prefill.lower(p8, put(host.prompt_tokens), put(host.prompt_mask), put(host.src_rows),
+                            cache_len=32)
+    cache, _ = prefill.eval_shape(p8, put(host.prompt_tokens), put(host.prompt_mask),
+                                  put(host.src_rows), cache_len=32)
+    assert cache.k.shape[1] == 32
+    assert aot.collectives(lowered.compile().as_text()) == {}
 
 
 def test_same_results_on_meshes(params):
