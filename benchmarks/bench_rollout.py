@@ -72,6 +72,13 @@ def main(argv=None) -> int:
              f"(full length), temperature 1, top-p 1, float32; median of {reps} interleaved reps")
     rep.emit()
 
+    # The machine's own limits, measured before anything else loads the cores.
+    peak = common.matmul_peak_flops()["flops_per_s_best"]
+    bandwidth = common.stream_bandwidth()["bytes_per_s_best"]
+    rep.emit(f"Machine limits (jax, float32): matmul {peak / 1e9:.0f} GFLOP/s, streaming "
+             f"{bandwidth / 1e9:.1f} GB/s; decode roofline = batch / max(step bytes / bandwidth, "
+             f"step FLOPs / matmul peak), every weight and the mean cache read once per step.")
+    rep.emit()
     cfg, params, tok = common.smollm2()
     hf_dir = common.smollm2_hf_dir()
     runners = {"jax": Recorded(SmolJax(cfg, params)), "torch": Recorded(SmolTorch(hf_dir, args.threads))}
@@ -89,16 +96,21 @@ def main(argv=None) -> int:
         j, t = res["jax"], res["torch"]
         rates = {k: common.summarize(r.decode_rates(batch, n, skip=1)) for k, r in runners.items()}
         ratio = j["decode"] / t["decode"]
+        roof = common.decode_roofline(cfg, batch, plen + n // 2, flops_per_s=peak, bytes_per_s=bandwidth)
         per_batch[batch] = {"jax": j, "torch": t, "decode_rate_spread": rates, "ratio": ratio,
-                            "tokenizers_agree": same, "seconds": time.perf_counter() - start}
+                            "tokenizers_agree": same, "seconds": time.perf_counter() - start,
+                            "roofline": roof}
         rng = lambda s: f"{common.fmt(s['min'])}–{common.fmt(s['max'])}"
         rows.append([batch, common.fmt(j["prefill"]), common.fmt(t["prefill"]),
                      f"{j['prefill'] / t['prefill']:.2f}×",
                      f"{common.fmt(j['decode'])} ({rng(rates['jax'])})",
                      f"{common.fmt(t['decode'])} ({rng(rates['torch'])})", f"**{ratio:.2f}×**",
+                     f"{common.fmt(roof['tokens_per_s'])} ({roof['bound']})",
+                     f"{j['decode'] / roof['tokens_per_s']:.0%}",
                      common.fmt(j["e2e"]), common.fmt(t["e2e"])])
     rep.table(["batch", "prefill tok/s ours", "prefill tok/s transformers", "prefill ratio",
                "decode tok/s ours (range)", "decode tok/s transformers (range)", "decode ratio",
+               "decode roofline tok/s", "ours / roofline",
                "end-to-end new tok/s ours", "end-to-end transformers"], rows)
     main_batch = 32 if 32 in per_batch else batches[-1]
     rep.results["decode_tokens_per_s_ratio_vs_transformers"] = per_batch[main_batch]["ratio"]
@@ -108,6 +120,10 @@ def main(argv=None) -> int:
         rep.results[f"decode_tokens_per_s_transformers_b{b}"] = v["torch"]["decode"]
         rep.results[f"prefill_tokens_per_s_ours_b{b}"] = v["jax"]["prefill"]
         rep.results[f"prefill_tokens_per_s_transformers_b{b}"] = v["torch"]["prefill"]
+        rep.results[f"decode_roofline_tokens_per_s_b{b}"] = v["roofline"]["tokens_per_s"]
+        rep.results[f"decode_fraction_of_roofline_b{b}"] = v["jax"]["decode"] / v["roofline"]["tokens_per_s"]
+    rep.results["matmul_peak_gflops"] = peak / 1e9
+    rep.results["stream_bandwidth_gb_per_s"] = bandwidth / 1e9
     rep.details["per_batch"] = per_batch
     if not all(v["tokenizers_agree"] for v in per_batch.values()):
         rep.emit("Note: our tokenizer and the HF tokenizer disagreed on some prompt; both sides "

@@ -250,6 +250,44 @@ def matmul_peak_flops(n: int = 2048, reps: int = 7, dtype: str = "float32") -> d
             "flops_per_cpu_s": flops / statistics.median(cpu), "seconds": s}
 
 
+def stream_bandwidth(nbytes: int = 512 * 2 ** 20, reps: int = 7) -> dict:
+    """Measured memory streaming rate of this process's XLA CPU backend: a jitted
+    ``x * 2`` over a float32 array of ``nbytes`` (reads and writes it: 2 x nbytes moved),
+    best and median of ``reps`` after a warm-up."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    f = jax.jit(lambda a: a * 2.0)
+    f(x).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(x).block_until_ready()
+        times.append(time.perf_counter() - t)
+    s = summarize(times)
+    return {"bytes": nbytes, "bytes_per_s_best": 2 * nbytes / s["min"],
+            "bytes_per_s_median": 2 * nbytes / s["median"], "seconds": s}
+
+
+def decode_roofline(cfg, batch: int, context: int, *, flops_per_s: float, bytes_per_s: float,
+                    weight_bytes: int = 4, cache_bytes: int = 4) -> dict:
+    """Best-case decode tokens/s of ``batch`` rows at ``context`` tokens of KV cache: each
+    step reads every weight once and the whole cache, and does 2 FLOPs per weight per row
+    plus attention; the step takes the larger of bytes / bandwidth and FLOPs / peak."""
+    params = (cfg.vocab_size * cfg.embed_dim * (1 if cfg.tie_embeddings else 2)
+              + cfg.num_layers * (cfg.embed_dim * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+                                  + cfg.num_heads * cfg.head_dim * cfg.embed_dim
+                                  + 3 * cfg.embed_dim * cfg.mlp_dim))
+    cache = batch * context * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
+    # The embedding lookup reads one row per token, but the unembedding reads the whole table.
+    step_bytes = params * weight_bytes + cache * cache_bytes
+    step_flops = batch * (2 * params + cfg.num_layers * 4 * cfg.num_heads * cfg.head_dim * context)
+    seconds = max(step_bytes / bytes_per_s, step_flops / flops_per_s)
+    return {"tokens_per_s": batch / seconds, "bound": "memory" if step_bytes / bytes_per_s >= step_flops / flops_per_s else "compute",
+            "step_bytes": step_bytes, "step_flops": step_flops}
+
+
 # ============================================================================ models
 
 SMOLLM2 = "smollm2-135m"
