@@ -32,6 +32,21 @@ pays for detokenisation.
   * decode throughput  = B × 127 / (t(128 new tokens) − t(1 new token))
   * end to end         = B × 128 / t(128 new tokens)
 Warm-up (compilation) excluded, reps interleaved t(1), t(128); medians.
+
+Whole GRPO step (`GRPOLearner`, the setting of `bench_grpo_step.py`): P = 2 prompts of 64
+tokens (the same texts, seed 7) × G = 4 samples, 128 new tokens forced to full length,
+temperature 1, β = 0.04, ε = 0.2, μ = 1, Adam-W lr 1e-6, Tunix's default
+sequence-mean-token-mean loss, reward = number of "e" in the decoded completion (the HF
+tokenizer of the export decodes). Actor, rollout and reference on one 1×1 CPU mesh (the
+vanilla rollout engine then samples with the actor's weights: no weight copy); the
+reference is a second copy of the weights. Differences from ours and TRL: no
+rematerialisation (Tunix's remat wraps layers in `nnx.remat`, which its sampler's decode
+loop cannot run: "Cannot mutate Param from a different trace level"); at this size the
+activations fit either way and no remat means less compute. Seconds per step are timed
+around the learner's global step, median over the steps after two warm-up steps (the
+second compiles again: the first update moves the params onto the mesh);
+sampling and reference are timed around `RLCluster.generate` and
+`RLCluster.get_ref_per_token_logps`, update = step − sampling − reference.
 """
 
 from __future__ import annotations
@@ -53,6 +68,11 @@ import common
 LOGIT_TOL = 5e-3
 CHECK_PROMPTS = 2  # prompts of the smallest batch used for the logits check
 EOS_ID = 2
+GRPO_PROMPTS, GRPO_GROUP, GRPO_SEED = 2, 4, 7  # as bench_grpo_step.py
+# Two warm-up steps: the first update changes the params' sharding (loaded unsharded, the
+# trainer returns them on the mesh), so the second step compiles the sampler and the
+# reference forward again.
+GRPO_WARMUP = 2
 
 
 # ============================================================================ pure helpers
@@ -110,7 +130,8 @@ class FixedIdsTokenizer:
         self.table = {t: list(map(int, i)) for t, i in zip(texts, ids)}
         self.eos = eos_id
 
-    def encode(self, text: str, **_) -> list[int]:
+    def encode(self, text, **_) -> list[int]:
+        text = str(text)  # the GRPO learner passes numpy string scalars
         if text not in self.table:
             raise KeyError(f"no reference ids for prompt {text[:40]!r}")
         return list(self.table[text])
@@ -145,6 +166,8 @@ def prepare(out_dir: Path, batches: list[int], plen: int) -> None:
     for b in batches:
         texts, ids = common.fixed_length_prompts(lambda s: tok.encode(s), b, plen, seed=b)
         prompts[str(b)] = {"texts": texts, "ids": ids}
+    texts, ids = common.fixed_length_prompts(lambda s: tok.encode(s), GRPO_PROMPTS, plen, seed=GRPO_SEED)
+    prompts["grpo"] = {"texts": texts, "ids": ids}
     check_ids = prompts[str(min(batches))]["ids"][:CHECK_PROMPTS]
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -256,6 +279,104 @@ def measure(run, texts, new_tokens: int, reps: int) -> dict:
             "decode_rates": common.summarize(decode) if decode else None}
 
 
+def force_full_length() -> None:
+    """The GRPO learner's rollouts call `Sampler.__call__` without forbidden tokens; forbid
+    end-of-sequence there too so every completion is full length, like the other sides."""
+    from tunix.generate import sampler as sampler_lib
+
+    call = getattr(sampler_lib.Sampler.__call__, "_unpatched", sampler_lib.Sampler.__call__)
+
+    def patched(self, *a, **k):
+        k.setdefault("forbidden_tokens", [EOS_ID])
+        return call(self, *a, **k)
+
+    patched._unpatched = call
+    sampler_lib.Sampler.__call__ = patched
+
+
+def grpo_steps(hf_dir: str, texts, ids, *, new_tokens: int, steps: int, plen: int) -> list[dict]:
+    """Per-step phase seconds of `steps` GRPOLearner global steps (the first compiles)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from transformers import AutoTokenizer
+    from tunix.models.llama3 import model as llama
+    from tunix.models.llama3 import params as llama_params
+    from tunix.rl import rl_cluster as rlc
+    from tunix.rl.grpo import grpo_learner
+    from tunix.rl.rollout import base_rollout
+
+    force_full_length()
+    hf_tok = AutoTokenizer.from_pretrained(hf_dir)
+
+    class Tokenizer(FixedIdsTokenizer):
+        def decode(self, ids, **_):  # the reward reads the text
+            return hf_tok.decode(list(map(int, ids)))
+
+    cfg, reference = load_tunix(hf_dir)
+    cfg = dataclasses.replace(cfg, remat_config=llama.RematConfig.NONE)
+    actor = llama_params.create_model_from_safe_tensors(hf_dir, cfg, mesh=None, dtype=jnp.float32)
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    roles = (rlc.Role.ACTOR, rlc.Role.REFERENCE, rlc.Role.ROLLOUT)
+    cluster = rlc.RLCluster(
+        actor=actor, reference=reference, tokenizer=Tokenizer(texts, ids),
+        cluster_config=rlc.ClusterConfig(
+            role_to_mesh={r: mesh for r in roles}, rollout_engine="vanilla", offload_to_cpu=False,
+            training_config=rlc.RLTrainingConfig(actor_optimizer=optax.adamw(1e-6),
+                                                 eval_every_n_steps=10 ** 9, max_steps=steps),
+            rollout_config=base_rollout.RolloutConfig(
+                max_tokens_to_generate=new_tokens, max_prompt_length=plen, kv_cache_size=plen + new_tokens,
+                temperature=1.0, top_p=1.0, top_k=0, eos_tokens=[EOS_ID])))
+    learner = grpo_learner.GRPOLearner(
+        rl_cluster=cluster,
+        algo_config=grpo_learner.GRPOConfig(num_generations=GRPO_GROUP, num_iterations=1, beta=0.04,
+                                            epsilon=0.2),
+        reward_fns=lambda prompts, completions, **_: [common.count_letter_reward(c) for c in completions])
+
+    current: dict[str, float] = {}
+    out: list[dict] = []
+
+    def timed(obj, name, phase, check=None):
+        inner = getattr(obj, name)
+
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            result = jax.block_until_ready(inner(*a, **k))
+            current[phase] = current.get(phase, 0.0) + time.perf_counter() - start
+            if check:
+                check(result)
+            return result
+
+        setattr(obj, name, wrapper)
+
+    def full_length(rollout):
+        lengths = {len(t) for t in rollout.tokens}
+        if lengths != {new_tokens}:
+            raise RuntimeError(f"GRPO completions of lengths {sorted(lengths)}, not {new_tokens}")
+
+    timed(cluster, "generate", "sampling", full_length)
+    timed(cluster, "get_ref_per_token_logps", "reference")
+    global_step = learner._run_global_step  # the learner's own step, whole (no public hook)
+
+    def step(*a, **k):
+        current.clear()
+        start = time.perf_counter()
+        result = global_step(*a, **k)
+        current["step"] = time.perf_counter() - start
+        current["update"] = current["step"] - current.get("sampling", 0.0) - current.get("reference", 0.0)
+        out.append(dict(current))
+        return result
+
+    learner._run_global_step = step
+    learner.train([{"prompts": np.array(texts)} for _ in range(steps)])
+    if len(out) != steps:
+        raise RuntimeError(f"GRPOLearner ran {len(out)} steps, not {steps}")
+    return out
+
+
 def cpu_model() -> str:
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
@@ -273,6 +394,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=None, help="default 128; quick 16")
     ap.add_argument("--ref-python", default=os.environ.get("GRPO_JAX_PYTHON", str(common.ROOT / ".venv/bin/python")),
                     help="python of the project's venv, for the reference step (transformers, our tokenizer)")
+    ap.add_argument("--no-grpo", action="store_true", help="skip the GRPOLearner whole step")
     ap.add_argument("--prepare", metavar="DIR", help=argparse_suppress())
     args = ap.parse_args(argv)
     batches = [int(b) for b in (args.batches or ("8" if args.quick else "8,32")).split(",")]
@@ -353,7 +475,35 @@ def main(argv=None) -> int:
     rep.emit("Tunix runs in its own process and venv, not interleaved with ours: compare with "
              "the rollout benchmark's numbers from the same `make bench` run (same machine, "
              "minutes apart).")
+    rep.emit()
+    if not args.no_grpo:
+        grpo_section(rep, meta["hf_dir"], prompts["grpo"], n, reps, plen)
     return rep.finish()
+
+
+def grpo_section(rep, hf_dir: str, prompts: dict, n: int, reps: int, plen: int) -> None:
+    rep.emit(f"### Tunix `GRPOLearner` whole step: {GRPO_PROMPTS} prompts × G={GRPO_GROUP}, {plen}-token "
+             f"prompts, {n} new tokens (full length), β=0.04; median of {reps} steps after {GRPO_WARMUP} "
+             "warm-up steps")
+    rep.emit()
+    start = time.perf_counter()
+    try:
+        steps = grpo_steps(hf_dir, prompts["texts"], prompts["ids"], new_tokens=n, steps=reps + GRPO_WARMUP,
+                           plen=plen)
+    except Exception as e:  # noqa: BLE001 - the sampler results above stand on their own
+        rep.emit(f"**GRPO step not measured:** {type(e).__name__}: {str(e)[:500]}")
+        rep.emit()
+        return
+    phases = ("sampling", "reference", "update", "step")
+    s = {k: common.summarize([x.get(k, 0.0) for x in steps[GRPO_WARMUP:]]) for k in phases}
+    rep.table(["", *(f"{k} s" for k in phases)], [["Tunix GRPOLearner", *(common.spread(s[k]) for k in phases)]])
+    rep.emit(f"Warm-up steps (excluded): {', '.join(f'{x['step']:.0f} s' for x in steps[:GRPO_WARMUP])}; "
+             f"{time.perf_counter() - start:.0f} s in all.")
+    rep.emit()
+    rep.results["grpo_step_seconds_tunix"] = s["step"]["median"]
+    for k in ("sampling", "reference", "update"):
+        rep.results[f"grpo_step_{k}_seconds_tunix"] = s[k]["median"]
+    rep.details["grpo_steps"] = steps
 
 
 def argparse_suppress():
