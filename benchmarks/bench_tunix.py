@@ -497,7 +497,8 @@ def grpo_section(rep, hf_dir: str, prompts: dict, n: int, reps: int, plen: int) 
     phases = ("sampling", "reference", "update", "step")
     s = {k: common.summarize([x.get(k, 0.0) for x in steps[GRPO_WARMUP:]]) for k in phases}
     rep.table(["", *(f"{k} s" for k in phases)], [["Tunix GRPOLearner", *(common.spread(s[k]) for k in phases)]])
-    rep.emit(f"Warm-up steps (excluded): {', '.join(f'{x['step']:.0f} s' for x in steps[:GRPO_WARMUP])}; "
+    warm = ", ".join(f"{x['step']:.0f} s" for x in steps[:GRPO_WARMUP])
+    rep.emit(f"Warm-up steps (excluded): {warm}; "
              f"{time.perf_counter() - start:.0f} s in all.")
     rep.emit()
     rep.results["grpo_step_seconds_tunix"] = s["step"]["median"]
