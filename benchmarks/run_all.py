@@ -77,6 +77,8 @@ SUMMARY = [
      "fsdp8_per_device_peak_bytes", "fsdp1_per_device_peak_bytes", "bytes"),
     ("grpo_step_speedup_vs_trl", "Whole GRPO step seconds, SmolLM2 (speedup = TRL / ours)", (">=", 2.0),
      "grpo_step_seconds_ours", "grpo_step_seconds_trl", "s"),
+    ("grpo_step_speedup_vs_tunix", "Whole GRPO step seconds, SmolLM2 (speedup = Tunix GRPOLearner / ours)", None,
+     "grpo_step_seconds_ours", "grpo_step_seconds_tunix", "s"),
     ("chunked_logprob_vs_naive_peak_bytes_ratio", "Loss-path peak bytes, chunked log-probs / [B,T,V] logits", None,
      "chunked_logprob_peak_bytes", "naive_logprob_peak_bytes", "bytes"),
 ]
@@ -208,6 +210,8 @@ def summary_rows(results: dict) -> tuple[list[list[str]], dict]:
                        results.get(f"tunix_{kind}_tokens_per_s_b{b}"))
         if ours and tunix:
             results[f"{kind}_ratio_vs_tunix_b{b}"] = ours / tunix
+    if results.get("grpo_step_seconds_ours") and results.get("grpo_step_seconds_tunix"):
+        results["grpo_step_speedup_vs_tunix"] = results["grpo_step_seconds_tunix"] / results["grpo_step_seconds_ours"]
     rows, targets = [], {}
     for key, label, target, ours_key, theirs_key, kind in SUMMARY:
         ratio = _value(results, key, b)

@@ -68,6 +68,9 @@ def test_run_all_compares_with_tunix_and_skips_without_its_venv(bench, monkeypat
     assert row[3] == "2.67×" and row[5] == "**met**"
     assert targets["decode_ratio_vs_tunix_b{b}"]["met"]
     assert results["prefill_ratio_vs_tunix_b32"] == pytest.approx(0.9)
+    results = {"grpo_step_seconds_ours": 10.0, "grpo_step_seconds_tunix": 25.0}
+    run_all.summary_rows(results)
+    assert results["grpo_step_speedup_vs_tunix"] == pytest.approx(2.5)  # Tunix seconds / ours
     rows, _ = run_all.summary_rows({"decode_ratio_batch": 32, "decode_tokens_per_s_ours_b32": 400.0})
     assert next(r for r in rows if "vs Tunix" in r[0] and "decode" in r[0])[5] == "not measured"
 
