@@ -44,7 +44,7 @@ rematerialisation (Tunix's remat wraps layers in `nnx.remat`, which its sampler'
 loop cannot run: "Cannot mutate Param from a different trace level"); at this size the
 activations fit either way and no remat means less compute. Seconds per step are timed
 around the learner's global step, median over the steps after two warm-up steps (the
-second compiles again: the first update moves the params onto the mesh);
+second is still a few seconds slower than the rest);
 sampling and reference are timed around `RLCluster.generate` and
 `RLCluster.get_ref_per_token_logps`, update = step − sampling − reference.
 """
@@ -69,9 +69,9 @@ LOGIT_TOL = 5e-3
 CHECK_PROMPTS = 2  # prompts of the smallest batch used for the logits check
 EOS_ID = 2
 GRPO_PROMPTS, GRPO_GROUP, GRPO_SEED = 2, 4, 7  # as bench_grpo_step.py
-# Two warm-up steps: the first update changes the params' sharding (loaded unsharded, the
-# trainer returns them on the mesh), so the second step compiles the sampler and the
-# reference forward again.
+# Two warm-up steps: besides the first (compiling, ~2x), the second is still slower than the
+# rest (measured on AMD EPYC: 57, 32, then 28-30 s; the extra is in its update phase, 17 s
+# vs 14-15 s), so it is no steady-state step either.
 GRPO_WARMUP = 2
 
 
@@ -403,7 +403,6 @@ def main(argv=None) -> int:
         prepare(Path(args.prepare), batches, plen)
         return 0
 
-    import jax
     import numpy as np
 
     reps = common.reps_of(args, full=3, quick=1)
