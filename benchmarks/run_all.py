@@ -5,7 +5,8 @@ XLA flags: the memory benchmark gets 8 fake CPU devices), one after the other, n
 at once. Scripts of this suite write their results as JSON (`--json`); others (the
 sampler's `bench_sampler.py`) are run with `--out` / stdout and their markdown is
 included as is. A benchmark that fails or times out is reported as such; the rest still
-run.
+run. `bench_tunix.py` (Tunix, the JAX peer) runs with the python of its own venv, `.venv-tunix`
+(`make tunix-env`); when that venv is missing it is reported as skipped.
 
 Output:
   benchmarks/RESULTS.md   summary table (ours, theirs, ratio, target, met?), notes on

@@ -29,8 +29,9 @@ def test_logit_check_passes_close_logits_and_refuses_wrong_ones(bench):
     assert bt.logit_max_abs_diff(ref + 1e-4, ref) == pytest.approx(1e-4, rel=1e-2)
     wrong = ref.copy()
     wrong[1, 3, 2] += 11.5  # the size of the error an unpatched RoPE theta gives
-    with pytest.raises(bt.LogitCheckFailed, match="refusing to time"):
+    with pytest.raises(bt.LogitCheckFailed, match="refusing to time") as failed:
         bt.logit_max_abs_diff(wrong, ref)
+    assert failed.value.diff == pytest.approx(11.5, rel=1e-5)  # reported, not just refused
     nan = ref.copy()
     nan[0, 0, 0] = np.nan
     with pytest.raises(bt.LogitCheckFailed):
