@@ -6,7 +6,7 @@ STAMP_LIB := $(VENV)/.installed-lib
 STAMP_TEST := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 
-.PHONY: install install-test test demo bench clean tpu-check
+.PHONY: install install-test test demo bench clean tpu-check tunix-env
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -36,6 +36,11 @@ tpu-check: $(STAMP_TEST)
 # for TPU metadata this machine does not have.
 demo: $(STAMP_LIB)
 	JAX_PLATFORMS=cpu $(PY) experiments/quickstart.py
+
+# Tunix (the JAX peer in the benchmarks) lives in its own venv, .venv-tunix; `make bench`
+# runs it when that venv exists and reports it as skipped otherwise.
+tunix-env:
+	bash benchmarks/tunix_env.sh
 
 bench: $(STAMP_TEST)
 	$(PY) benchmarks/run_all.py

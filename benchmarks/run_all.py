@@ -5,7 +5,8 @@ XLA flags: the memory benchmark gets 8 fake CPU devices), one after the other, n
 at once. Scripts of this suite write their results as JSON (`--json`); others (the
 sampler's `bench_sampler.py`) are run with `--out` / stdout and their markdown is
 included as is. A benchmark that fails or times out is reported as such; the rest still
-run.
+run. `bench_tunix.py` (Tunix, the JAX peer) runs with the python of its own venv, `.venv-tunix`
+(`make tunix-env`); when that venv is missing it is reported as skipped.
 
 Output:
   benchmarks/RESULTS.md   summary table (ours, theirs, ratio, target, met?), notes on
@@ -35,6 +36,7 @@ from grpo_jax.errors import ConfigError
 # name -> (script, extra environment); the order is the run order.
 SUITE = {
     "rollout": ("bench_rollout.py", {}),
+    "tunix": ("bench_tunix.py", {}),  # right after rollout: the two are compared
     "train_step": ("bench_train_step.py", {}),
     "grpo_step": ("bench_grpo_step.py", {}),
     "memory": ("bench_memory.py", {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}),
@@ -42,6 +44,13 @@ SUITE = {
 }
 # Benchmarks written by others that speak `--quick` and `--out FILE` (markdown) only.
 MARKDOWN_ONLY = {"sampler": "bench_sampler.py"}
+# Benchmarks whose library conflicts with the project's pins run with another venv's python:
+# name -> (python, command that creates that venv). A missing venv makes the benchmark
+# "skipped" (with that command in the report), never a failure of the whole suite.
+OTHER_VENV = {
+    "tunix": (Path(os.environ.get("TUNIX_VENV", common.ROOT / ".venv-tunix")) / "bin" / "python",
+              "`make tunix-env` (or `bash benchmarks/tunix_env.sh`)"),
+}
 
 # key, label, target (op, value) or None, how to show ours / theirs
 SUMMARY = [
@@ -51,6 +60,10 @@ SUMMARY = [
      (">=", 0.5), "decode_tokens_per_s_ours_b{b}", "decode_roofline_tokens_per_s_b{b}", "tok/s"),
     ("prefill_ratio_b{b}", "Rollout prefill tok/s, batch 32 (vs transformers)", (">=", 1.0),
      "prefill_tokens_per_s_ours_b{b}", "prefill_tokens_per_s_transformers_b{b}", "tok/s"),
+    ("decode_ratio_vs_tunix_b{b}", "Rollout decode tok/s, batch 32 (vs Tunix `Sampler`)", (">=", 2.0),
+     "decode_tokens_per_s_ours_b{b}", "tunix_decode_tokens_per_s_b{b}", "tok/s"),
+    ("prefill_ratio_vs_tunix_b{b}", "Rollout prefill tok/s, batch 32 (vs Tunix `Sampler`)", None,
+     "prefill_tokens_per_s_ours_b{b}", "tunix_prefill_tokens_per_s_b{b}", "tok/s"),
     ("train_tokens_per_s_ratio_vs_torch", "GRPO update tok/s, SmolLM2 (vs plain torch/transformers)", (">=", 1.0),
      "train_tokens_per_s_ours", "train_tokens_per_s_torch", "tok/s"),
     ("train_tokens_per_s_ratio_vs_trl", "GRPO update tok/s, SmolLM2 (vs TRL GRPOTrainer, pre-generated completions)", None,
@@ -67,6 +80,8 @@ SUMMARY = [
      "fsdp8_per_device_peak_bytes", "fsdp1_per_device_peak_bytes", "bytes"),
     ("grpo_step_speedup_vs_trl", "Whole GRPO step seconds, SmolLM2 (speedup = TRL / ours)", (">=", 2.0),
      "grpo_step_seconds_ours", "grpo_step_seconds_trl", "s"),
+    ("grpo_step_speedup_vs_tunix", "Whole GRPO step seconds, SmolLM2 (speedup = Tunix GRPOLearner / ours)", None,
+     "grpo_step_seconds_ours", "grpo_step_seconds_tunix", "s"),
     ("chunked_logprob_vs_naive_peak_bytes_ratio", "Loss-path peak bytes, chunked log-probs / [B,T,V] logits", None,
      "chunked_logprob_peak_bytes", "naive_logprob_peak_bytes", "bytes"),
 ]
@@ -102,6 +117,10 @@ NOTES = {
         "Parameters and optimiser state shard 8 ways, but activations only shard with the "
         "batch (16 rows / 2 micro-batches = 1 row per device) and each layer's gathered "
         "weights are full-size while in use, so the temporaries do not fall by 8."),
+    "decode_ratio_vs_tunix_b{b}": (
+        "Tunix runs in its own venv and process (its pins conflict with ours), a few minutes "
+        "after the rollout benchmark rather than interleaved with it: a load change between "
+        "the two moves this ratio; see the load average of both runs."),
     "grpo_step_speedup_vs_trl": (
         "The step is dominated by sampling 128 tokens one at a time at batch 8, where the "
         "per-token cost is the model's weights and the vocabulary-wide sampling, shared by "
@@ -113,7 +132,18 @@ def run_one(name: str, script: str, env_extra: dict, args, out_dir: Path) -> dic
     path = common.BENCH_DIR / script
     json_path = out_dir / f"{name}.json"
     md_path = out_dir / f"{name}.md"
-    cmd = [sys.executable, str(path)]
+    python = sys.executable
+    if name in OTHER_VENV:
+        python, create = OTHER_VENV[name]
+        if not Path(python).exists():
+            reason = f"{python} does not exist; create it with {create}"
+            print(f"\n=== {name}: skipped ({reason})", flush=True)
+            return {"name": name, "script": script, "command": f"{python} benchmarks/{script}",
+                    "returncode": "skipped", "skipped": reason, "seconds": 0.0,
+                    "load_start": os.getloadavg(), "load_end": os.getloadavg(), "ok": True}
+    cmd = [str(python), str(path)]
+    if name in OTHER_VENV:
+        cmd += ["--ref-python", sys.executable]  # its reference step needs the project's venv
     if args.quick:
         cmd.append("--quick")
     cmd += ["--out", str(md_path)] if name in MARKDOWN_ONLY else ["--json", str(json_path)]
@@ -143,7 +173,8 @@ def run_one(name: str, script: str, env_extra: dict, args, out_dir: Path) -> dic
             watchdog.cancel()
         if timed_out:
             rc = "timeout"
-    out = {"name": name, "script": script, "command": " ".join(["python", f"benchmarks/{script}"] + cmd[2:]),
+    shown = "python" if name not in OTHER_VENV else os.path.relpath(python, common.ROOT)
+    out = {"name": name, "script": script, "command": " ".join([shown, f"benchmarks/{script}"] + cmd[2:]),
            "returncode": rc, "seconds": time.time() - start, "load_start": load0, "load_end": os.getloadavg(),
            "ok": rc == 0}
     if json_path.exists():
@@ -177,6 +208,13 @@ def summary_rows(results: dict) -> tuple[list[list[str]], dict]:
     if results.get(f"prefill_tokens_per_s_transformers_b{b}"):
         results[f"prefill_ratio_b{b}"] = (results[f"prefill_tokens_per_s_ours_b{b}"]
                                           / results[f"prefill_tokens_per_s_transformers_b{b}"])
+    for kind in ("decode", "prefill"):  # Tunix's numbers come from another process
+        ours, tunix = (results.get(f"{kind}_tokens_per_s_ours_b{b}"),
+                       results.get(f"tunix_{kind}_tokens_per_s_b{b}"))
+        if ours and tunix:
+            results[f"{kind}_ratio_vs_tunix_b{b}"] = ours / tunix
+    if results.get("grpo_step_seconds_ours") and results.get("grpo_step_seconds_tunix"):
+        results["grpo_step_speedup_vs_tunix"] = results["grpo_step_seconds_tunix"] / results["grpo_step_seconds_ours"]
     rows, targets = [], {}
     for key, label, target, ours_key, theirs_key, kind in SUMMARY:
         ratio = _value(results, key, b)
@@ -204,6 +242,12 @@ def summary_rows(results: dict) -> tuple[list[list[str]], dict]:
     return rows, targets
 
 
+def _status(run: dict) -> str:
+    if run.get("skipped"):
+        return "skipped (venv missing)"
+    return "ok" if run["ok"] else f"FAILED ({run['returncode']})"
+
+
 def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir: Path) -> None:
     results: dict = {}
     for r in runs:
@@ -222,7 +266,9 @@ def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir
         f"No accelerator; everything float32 on CPU.", "",
         f"**Versions:** jax {v['jax']}, jaxlib {v['jaxlib']}, flax {v['flax']}, optax {v['optax']}, "
         f"numpy {v['numpy']}; references: torch {v['torch']}, transformers {v['transformers']}, "
-        f"accelerate {v['accelerate']}, trl {v['trl']}.", "",
+        f"accelerate {v['accelerate']}, trl {v['trl']}"
+        + (f"; Tunix peer (own venv): google-tunix {tv.get('google-tunix')}, jax {tv.get('jax')}, "
+           f"flax {tv.get('flax')}" if (tv := results.get("tunix_versions")) else "") + ".", "",
         f"**Load:** 1-minute load average {min(loads):.1f}–{max(loads):.1f} on {machine['cores']} "
         "cores, read at each benchmark's start and end (per benchmark below; a benchmark keeps "
         "every core busy itself). Compared implementations run interleaved (rep by rep) in the "
@@ -242,7 +288,7 @@ def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir
         lines += [extra.read_text().strip(), ""]
     lines += ["## Runs", "",
               common.markdown_table(["benchmark", "command", "status", "wall", "load avg start → end"],
-                                    [[r["name"], f"`{r['command']}`", "ok" if r["ok"] else f"FAILED ({r['returncode']})",
+                                    [[r["name"], f"`{r['command']}`", _status(r),
                                       f"{r['seconds'] / 60:.1f} min", f"{r['load_start'][0]:.1f} → {r['load_end'][0]:.1f}"]
                                      for r in runs]), ""]
     for r in runs:
@@ -250,13 +296,16 @@ def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir
         md = r.get("payload", {}).get("markdown")
         if md:
             lines += [md.strip().replace("\n# ", "\n### ").replace("\n## ", "\n### ").lstrip("# "), ""]
+        if r.get("skipped"):
+            lines += [f"Skipped: {r['skipped']}.", ""]
         if not r["ok"]:
             lines += ["Failed; last lines of its output:", "", "```", r.get("error", ""), "```", ""]
     (out_dir / "RESULTS.md").write_text("\n".join(lines))
     payload = {"mode": "quick" if args.quick else "full", "generated": machine["date"],
                "command": "python benchmarks/run_all.py" + (" --quick" if args.quick else ""),
                "machine": machine, "results": results, "targets": targets,
-               "runs": {r["name"]: {k: r[k] for k in ("command", "ok", "returncode", "seconds", "load_start", "load_end")}
+               "runs": {r["name"]: {k: r[k] for k in ("command", "ok", "returncode", "seconds", "load_start", "load_end",
+                                                      "skipped") if k in r}
                         for r in runs},
                "details": {r["name"]: r.get("payload", {}).get("details") for r in runs},
                "markdown": {r["name"]: r.get("payload", {}).get("markdown") for r in runs},
@@ -302,7 +351,7 @@ def main(argv=None) -> int:
     if args.render:
         return render(Path(args.render), args)
     suite = {**{k: v for k, v in SUITE.items()}, **{k: (s, {}) for k, s in MARKDOWN_ONLY.items()}}
-    known = {s for s, _ in suite.values()}
+    known = {s for s, _ in suite.values()}  # includes bench_tunix.py: never run with our python
     for path in sorted(common.BENCH_DIR.glob("bench_*.py")):  # any other benchmark script
         if path.name not in known:
             MARKDOWN_ONLY[path.stem[len("bench_"):]] = path.name
