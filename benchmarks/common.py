@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch / OpenMP initialise
+# The benchmarks measure CPUs: with libtpu installed (make test) jax would first probe for a TPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
