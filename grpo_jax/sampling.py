@@ -158,20 +158,16 @@ def _prefill_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.
     block's first slot."""
     rows = num_prompts * group_size
     per_shard = _round_up(rows, degree) // degree
-    needs = []
-    for shard in range(degree):
-        first, last = shard * per_shard, min((shard + 1) * per_shard, rows) - 1
-        needs.append(list(range(first // group_size, last // group_size + 1)) if first <= last else [])
-    k = max(1, max(len(n) for n in needs))
-    slot_prompt = np.full((degree * k,), -1, np.int32)
-    src = np.empty((degree * per_shard,), np.int32)
-    for shard, prompts in enumerate(needs):
-        slot_prompt[shard * k: shard * k + len(prompts)] = prompts
-        for i in range(per_shard):
-            r = shard * per_shard + i
-            local = r // group_size - prompts[0] if r < rows else 0
-            src[r] = shard * k + local
-    return slot_prompt, src
+    shard = np.arange(degree)
+    first = shard * per_shard // group_size  # first prompt of each shard's rows
+    last = (np.minimum((shard + 1) * per_shard, rows) - 1) // group_size
+    count = np.where(shard * per_shard < rows, last - first + 1, 0)
+    k = max(1, int(count.max()))
+    j = np.arange(k)
+    slot_prompt = np.where(j < count[:, None], first[:, None] + j, -1).reshape(-1).astype(np.int32)
+    r = np.arange(degree * per_shard)
+    local = np.where(r < rows, r // group_size - first[r // per_shard], 0)
+    return slot_prompt, (r // per_shard * k + local).astype(np.int32)
 
 
 def _global_key(key, mesh: Mesh):
@@ -236,24 +232,18 @@ class _HostBatch:
     completion_bucket: int
 
 
-def _left_pad(prompts: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, mask) [len(prompts), width], each prompt right-aligned."""
-    tokens = np.full((len(prompts), width), pad_id, np.int32)
-    mask = np.zeros((len(prompts), width), bool)
-    for i, p in enumerate(prompts):
-        tokens[i, width - len(p):] = p
-        mask[i, width - len(p):] = True
-    return tokens, mask
-
-
 def _host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, pad_id: int,
                 mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0) -> _HostBatch:
     """Left-pad the prompts into `prompt_bucket`, lay them out for the prefill
     (`_prefill_layout`) and lay out the (padded) sample rows, whose randomness indices start
     at `row_offset` (the call's first row in the whole batch)."""
     slot_prompt, src = _prefill_layout(len(prompts), group_size, _batch_degree(mesh))
-    # One extra all-pad, fully masked row for the dummy slots.
-    tokens, mask = _left_pad(prompts + [[]], prompt_bucket, pad_id)
+    # Row -1 (the dummy slots' prompt) stays all pad and fully masked.
+    tokens = np.full((len(prompts) + 1, prompt_bucket), pad_id, np.int32)
+    mask = np.zeros((len(prompts) + 1, prompt_bucket), bool)
+    for i, p in enumerate(prompts):
+        tokens[i, prompt_bucket - len(p):] = p
+        mask[i, prompt_bucket - len(p):] = True
     tokens, mask = tokens[slot_prompt], mask[slot_prompt]
     bp = len(src)
     valid = np.arange(bp) < len(prompts) * group_size
@@ -639,8 +629,8 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     if tokens.shape != (rows, max_new_tokens):
         tokens, mask, logps = (x[:rows, :max_new_tokens] for x in (tokens, mask, logps))
         finished = finished[:rows]
-    prompt_tokens, prompt_mask = (np.repeat(x, group_size, axis=0)
-                                  for x in _left_pad(prompts, tp, pad_id))
+    # Each sample row's prompt is its prefill slot's.
+    prompt_tokens, prompt_mask = (x[host.src_rows[:rows]] for x in (host.prompt_tokens, host.prompt_mask))
     if mesh is None:
         prompt_tokens, prompt_mask = jnp.asarray(prompt_tokens), jnp.asarray(prompt_mask)
     else:
