@@ -2,7 +2,7 @@
 
 The SmolLM2 version of `bench_sampler.py` (which uses random weights and also compares
 rolled/unrolled decode and shared/unshared prefill): this script reuses its runners and
-its `measure` (interleaved reps, warm-up excluded, medians), swapping in the imported
+`common.rollout_rates` (interleaved reps, warm-up excluded, medians), swapping in the imported
 SmolLM2-135M-Instruct weights on both sides (`transformers` loads the same weights from
 an HF export of our params).
 
@@ -20,7 +20,7 @@ import time
 
 import common  # sets OMP_WAIT_POLICY before jax and torch load
 
-import bench_sampler  # the sampler engineer's benchmark: runners + measure
+import bench_sampler  # the sampler engineer's benchmark: its runners
 
 
 class SmolJax(bench_sampler.JaxRunner):
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         for r in runners.values():
             r.times = {}
         start = time.perf_counter()
-        res = bench_sampler.measure(runners, prompts, n, reps)
+        res = common.rollout_rates(runners, prompts, n, reps)
         j, t = res["jax"], res["torch"]
         rates = {k: common.summarize(r.decode_rates(batch, n, skip=1)) for k, r in runners.items()}
         ratio = j["decode"] / t["decode"]

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch / OpenMP initialise
 
+import common  # before jax and torch: sets OMP_WAIT_POLICY
 import jax
 import numpy as np
 
@@ -102,27 +102,6 @@ class TorchRunner:
 
 # ----------------------------------------------------------------------------- measuring
 
-def measure(runners: dict, prompts, new_tokens: int, reps: int) -> dict:
-    """Interleaved reps of t(1 new token) and t(N) for every runner (a callable
-    (prompts, new_tokens) -> seconds); returns throughputs from the medians, per runner."""
-    for run in runners.values():  # warm-up / compile, excluded
-        run(prompts, 1)
-        run(prompts, new_tokens)
-    samples = {name: {"t1": [], "tn": []} for name in runners}
-    for _ in range(reps):
-        for name, run in runners.items():
-            samples[name]["t1"].append(run(prompts, 1))
-            samples[name]["tn"].append(run(prompts, new_tokens))
-    batch, plen = len(prompts), len(prompts[0])
-    out = {}
-    for name, s in samples.items():
-        t1, tn = statistics.median(s["t1"]), statistics.median(s["tn"])
-        decode = statistics.median([b - a for a, b in zip(s["t1"], s["tn"])])
-        out[name] = {"prefill": batch * plen / t1, "decode": batch * (new_tokens - 1) / decode,
-                     "e2e": batch * new_tokens / tn, "t1": t1, "tn": tn}
-    return out
-
-
 def fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
@@ -191,7 +170,7 @@ def compare(args, emit, jax_runners, batches, reps):
         if not args.no_torch:
             runners["torch"] = TorchRunner(cfg, args.threads)
         for batch in batches:
-            r = measure(runners, _prompts(cfg, batch, plen), n, reps)
+            r = common.rollout_rates(runners, _prompts(cfg, batch, plen), n, reps)
             j, t = r["jax"], r.get("torch")
             if t is None:
                 emit(f"| {name} | {batch} | {fmt(j['prefill'])} | – | {fmt(j['decode'])} | – | – | {fmt(j['e2e'])} | – | – |")
@@ -213,7 +192,7 @@ def unroll(args, emit, jax_run, name, batches, reps):
         prompts = _prompts(cfg, batch, plen)
         rolled = {"unrolled": lambda p, k: jax_run(p, k, unroll=True),
                   "rolled": lambda p, k: jax_run(p, k, unroll=False)}
-        r = measure(rolled, prompts, n, reps)
+        r = common.rollout_rates(rolled, prompts, n, reps)
         emit(f"| {batch} | {fmt(r['unrolled']['decode'])} | {fmt(r['rolled']['decode'])} | "
              f"{r['unrolled']['decode'] / r['rolled']['decode']:.2f}× |")
 
@@ -230,7 +209,7 @@ def group(args, emit, jax_run, name, batch, reps):
     repeated = [p for p in prompts for _ in range(g)]
     variants = {"shared (P prompts, then cache × G)": lambda p, k: jax_run(prompts, k, group_size=g),
                 "unshared (P × G prompts)": lambda p, k: jax_run(repeated, k, group_size=1)}
-    r = measure(variants, repeated, n, reps)
+    r = common.rollout_rates(variants, repeated, n, reps)
     for label, v in r.items():
         emit(f"| {label} | {fmt(v['t1'] * 1e3)} | {fmt(v['tn'] * 1e3)} | {fmt(v['e2e'])} |")
     shared, unshared = r.values()

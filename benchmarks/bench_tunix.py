@@ -51,6 +51,7 @@ sampling and reference are timed around `RLCluster.generate` and
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -265,22 +266,6 @@ class TunixRunner:
         return elapsed
 
 
-def measure(run, texts, new_tokens: int, reps: int) -> dict:
-    run(texts, 1)  # warm-up: one compile per new-token count
-    run(texts, new_tokens)
-    t1, tn = [], []
-    for _ in range(reps):
-        t1.append(run(texts, 1))
-        tn.append(run(texts, new_tokens))
-    b, plen = len(texts), run.plen
-    decode = [b * (new_tokens - 1) / (y - x) for x, y in zip(t1, tn) if y > x]
-    s1, sn = common.summarize(t1), common.summarize(tn)
-    sd = common.summarize([y - x for x, y in zip(t1, tn)])
-    return {"prefill": b * plen / s1["median"], "decode": b * (new_tokens - 1) / sd["median"],
-            "e2e": b * new_tokens / sn["median"], "t1": s1, "tn": sn,
-            "decode_rates": common.summarize(decode) if decode else None}
-
-
 def force_full_length() -> None:
     """The GRPO learner's rollouts call `Sampler.__call__` without forbidden tokens; forbid
     end-of-sequence there too so every completion is full length, like the other sides."""
@@ -379,16 +364,6 @@ def grpo_steps(hf_dir: str, texts, ids, *, new_tokens: int, steps: int, plen: in
     return out
 
 
-def cpu_model() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return common.machine_info()["cpu"]
-
-
 def main(argv=None) -> int:
     ap = common.base_parser(__doc__)
     ap.add_argument("--batches", default=None, help="comma list (default 8,32; quick 8)")
@@ -399,7 +374,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-grpo", action="store_true", help="skip the GRPOLearner whole step")
     ap.add_argument("--no-rope-patch", action="store_true",
                     help="Tunix's Llama as shipped (RoPE theta 1e6): shows the logits check refusing it")
-    ap.add_argument("--prepare", metavar="DIR", help=argparse_suppress())
+    ap.add_argument("--prepare", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     batches = [int(b) for b in (args.batches or ("8" if args.quick else "8,32")).split(",")]
     plen = args.prompt_len
@@ -413,7 +388,8 @@ def main(argv=None) -> int:
     n = args.new_tokens or (16 if args.quick else 128)
     rep = common.Report("tunix", args)
     versions = {m: common._version(m) for m in ("google-tunix", "jax", "jaxlib", "flax", "numpy", "safetensors")}
-    cpu = cpu_model()
+    machine = common.machine_info()
+    cpu = machine["cpu"]
     rep.emit(f"## Tunix {versions['google-tunix']} vanilla `Sampler`: SmolLM2-135M (imported weights), prompts "
              f"of {plen} tokens, {n} new tokens (full length), temperature 1, top-p 1, float32; median of "
              f"{reps} reps")
@@ -421,7 +397,7 @@ def main(argv=None) -> int:
     rep.emit(f"CPU: {cpu}; load average {os.getloadavg()[0]:.1f} at start; jax {versions['jax']}, "
              f"flax {versions['flax']}, safetensors {versions['safetensors']} (Tunix's own venv).")
     rep.emit()
-    rep.results.update({"tunix_cpu_model": cpu, "tunix_cpu_flags": common.machine_info()["cpu_flags"],
+    rep.results.update({"tunix_cpu_model": cpu, "tunix_cpu_flags": machine["cpu_flags"],
                         "tunix_versions": versions})
 
     with tempfile.TemporaryDirectory(prefix="tunix_ref_") as tmp:
@@ -464,13 +440,15 @@ def main(argv=None) -> int:
             raise SystemExit(f"batch {b}: the prompts must be {plen} tokens without id {EOS_ID}")
         run = TunixRunner(model, cfg, FixedIdsTokenizer(texts, ids), plen, n)
         start = time.perf_counter()
-        res = measure(run, texts, n, reps)
+        res = common.rollout_rates({"tunix": run}, texts, n, reps, prompt_len=plen)["tunix"]
         res["seconds"] = time.perf_counter() - start
+        t1, tn = res["t1_samples"], res["tn_samples"]
+        rates = [b * (n - 1) / (y - x) for x, y in zip(t1, tn) if y > x]
+        res["decode_rates"] = dr = common.summarize(rates) if rates else None
         per_batch[b] = res
-        dr = res["decode_rates"]
         rows.append([b, common.fmt(res["prefill"]),
                      common.fmt(res["decode"]) + (f" ({common.fmt(dr['min'])}–{common.fmt(dr['max'])})" if dr else ""),
-                     common.fmt(res["e2e"]), common.spread(res["t1"]), common.spread(res["tn"])])
+                     common.fmt(res["e2e"]), common.spread(common.summarize(t1)), common.spread(common.summarize(tn))])
         rep.results[f"tunix_decode_tokens_per_s_b{b}"] = res["decode"]
         rep.results[f"tunix_prefill_tokens_per_s_b{b}"] = res["prefill"]
         rep.results[f"tunix_e2e_tokens_per_s_b{b}"] = res["e2e"]
@@ -510,12 +488,6 @@ def grpo_section(rep, hf_dir: str, prompts: dict, n: int, reps: int, plen: int) 
     for k in ("sampling", "reference", "update"):
         rep.results[f"grpo_step_{k}_seconds_tunix"] = s[k]["median"]
     rep.details["grpo_steps"] = steps
-
-
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":

@@ -228,6 +228,43 @@ def peak_bytes(m) -> int:
             + m.temp_size_in_bytes)
 
 
+def rollout_rates(runners: dict, prompts, new_tokens: int, reps: int, *, prompt_len: int | None = None) -> dict:
+    """Interleaved reps of t(1 new token) and t(N) for every runner (a callable
+    (prompts, new_tokens) -> seconds), after one warm-up of each (compiles excluded).
+    Per runner: prefill / decode / end-to-end tokens/s from the medians, the median times
+    and every rep's times (``t1_samples``, ``tn_samples``). ``prompt_len`` defaults to the
+    length of the first prompt (token ids)."""
+    for run in runners.values():
+        run(prompts, 1)
+        run(prompts, new_tokens)
+    samples = {name: {"t1": [], "tn": []} for name in runners}
+    for _ in range(reps):
+        for name, run in runners.items():
+            samples[name]["t1"].append(run(prompts, 1))
+            samples[name]["tn"].append(run(prompts, new_tokens))
+    batch, plen = len(prompts), prompt_len or len(prompts[0])
+    out = {}
+    for name, s in samples.items():
+        t1, tn = statistics.median(s["t1"]), statistics.median(s["tn"])
+        decode = statistics.median([b - a for a, b in zip(s["t1"], s["tn"])])
+        out[name] = {"prefill": batch * plen / t1, "decode": batch * (new_tokens - 1) / decode,
+                     "e2e": batch * new_tokens / tn, "t1": t1, "tn": tn,
+                     "t1_samples": s["t1"], "tn_samples": s["tn"]}
+    return out
+
+
+def _timed_reps(f, *args, reps: int) -> tuple[list[float], list[float]]:
+    """(wall seconds, CPU seconds) of ``reps`` calls of a jitted ``f`` after a warm-up."""
+    f(*args).block_until_ready()
+    times, cpu = [], []
+    for _ in range(reps):
+        t, c = time.perf_counter(), time.process_time()
+        f(*args).block_until_ready()
+        times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return times, cpu
+
+
 def matmul_peak_flops(n: int = 2048, reps: int = 7, dtype: str = "float32") -> dict:
     """Measured float32 matmul throughput of this process's XLA CPU backend: a jitted
     [n,n]@[n,n] (2n³ FLOPs), median and best of `reps` after a warm-up. The best is the
@@ -238,14 +275,7 @@ def matmul_peak_flops(n: int = 2048, reps: int = 7, dtype: str = "float32") -> d
     key = jax.random.key(0)
     a = jax.random.normal(key, (n, n), getattr(jnp, dtype))
     b = jax.random.normal(jax.random.fold_in(key, 1), (n, n), getattr(jnp, dtype))
-    f = jax.jit(lambda x, y: x @ y)
-    f(a, b).block_until_ready()
-    times, cpu = [], []
-    for _ in range(reps):
-        t, c = time.perf_counter(), time.process_time()
-        f(a, b).block_until_ready()
-        times.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
+    times, cpu = _timed_reps(jax.jit(lambda x, y: x @ y), a, b, reps=reps)
     s = summarize(times)
     flops = 2.0 * n ** 3
     return {"n": n, "flops_per_s_best": flops / s["min"], "flops_per_s_median": flops / s["median"],
@@ -261,13 +291,7 @@ def stream_bandwidth(nbytes: int = 512 * 2 ** 20, reps: int = 7) -> dict:
     import jax.numpy as jnp
 
     x = jnp.ones((nbytes // 4,), jnp.float32)
-    f = jax.jit(jnp.sum)
-    f(x).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f(x).block_until_ready()
-        times.append(time.perf_counter() - t)
+    times, _ = _timed_reps(jax.jit(jnp.sum), x, reps=reps)
     s = summarize(times)
     return {"bytes": nbytes, "bytes_per_s_best": nbytes / s["min"],
             "bytes_per_s_median": nbytes / s["median"], "seconds": s}
@@ -278,10 +302,10 @@ def decode_roofline(cfg, batch: int, context: int, *, flops_per_s: float, bytes_
     """Best-case decode tokens/s of ``batch`` rows at ``context`` tokens of KV cache: each
     step reads every weight once and the whole cache, and does 2 FLOPs per weight per row
     plus attention; the step takes the larger of bytes / bandwidth and FLOPs / peak."""
-    params = (cfg.vocab_size * cfg.embed_dim * (1 if cfg.tie_embeddings else 2)
-              + cfg.num_layers * (cfg.embed_dim * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-                                  + cfg.num_heads * cfg.head_dim * cfg.embed_dim
-                                  + 3 * cfg.embed_dim * cfg.mlp_dim))
+    import jax
+    from grpo_jax import model as model_lib
+
+    params = sum(x.size for x in jax.tree.leaves(model_lib.param_shapes(cfg)))
     cache = batch * context * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
     # The embedding lookup reads one row per token, but the unembedding reads the whole table.
     step_bytes = params * weight_bytes + cache * cache_bytes
