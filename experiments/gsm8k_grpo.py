@@ -12,6 +12,7 @@ model (chat prompts, stop tokens, rewards, KL, update, checkpoint), not an impro
     python experiments/gsm8k_grpo.py                                   # 2 questions × G=4, 96 tokens, 3 steps
     python experiments/gsm8k_grpo.py run.steps=20 data.eval_size=64    # longer (slow on a CPU)
     python experiments/gsm8k_grpo.py data.data_dir=/data/gsm8k         # the official GSM8K files
+    python experiments/gsm8k_grpo.py --seeds 0 1 2                     # one run per run.seed
 
 The paper's recipe on a TPU slice (§4.2: lr 1e-6, β = 0.04, G = 64, 1024 questions per
 batch, max length 1024, μ = 1, on DeepSeekMath-Instruct 7B) uses the real `gsm8k` task:
@@ -30,11 +31,14 @@ reward is `grpo_jax.rewards.gsm8k_reward` (1 if the number after `####` — else
 number — equals the reference), and sampling stops at the tokenizer's end-of-turn token
 (`<|im_end|>` for SmolLM2). The run dir gets metrics (JSONL + TensorBoard), a checkpoint,
 summary.json and curves.png; re-running the same command resumes from its checkpoint.
+With `--seeds`, each seed runs in `<run.run_dir>/seed<N>` and `<run.run_dir>/summary.json`
+holds the gains of all seeds with their 95% t-interval.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
@@ -43,6 +47,7 @@ import time
 
 from grpo_jax import config as config_lib  # (no jax import: --help stays instant)
 from grpo_jax.errors import PretrainedError
+from grpo_jax.stats import format_interval
 
 DEFAULT_PRESET = "smollm2-135m"
 # Experiment defaults on top of the smollm2-135m preset (the command line overrides them).
@@ -64,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "deepseekmath-rl-7b (the paper's TPU recipe)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="run.seed values, one run each in <run.run_dir>/seed<N> (default: one run "
+                        "with run.seed, in run.run_dir)")
     return p
 
 
@@ -171,15 +179,10 @@ def main(argv=None) -> dict:
     import jax
 
     from grpo_jax import pretrained
-    from grpo_jax.plots import plot_history
     from grpo_jax.sharding import make_mesh
-    from grpo_jax.evaluation import evaluate
-    from grpo_jax.trainer import Trainer
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    main_process = distributed.is_main_process()
-    say = print if main_process else (lambda *a, **k: None)
-    t_start = time.perf_counter()
+    say = print if distributed.is_main_process() else (lambda *a, **k: None)
     mesh = make_mesh(cfg.mesh)
     runtime = {k: getattr(cfg.model, k) for k in pretrained.RUNTIME_FIELDS}
     say(f"[gsm8k_grpo] loading {cfg.run.pretrained} ({jax.device_count()} {jax.devices()[0].platform} device(s))")
@@ -189,7 +192,31 @@ def main(argv=None) -> dict:
     cfg.model = model_cfg
     cfg.validate()
     tokenizer = ChatTokenizer(tokenizer)
+    if args.seeds is None:
+        return run_seed(args, cfg, params, tokenizer, mesh, say)
+    runs = [run_seed(args, config_lib.apply_overrides(copy.deepcopy(cfg), [
+        f"run.seed={seed}", f"run.run_dir={os.path.join(cfg.run.run_dir, f'seed{seed}')}"]).validate(),
+        params, tokenizer, mesh, say) for seed in args.seeds]
+    gains = [r["accuracy_after"] - r["accuracy_before"] for r in runs]
+    summary = {"seeds": args.seeds, "gain": gains, "runs": runs}
+    if distributed.is_main_process():
+        with open(os.path.join(cfg.run.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    say(f"[gsm8k_grpo] gain in greedy accuracy over seeds {args.seeds}: {format_interval(gains)}; "
+        f"per seed {', '.join(f'{g:+.3f}' for g in gains)}")
+    return summary
 
+
+def run_seed(args, cfg, params, tokenizer, mesh, say) -> dict:
+    """Evaluate, GRPO from `params`, evaluate for one `cfg.run.seed`; writes summary.json and curves.png."""
+    import jax
+
+    from grpo_jax import distributed
+    from grpo_jax.evaluation import evaluate
+    from grpo_jax.plots import plot_history
+    from grpo_jax.trainer import Trainer
+
+    t_start = time.perf_counter()
     base, eval_note = make_base_task(cfg)
     task = chat_task(base, tokenizer)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
@@ -230,11 +257,12 @@ def main(argv=None) -> dict:
                                              if len(step_s) > 1 else None),
         "reward_mean_per_step": [round(h["reward_mean"], 4) for h in history],
         "kl_per_step": [round(h.get("kl", float("nan")), 6) for h in history],
+        "seed": cfg.run.seed,
         "wall_time_s": round(time.perf_counter() - t_start, 1),
         "run_dir": os.path.abspath(cfg.run.run_dir),
         "config": cfg.to_dict(),
     }
-    if main_process:
+    if distributed.is_main_process():
         os.makedirs(cfg.run.run_dir, exist_ok=True)
         with open(os.path.join(cfg.run.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
@@ -250,6 +278,8 @@ def main(argv=None) -> dict:
             f"wall time {summary['wall_time_s']:.0f} s")
         say(f"[gsm8k_grpo] summary: {os.path.join(cfg.run.run_dir, 'summary.json')}\n[gsm8k_grpo] plot:    {png}")
     return summary
+
+
 
 
 if __name__ == "__main__":

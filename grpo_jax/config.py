@@ -247,13 +247,15 @@ class DataConfig:
     max_digits: int = 2
     eval_size: int = 64
     wrong_step_prob: float = 0.3
-    slip: str = "random"  # arithmetic SFT errors: random | carry (systematic; see tasks/arithmetic.py)
+    # arithmetic SFT errors (tasks/arithmetic.py): random | carry (each carry dropped with
+    # probability wrong_step_prob) | carry_habit (a solution drops all its carries or none)
+    slip: str = "random"
     seed: int = 0
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing
 
     def validate(self) -> None:
         _choice(self, "task", ("arithmetic", "countdown", "gsm8k", "math"))
-        _choice(self, "slip", ("random", "carry"))
+        _choice(self, "slip", ("random", "carry", "carry_habit"))
         _positive(self, "batch_size")
         _positive(self, "num_operands")
         _positive(self, "max_digits")

@@ -205,6 +205,26 @@ def test_carry_slip_sft_text_is_systematic():
         ArithmeticTask(slip="sometimes")
 
 
+def test_carry_habit_drops_all_carries_of_a_solution_or_none():
+    """Every habit solution is either the right chain or the all-carries-dropped chain (never
+    a mix), the dropped one with frequency wrong_step_prob over carrying questions."""
+    habit = ArithmeticTask(num_operands=4, max_digits=1, slip="carry_habit")
+    per_step = ArithmeticTask(num_operands=4, max_digits=1, slip="carry")
+    rng, dropped, carrying, mixed_per_step = random.Random(1), 0, 0, 0
+    for ex in habit.examples("train", 400, seed=5):
+        right, slipped = per_step.sft_text(ex, 0, 0.0), per_step.sft_text(ex, 0, 1.0)
+        text = habit.sft_text(ex, rng, 0.6)
+        assert text in (right, slipped)
+        if right != slipped:
+            carrying += 1
+            dropped += text == slipped
+            mixed_per_step += per_step.sft_text(ex, rng, 0.6) not in (right, slipped)
+        assert habit.sft_text(ex, rng, 1.0) == slipped and habit.sft_text(ex, rng, 0.0) == right
+    assert carrying > 150
+    assert abs(dropped / carrying - 0.6) < 0.1
+    assert mixed_per_step > 0  # the per-step slip does mix, on questions with 2+ carries
+
+
 def test_sft_text_accepts_numpy_rng_and_seed():
     import numpy as np
 

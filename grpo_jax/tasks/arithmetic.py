@@ -41,7 +41,7 @@ from grpo_jax import rewards
 from grpo_jax.tasks import SPLITS, Example, Task, as_random
 
 MAX_STEPS = 64
-SLIPS = ("random", "carry")
+SLIPS = ("random", "carry", "carry_habit")
 _STEP_RE = re.compile(r"(-?\d{1,24})([-+*/])(\d{1,24})=(-?\d{1,48})")
 _ANSWER_RE = re.compile(r"A: (-?\d{1,48})")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -161,6 +161,8 @@ class ArithmeticTask(Task):
     ``"carry"`` slips drop carries and borrows, a systematic error that becomes the SFT
     model's greedy answer when ``wrong_step_prob`` > 0.5 while its samples still contain
     the right one: the situation in which the paper finds RL helps (Maj@K, not Pass@K).
+    ``"carry_habit"`` drops the same carries, but decides once per solution: with
+    probability ``wrong_step_prob`` a solution drops every carry and borrow, otherwise none.
     """
 
     name = "arithmetic"
@@ -228,8 +230,15 @@ class ArithmeticTask(Task):
         ``slip="random"``: each step's result is wrong with probability ``wrong_step_prob``
         (off by ±1, ±2 or ±10). ``slip="carry"``: each step that carries or borrows drops
         it (:func:`carry_slip`) with probability ``wrong_step_prob``; other steps are right.
+        ``slip="carry_habit"``: one draw per solution; with probability ``wrong_step_prob``
+        every carrying step drops its carry, otherwise every step is right. Per-step slips
+        make a correct result after a carry rare in the corpus (a right 2-digit value is
+        followed by another right step only (1 - p)^2 of the time), so the SFT model cannot
+        compute the later steps that RL needs once it learns to carry; a habit keeps every
+        right chain whole and leaves one decision, at the first carry, to learn.
         """
         rng = as_random(rng)
+        habit = self.slip == "carry_habit" and rng.random() < wrong_step_prob
         operands, ops = example.meta["operands"], example.meta["ops"]
         lines, value = [], operands[0]
         for op, b in zip(ops, operands[1:]):
@@ -239,6 +248,10 @@ class ArithmeticTask(Task):
             if self.slip == "carry":
                 slipped = carry_slip(value, op, b)
                 if slipped is not None and rng.random() < wrong_step_prob:
+                    c = slipped
+            elif self.slip == "carry_habit":
+                slipped = carry_slip(value, op, b)
+                if slipped is not None and habit:
                     c = slipped
             elif rng.random() < wrong_step_prob:
                 deltas = [d for d in (1, -1, 2, -2, 10, -10) if self.allow_negative or c + d >= 0]
