@@ -12,6 +12,10 @@ top-p 1, float32, KV cache on both sides.
   * prefill throughput = B × 64 / t(1 new token)
   * decode throughput  = B × 127 / (t(128 new tokens) − t(1 new token))
 The spread is over reps of the per-rep decode throughput.
+
+`--bf16` adds a third runner, interleaved with the other two: ours sampling from a bfloat16
+copy of the weights with the model's float32 compute, which is what the trainer does with
+`rl.sample_dtype=bfloat16`; its rows are compared with ours in float32.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default=None, help="comma list (default 8,32,64; quick 8)")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=None, help="default 128; quick 16")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also time ours sampling from bfloat16 weights (rl.sample_dtype=bfloat16)")
     args = ap.parse_args(argv)
     reps = common.reps_of(args, full=3, quick=1)
     batches = [int(b) for b in (args.batches or ("8" if args.quick else "8,32,64")).split(",")]
@@ -82,6 +88,11 @@ def main(argv=None) -> int:
     cfg, params, tok = common.smollm2()
     hf_dir = common.smollm2_hf_dir()
     runners = {"jax": Recorded(SmolJax(cfg, params)), "torch": Recorded(SmolTorch(hf_dir, args.threads))}
+    if args.bf16:
+        from grpo_jax.sampling import sampling_copy
+
+        runners["jax_bf16"] = Recorded(SmolJax(cfg, sampling_copy(cfg, params, "bfloat16")))
+    bf16_rows = []
     from transformers import AutoTokenizer
 
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
@@ -108,10 +119,21 @@ def main(argv=None) -> int:
                      f"{common.fmt(roof['tokens_per_s'])} ({roof['bound']})",
                      f"{j['decode'] / roof['tokens_per_s']:.0%}",
                      common.fmt(j["e2e"]), common.fmt(t["e2e"])])
+        if args.bf16:
+            h = res["jax_bf16"]
+            per_batch[batch]["jax_bf16"] = h
+            bf16_rows.append([batch, common.fmt(h["prefill"]), f"{h['prefill'] / j['prefill']:.2f}×",
+                              f"{common.fmt(h['decode'])} ({rng(rates['jax_bf16'])})",
+                              f"**{h['decode'] / j['decode']:.2f}×**", f"{h['decode'] / t['decode']:.2f}×"])
     rep.table(["batch", "prefill tok/s ours", "prefill tok/s transformers", "prefill ratio",
                "decode tok/s ours (range)", "decode tok/s transformers (range)", "decode ratio",
                "decode roofline tok/s", "ours / roofline",
                "end-to-end new tok/s ours", "end-to-end transformers"], rows)
+    if bf16_rows:
+        rep.emit()
+        rep.emit("Ours in bfloat16 (same interleaved reps):")
+        rep.table(["batch", "prefill tok/s bf16", "vs ours f32", "decode tok/s bf16 (range)",
+                   "vs ours f32", "vs transformers f32"], bf16_rows)
     main_batch = 32 if 32 in per_batch else batches[-1]
     rep.results["decode_tokens_per_s_ratio_vs_transformers"] = per_batch[main_batch]["ratio"]
     rep.results["decode_ratio_batch"] = main_batch
@@ -122,6 +144,9 @@ def main(argv=None) -> int:
         rep.results[f"prefill_tokens_per_s_transformers_b{b}"] = v["torch"]["prefill"]
         rep.results[f"decode_roofline_tokens_per_s_b{b}"] = v["roofline"]["tokens_per_s"]
         rep.results[f"decode_fraction_of_roofline_b{b}"] = v["jax"]["decode"] / v["roofline"]["tokens_per_s"]
+        if "jax_bf16" in v:
+            rep.results[f"decode_tokens_per_s_ours_bf16_b{b}"] = v["jax_bf16"]["decode"]
+            rep.results[f"prefill_tokens_per_s_ours_bf16_b{b}"] = v["jax_bf16"]["prefill"]
     rep.results["matmul_peak_gflops"] = peak / 1e9
     rep.results["stream_bandwidth_gb_per_s"] = bandwidth / 1e9
     rep.details["per_batch"] = per_batch

@@ -14,6 +14,7 @@ import os
 
 import jax
 
+from grpo_jax import checkpointing
 from grpo_jax import config as config_lib
 from grpo_jax.model import init_params
 from grpo_jax.tasks import get_task
@@ -34,6 +35,11 @@ CPU_DEFAULTS = [
     "optimizer.peak_lr=1e-4", "optimizer.warmup_steps=5", "optimizer.schedule=constant",
     "model.embed_dim=128", "model.num_layers=2", "model.mlp_dim=384", "model.max_seq_len=64",
 ]
+
+
+# What an SFT start depends on besides the model (see sft_start).
+SFT_CACHE_FIELDS = ("optimizer", "run.seed", "run.steps", "data.task", "data.seed", "data.batch_size",
+                    "data.num_operands", "data.max_digits", "data.slip", "data.wrong_step_prob")
 
 
 def add_sft_args(parser) -> None:
@@ -80,6 +86,10 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
                                             warmup_steps=20)
     sft_cfg.data.batch_size = args.sft_batch
     sft_cfg.validate()
+    # A cached SFT run is reused only if it was trained on the same data with the same recipe:
+    # the Trainer's own check covers the model alone, since a resume may change the rest.
+    checkpointing.check_run_dir(os.path.join(sft_cfg.run.run_dir, "checkpoints"), sft_cfg.to_dict(),
+                                also=SFT_CACHE_FIELDS)
     pairs = task.sft_examples("train", args.sft_steps * args.sft_batch, cfg.data.seed,
                               wrong_step_prob=cfg.data.wrong_step_prob)
 

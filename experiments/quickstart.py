@@ -13,7 +13,7 @@
 
 Each seed (`run.seed`: the model's initialisation, SFT and GRPO randomness; the questions stay
 those of `data.seed`) runs in `<run.run_dir>/seed<N>`; with several seeds, `summary.json` in
-`run.run_dir` holds them all and the gain's 95% t-interval.
+`run.run_dir` holds them all and the gain's 95% t-interval, and `seeds.png` their curves.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.evaluation import evaluate
-from grpo_jax.plots import plot_history
+from grpo_jax.plots import plot_history, plot_runs
 from grpo_jax.stats import format_interval
 from grpo_jax.trainer import Trainer
 
@@ -61,8 +61,13 @@ def main(argv=None) -> dict:
     gains = [r["accuracy_after"] - r["accuracy_before"] for r in runs]
     summary = {"seeds": args.seeds, "gain": gains, "runs": runs}
     common.write_json(os.path.join(base.run.run_dir, "summary.json"), summary)
+    # One line per seed, not a mean: the demo's claim is about every seed.
+    steps = [h["step"] for h in runs[0]["eval_history"]]
+    png = plot_runs({f"seed {r['seed']}": [[h["accuracy"] for h in r["eval_history"]]] for r in runs}, steps,
+                    os.path.join(base.run.run_dir, "seeds.png"), ylabel="held-out greedy accuracy",
+                    title=f"GRPO after SFT, {len(runs)} seeds: gain {format_interval(gains, digits=2)}")
     print(f"[quickstart] gain in held-out greedy accuracy over seeds {args.seeds}: "
-          f"{format_interval(gains)}; per seed {', '.join(f'{g:+.3f}' for g in gains)}")
+          f"{format_interval(gains)}; per seed {', '.join(f'{g:+.3f}' for g in gains)}; plot {png}")
     return summary
 
 

@@ -151,16 +151,17 @@ class Checkpointer:
         # The parameters first: the optimizer moments only repeat their shapes.
         return sorted(out, key=lambda m: "params" not in m[0])
 
-    def check_config(self, requested: dict, ignore: tuple[str, ...] = ()) -> None:
-        """Raise CheckpointError listing the restore-relevant fields (`config_differences`)
-        where the newest checkpoint's saved config differs from `requested`; reads only the
-        small meta item, so it runs before any state restore and writes nothing."""
+    def check_config(self, requested: dict, ignore: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> None:
+        """Raise CheckpointError listing the restore-relevant fields (`config_differences`,
+        plus the dotted fields or whole sections in `also`) where the newest checkpoint's
+        saved config differs from `requested`; reads only the small meta item, so it runs
+        before any state restore and writes nothing."""
         for s in self.all_steps()[::-1]:
             try:
                 meta = self._mngr.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
             except Exception:  # an unreadable step is restore()'s to report or skip
                 continue
-            diffs = [d for d in config_differences(dict(meta or {}).get("config") or {}, requested)
+            diffs = [d for d in config_differences(dict(meta or {}).get("config") or {}, requested, also)
                      if d[0] not in ignore]
             if diffs:
                 raise CheckpointError(
@@ -183,11 +184,14 @@ RESTORE_FIELDS = ("rl.algorithm",)
 RESUMABLE_MODEL_FIELDS = ("remat", "max_seq_len")
 
 
-def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any]]:
-    """(dotted field, saved value, requested value) for each restore-relevant field that differs."""
-    keys = [f"{sec}.{k}" for sec in RESTORE_SECTIONS
+def config_differences(saved: dict, requested: dict, also: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """(dotted field, saved value, requested value) for each restore-relevant field that
+    differs; `also` adds dotted fields ("run.seed") or whole sections ("optimizer")."""
+    sections = list(RESTORE_SECTIONS) + [a for a in also if "." not in a]
+    keys = [f"{sec}.{k}" for sec in dict.fromkeys(sections)
             for k in sorted(set(saved.get(sec, {})) | set(requested.get(sec, {})))
-            if not (sec == "model" and k in RESUMABLE_MODEL_FIELDS)] + list(RESTORE_FIELDS)
+            if not (sec == "model" and k in RESUMABLE_MODEL_FIELDS)]
+    keys += [k for k in list(RESTORE_FIELDS) + [a for a in also if "." in a] if k not in keys]
     out = []
     for key in keys:
         sec, name = key.split(".", 1)
@@ -197,15 +201,17 @@ def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any
     return out
 
 
-def check_run_dir(directory: str | os.PathLike, requested: dict, ignore: tuple[str, ...] = ()) -> None:
+def check_run_dir(directory: str | os.PathLike, requested: dict, ignore: tuple[str, ...] = (),
+                  also: tuple[str, ...] = ()) -> None:
     """`Checkpointer.check_config` for a checkpoint folder, if it exists; creates nothing, so a
     run can check before it writes anything else to its run dir. `ignore`: dotted fields the
-    caller only knows later (and checks again then)."""
+    caller only knows later (and checks again then); `also`: fields or sections to compare
+    beyond the restore-relevant ones (e.g. a cached run that must not be reused)."""
     if not os.path.isdir(directory):
         return
     ckpt = Checkpointer(directory)
     try:
-        ckpt.check_config(requested, ignore)
+        ckpt.check_config(requested, ignore, also)
     finally:
         ckpt.close()
 

@@ -34,6 +34,18 @@ def test_config_differences_names_the_field_and_allows_resumable_ones():
     assert checkpointing.config_differences(saved, requested) == [("model.num_layers", 2, 3)]
 
 
+def test_config_differences_also_compares_named_fields_and_sections():
+    """A cached run (an experiment's SFT start) must match in more than the model."""
+    saved = {"model": {"num_layers": 2}, "rl": {"algorithm": "sft"}, "run": {"steps": 10, "seed": 0},
+             "optimizer": {"peak_lr": 1e-3, "schedule": "multistep"}, "data": {"slip": "carry", "eval_size": 8}}
+    requested = {"model": {"num_layers": 2}, "rl": {"algorithm": "sft"}, "run": {"steps": 10, "seed": 1},
+                 "optimizer": {"peak_lr": 2e-3, "schedule": "multistep"}, "data": {"slip": "carry", "eval_size": 9}}
+    also = ("optimizer", "run.seed", "data.slip")
+    assert checkpointing.config_differences(saved, requested, also) == [
+        ("optimizer.peak_lr", 1e-3, 2e-3), ("run.seed", 0, 1)]  # data.eval_size is not compared
+    assert checkpointing.config_differences(saved, requested) == []
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
