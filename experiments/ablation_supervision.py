@@ -79,8 +79,8 @@ def main(argv=None):
                       {"steps": steps, "eval_accuracy": curves, "train_reward": rewards,
                        "seeds": args.seeds, "claims": claim_verdicts(finals), "config": cfg.to_dict()})
     png = plot_runs(curves, steps, os.path.join(root, "figure5.png"), ylabel="held-out greedy accuracy",
-                    title=f"RFT vs Online RFT vs GRPO+OS vs GRPO+PS, {cfg.data.num_operands - 1}-step chains "
-                          f"(mean, 95% interval)")
+                    title=f"Figure 5 at CPU scale, {cfg.data.num_operands - 1}-step chains\n"
+                          f"(mean and 95% interval over {len(args.seeds)} seeds)")
     for name, final in finals.items():
         print(f"[ablation] {name:11s} accuracy {start:.3f} → {format_interval(final)} "
               f"(seeds: {', '.join(f'{x:.3f}' for x in final)})")
