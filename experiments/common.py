@@ -117,16 +117,23 @@ def run_rl(cfg, task, tokenizer, params, mesh, root: str, name: str, overrides, 
     """One RL run from `params`; returns its history (a list of metric dicts, every step from
     the first, also when the run resumed from a checkpoint) and the trainer. A finished run
     is restored, not repeated, so adding a seed re-runs only the new one."""
-    from grpo_jax.metrics import read_jsonl
-
     run_cfg = rl_config(cfg, root, f"{name}/seed{seed}", list(overrides) + [f"run.seed={seed}"])
     trainer = Trainer(run_cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       eval_examples=eval_examples, progress=progress, reward_model=reward_model)
+    return train_and_close(trainer), trainer
+
+
+def train_and_close(trainer) -> list[dict]:
+    """Train, close, and return the metrics of every step from the first, also when the run
+    resumed from a checkpoint (or had already finished): then its log holds the earlier steps.
+    The trainer's params stay usable."""
+    from grpo_jax.metrics import read_jsonl
+
     history = trainer.train()
-    trainer.close()
-    if trainer.start_step > 0:  # the log holds the steps before the resume as well
-        history = read_jsonl(os.path.join(run_cfg.run.run_dir, "metrics.jsonl"))
-    return history, trainer
+    trainer.close()  # flushes the log before it is read
+    if trainer.start_step > 0:
+        history = read_jsonl(os.path.join(trainer.cfg.run.run_dir, "metrics.jsonl"))
+    return history
 
 
 def curve(history, key: str, steps) -> list[float]:

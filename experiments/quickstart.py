@@ -29,7 +29,6 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.evaluation import evaluate
-from grpo_jax.metrics import read_jsonl
 from grpo_jax.plots import plot_history, plot_runs
 from grpo_jax.stats import format_interval
 from grpo_jax.trainer import Trainer
@@ -88,11 +87,8 @@ def run_seed(args, cfg) -> dict:
     cfg = common.rl_config(cfg, root, "grpo", ["rl.algorithm=grpo"])
     grpo = Trainer(cfg, task=task, tokenizer=tokenizer, params=sft_params, mesh=mesh,
                    eval_examples=eval_examples, progress=not args.no_progress)
-    history = grpo.train()
-    if grpo.start_step > 0:  # resumed (or already finished): the log holds the earlier steps
-        history = read_jsonl(os.path.join(cfg.run.run_dir, "metrics.jsonl"))
+    history = common.train_and_close(grpo)
     after = evaluate(cfg, grpo.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
-    grpo.close()
 
     summary = {
         "accuracy_before": before["accuracy"],

@@ -28,7 +28,7 @@ from grpo_jax import config as config_lib
 from grpo_jax import sampling
 from grpo_jax.evaluation import completion_texts
 from grpo_jax.sharding import to_host
-from grpo_jax.tasks.arithmetic import apply_op, carry_slip
+from grpo_jax.tasks.arithmetic import carry_slip, solution_steps
 from grpo_jax.tokenizer import encode_prompt
 from grpo_jax.trainer import Trainer
 
@@ -46,16 +46,14 @@ def score(task, examples, texts: list[str], per_question: int) -> tuple[dict, np
     for q, ex in enumerate(examples):
         for text in texts[q * per_question:(q + 1) * per_question]:
             right[q] += task.is_correct(task.extract_answer(text), ex) / per_question
-            lines, value = text.split("\n"), ex.meta["operands"][0]
-            for j, (op, b) in enumerate(zip(ex.meta["ops"], ex.meta["operands"][1:])):
-                c = apply_op(value, op, b)
-                ok = j < len(lines) and lines[j] == f"{value}{op}{b}={c}"
-                cell = steps[("first" if j == 0 else "later", step_kind(value, op, b))]
+            lines = text.split("\n")
+            for j, (a, op, b, c) in enumerate(solution_steps(ex.meta["operands"], ex.meta["ops"])):
+                ok = j < len(lines) and lines[j] == f"{a}{op}{b}={c}"
+                cell = steps[("first" if j == 0 else "later", step_kind(a, op, b))]
                 cell[0] += ok
                 cell[1] += 1
                 if not ok:
                     break
-                value = c
     return steps, right
 
 

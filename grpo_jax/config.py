@@ -255,7 +255,9 @@ class DataConfig:
 
     def validate(self) -> None:
         _choice(self, "task", ("arithmetic", "countdown", "gsm8k", "math"))
-        _choice(self, "slip", ("random", "carry", "carry_habit"))
+        from grpo_jax.tasks.arithmetic import SLIPS  # here, not at import: it loads numpy
+
+        _choice(self, "slip", SLIPS)
         _positive(self, "batch_size")
         _positive(self, "num_operands")
         _positive(self, "max_digits")

@@ -245,13 +245,10 @@ class ArithmeticTask(Task):
             c = apply_op(value, op, b)
             if c is None:  # a wrong earlier value left an inexact division: slip again
                 c = value // b
-            if self.slip == "carry":
+            if self.slip in ("carry", "carry_habit"):
                 slipped = carry_slip(value, op, b)
-                if slipped is not None and rng.random() < wrong_step_prob:
-                    c = slipped
-            elif self.slip == "carry_habit":
-                slipped = carry_slip(value, op, b)
-                if slipped is not None and habit:
+                # Per-step slips draw only at a carrying step (short-circuit), as before.
+                if slipped is not None and (habit if self.slip == "carry_habit" else rng.random() < wrong_step_prob):
                     c = slipped
             elif rng.random() < wrong_step_prob:
                 deltas = [d for d in (1, -1, 2, -2, 10, -10) if self.allow_negative or c + d >= 0]
