@@ -59,8 +59,8 @@ CPU_DEFAULTS = [
 HELD_OUT_NOTE = "held-out GSM8K-format synthetic problems, not GSM8K itself"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
     for action in p._actions:
         if action.dest == "preset":
@@ -75,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_cfg(args) -> config_lib.Config:
+def load_cfg(args, cpu_defaults=CPU_DEFAULTS) -> config_lib.Config:
     cfg = config_lib.get_preset(args.preset)
-    defaults = CPU_DEFAULTS if args.preset == DEFAULT_PRESET else []
+    defaults = cpu_defaults if args.preset == DEFAULT_PRESET else []
     return config_lib.apply_overrides(cfg, defaults + list(args.overrides)).validate()
 
 
@@ -107,16 +107,17 @@ def question_of(example) -> str:
     return example.prompt.split("Question: ", 1)[1].rsplit("\nAnswer:", 1)[0]
 
 
-def chat_prompt(question: str, tokenizer) -> str:
+def chat_prompt(question: str, tokenizer, style: str = "gsm8k") -> str:
     from grpo_jax import prompts
 
     if getattr(tokenizer, "chat_format", "plain") == "unsupported":  # DeepSeek-style template
-        return prompts.DEEPSEEK_CHAT.format(content=f"{prompts.get_style('gsm8k').instruction}\n\n{question}")
-    return prompts.build_prompt(question, tokenizer, task="gsm8k")
+        return prompts.DEEPSEEK_CHAT.format(content=prompts.join_blocks(prompts.get_style(style).instruction, question))
+    return prompts.build_prompt(question, tokenizer, task=style)
 
 
-def chat_task(base, tokenizer):
-    """`base` with every Example's prompt rewritten in the model's chat format; scoring unchanged."""
+def chat_task(base, tokenizer, style: str | None = None):
+    """`base` with every Example's prompt rewritten in the model's chat format (the prompt
+    style `style`, else `base.prompt_style`, else gsm8k's); scoring unchanged."""
     import dataclasses
 
     from grpo_jax.tasks import Task
@@ -126,7 +127,8 @@ def chat_task(base, tokenizer):
         stop_strings = ()
 
         def examples(self, split, n, seed):
-            return [dataclasses.replace(ex, prompt=chat_prompt(question_of(ex), tokenizer))
+            chosen = style or getattr(base, "prompt_style", "gsm8k")
+            return [dataclasses.replace(ex, prompt=chat_prompt(question_of(ex), tokenizer, chosen))
                     for ex in base.examples(split, n, seed)]
 
         def reward(self, completion, example):
@@ -145,9 +147,12 @@ def chat_task(base, tokenizer):
 
 
 def make_base_task(cfg):
-    """The official GSM8K files when `data.data_dir` is set, else the generated problems."""
+    """`chat_arithmetic` if data.task says so; else the official GSM8K files when
+    `data.data_dir` is set, else the generated GSM8K-format problems."""
     from grpo_jax.tasks import get_task, register_task
 
+    if cfg.data.task == "chat_arithmetic":
+        return get_task("chat_arithmetic"), "held-out chat arithmetic questions"
     if cfg.data.data_dir:
         return get_task("gsm8k", manual_dir=cfg.data.data_dir,
                         skip_bad_rows=cfg.data.skip_bad_rows), "GSM8K test split (official files)"
@@ -157,11 +162,15 @@ def make_base_task(cfg):
 
 # ============================================================================ main
 
-def main(argv=None) -> dict:
-    parser = build_parser()
+def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
+         cpu_defaults=CPU_DEFAULTS, control_style: str | None = None) -> dict:
+    """The script; `experiments/smollm2_grpo.py` is this with its own name, help and defaults.
+    `control_style`: a prompt style under which the start model is also evaluated (once, not
+    trained), to compare what RL adds with what an instruction gives."""
+    parser = build_parser(description)
     args = parser.parse_intermixed_args(argv)
     try:
-        cfg = load_cfg(args)
+        cfg = load_cfg(args, cpu_defaults)
     except config_lib.ConfigError as e:
         parser.error(str(e))
     if not cfg.run.pretrained:
@@ -182,37 +191,68 @@ def main(argv=None) -> dict:
     from grpo_jax.sharding import make_mesh
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    say = print if distributed.is_main_process() else (lambda *a, **k: None)
+    say = (lambda msg: print(f"[{name}] {msg}")) if distributed.is_main_process() else (lambda msg: None)
     mesh = make_mesh(cfg.mesh)
     runtime = {k: getattr(cfg.model, k) for k in pretrained.RUNTIME_FIELDS}
-    say(f"[gsm8k_grpo] loading {cfg.run.pretrained} ({jax.device_count()} {jax.devices()[0].platform} device(s))")
+    say(f"loading {cfg.run.pretrained} ({jax.device_count()} {jax.devices()[0].platform} device(s))")
     model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
     if tokenizer is None:
         raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
     cfg.model = model_cfg
     cfg.validate()
     tokenizer = ChatTokenizer(tokenizer)
+    control = control_accuracy(cfg, params, tokenizer, mesh, control_style, say) if control_style else None
     if args.seeds is None:
-        return run_seed(args, cfg, params, tokenizer, mesh, say)
+        return run_seed(args, cfg, params, tokenizer, mesh, say, control)
     runs = [run_seed(args, config_lib.apply_overrides(copy.deepcopy(cfg), [
         f"run.seed={seed}", f"run.run_dir={os.path.join(cfg.run.run_dir, f'seed{seed}')}"]).validate(),
-        params, tokenizer, mesh, say) for seed in args.seeds]
+        params, tokenizer, mesh, say, control) for seed in args.seeds]
     gains = [r["accuracy_after"] - r["accuracy_before"] for r in runs]
-    summary = {"seeds": args.seeds, "gain": gains, "runs": runs}
+    summary = {"seeds": args.seeds, "gain": gains, "control": control, "runs": runs}
     if distributed.is_main_process():
         with open(os.path.join(cfg.run.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
-    say(f"[gsm8k_grpo] gain in greedy accuracy over seeds {args.seeds}: {format_interval(gains)}; "
+        say(f"plot:    {plot_seeds(runs, control, gains, cfg.run.run_dir)}")
+    say(f"gain in greedy accuracy over seeds {args.seeds}: {format_interval(gains)}; "
         f"per seed {', '.join(f'{g:+.3f}' for g in gains)}")
     return summary
 
 
-def run_seed(args, cfg, params, tokenizer, mesh, say) -> dict:
+def plot_seeds(runs: list[dict], control: dict | None, gains: list[float], run_dir: str) -> str:
+    """seeds.png: held-out greedy accuracy against step, one line per seed (the claim is about
+    every seed), and the control prompt's accuracy as a flat line."""
+    from grpo_jax.plots import plot_runs
+
+    steps = sorted(runs[0]["eval_accuracy_at_step"])
+    curves = {f"seed {r['seed']}": [[r["eval_accuracy_at_step"][s] for s in steps]] for r in runs}
+    if control:
+        curves[f"no RL, \"{control['instruction']}\""] = [[control["accuracy"]] * len(steps)]
+    return plot_runs(curves, steps, os.path.join(run_dir, "seeds.png"), ylabel="held-out greedy accuracy",
+                     title=f"GRPO on {runs[0]['task']}, {len(runs)} seeds: gain {format_interval(gains, digits=2)}")
+
+
+def control_accuracy(cfg, params, tokenizer, mesh, style: str, say) -> dict:
+    """Greedy accuracy of the start model on the held-out questions asked in prompt `style`."""
+    import jax
+
+    from grpo_jax import prompts
+    from grpo_jax.evaluation import evaluate
+
+    base, _ = make_base_task(cfg)
+    task = chat_task(base, tokenizer, style)
+    examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    accuracy = evaluate(cfg, params, task, tokenizer, examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
+    say(f"control, no RL, prompt style {style!r}: greedy accuracy {accuracy:.3f}")
+    return {"style": style, "instruction": prompts.get_style(style).instruction, "accuracy": accuracy}
+
+
+def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = None) -> dict:
     """Evaluate, GRPO from `params`, evaluate for one `cfg.run.seed`; writes summary.json and curves.png."""
     import jax
 
     from grpo_jax import distributed
     from grpo_jax.evaluation import evaluate
+    from grpo_jax.metrics import read_jsonl
     from grpo_jax.plots import plot_history
     from grpo_jax.trainer import Trainer
 
@@ -221,41 +261,53 @@ def run_seed(args, cfg, params, tokenizer, mesh, say) -> dict:
     task = chat_task(base, tokenizer)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     stops = [tokenizer.id_to_token(i) for i in tokenizer.stop_ids]
-    say(f"[gsm8k_grpo] task {base.name}; eval: {len(eval_examples)} {eval_note}")
-    say(f"[gsm8k_grpo] GRPO: {cfg.data.batch_size} questions × G={cfg.rl.group_size}, "
+    say(f"task {base.name}; eval: {len(eval_examples)} {eval_note}")
+    say(f"GRPO: {cfg.data.batch_size} questions × G={cfg.rl.group_size}, "
         f"{cfg.rl.max_new_tokens} new tokens, {cfg.run.steps} steps, lr {cfg.optimizer.peak_lr:g}, "
         f"β={cfg.rl.beta:g}; completions stop at {stops}")
-    say("[gsm8k_grpo] first prompt:\n" + eval_examples[0].prompt)
+    say("first prompt:\n" + eval_examples[0].prompt)
 
-    say(f"[gsm8k_grpo] greedy accuracy before RL on {len(eval_examples)} problems ...")
+    say(f"greedy accuracy before RL on {len(eval_examples)} problems ...")
     t0 = time.perf_counter()
     before = evaluate(cfg, params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
     eval_s = time.perf_counter() - t0
-    say(f"[gsm8k_grpo] before: {before['accuracy']:.3f} ({eval_note}; {eval_s:.0f} s)")
+    say(f"before: {before['accuracy']:.3f} ({eval_note}; {eval_s:.0f} s)")
 
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       eval_examples=eval_examples, progress=not args.no_progress)
     if trainer.start_step:
-        say(f"[gsm8k_grpo] resuming {cfg.run.run_dir} at step {trainer.start_step} of {cfg.run.steps}")
+        say(f"resuming {cfg.run.run_dir} at step {trainer.start_step} of {cfg.run.steps}")
     try:
-        history = trainer.train()
+        run_now = trainer.train()
         after = evaluate(cfg, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
     finally:
-        trainer.close()
+        trainer.close()  # flushes the log read below
+    # A resumed (or finished) run's earlier steps are in its log.
+    history = read_jsonl(os.path.join(cfg.run.run_dir, "metrics.jsonl")) if trainer.start_step else run_now
 
-    step_s = [h["sample_time_s"] + h["update_time_s"] for h in history]
+    phases = ("sample_time_s", "score_time_s", "update_time_s")
+    step_s = [sum(h.get(k, 0.0) for k in phases) for h in history]
+    steady = history[1:] or history  # the first step compiles
+    time_per_step = {k[:-7]: round(sum(h.get(k, 0.0) for h in steady) / len(steady), 2) for k in phases} if steady else {}
+    if steady and trainer.state.ref_params is not None:
+        time_per_step["reference (inside update)"] = round(reference_seconds(trainer, cfg), 2)
     summary = {
         "task": base.name,
         "eval_set": eval_note,
         "eval_size": len(eval_examples),
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
+        "control": control,
         "steps": cfg.run.steps,
-        "steps_run_now": len(history),
+        "steps_run_now": len(run_now),
         "seconds_per_step": round(sum(step_s) / len(step_s), 1) if step_s else None,
         "seconds_per_step_excluding_first": (round(sum(step_s[1:]) / len(step_s[1:]), 1)
                                              if len(step_s) > 1 else None),
+        "time_per_step_s": time_per_step,
+        "eval_accuracy_at_step": {0: before["accuracy"], **{h["step"]: h["eval_accuracy"] for h in history
+                                                           if "eval_accuracy" in h}, cfg.run.steps: after["accuracy"]},
         "reward_mean_per_step": [round(h["reward_mean"], 4) for h in history],
+        "completion_length_per_step": [round(h["completion_length"], 1) for h in history],
         "kl_per_step": [round(h.get("kl", float("nan")), 6) for h in history],
         "seed": cfg.run.seed,
         "wall_time_s": round(time.perf_counter() - t_start, 1),
@@ -272,14 +324,32 @@ def run_seed(args, cfg, params, tokenizer, mesh, say) -> dict:
                            os.path.join(cfg.run.run_dir, "curves.png"),
                            title=f"GRPO, {base.name}: greedy accuracy {before['accuracy']:.2f} → "
                                  f"{after['accuracy']:.2f} ({len(eval_examples)} held-out)")
-        say(f"[gsm8k_grpo] greedy accuracy {before['accuracy']:.3f} → {after['accuracy']:.3f} on "
+        say(f"greedy accuracy {before['accuracy']:.3f} → {after['accuracy']:.3f} on "
             f"{len(eval_examples)} {eval_note}")
-        say(f"[gsm8k_grpo] {len(history)} steps, {summary['seconds_per_step']} s/step; "
+        say(f"{len(history)} steps, {summary['seconds_per_step']} s/step (after the first: "
+            f"{', '.join(f'{k} {v:.1f} s' for k, v in time_per_step.items())}); "
             f"wall time {summary['wall_time_s']:.0f} s")
-        say(f"[gsm8k_grpo] summary: {os.path.join(cfg.run.run_dir, 'summary.json')}\n[gsm8k_grpo] plot:    {png}")
+        say(f"summary: {os.path.join(cfg.run.run_dir, 'summary.json')}")
+        say(f"plot:    {png}")
     return summary
 
 
+def reference_seconds(trainer, cfg) -> float:
+    """Seconds of the π_ref log-probs that the jitted update computes, timed on their own (one
+    forward over a fresh batch of the step's shape, compiled first)."""
+    import jax
+
+    from grpo_jax.logprobs import sequence_logprobs
+    from grpo_jax.sharding import shard_batch
+
+    batch, _ = trainer.make_batch(cfg.run.steps, jax.random.key(7))
+    batch = shard_batch(batch, trainer.mesh)
+    forward = jax.jit(lambda p, b: sequence_logprobs(cfg.model, p, b, temperature=cfg.rl.temperature,
+                                                     chunk_size=cfg.rl.logprob_chunk_size))
+    jax.block_until_ready(forward(trainer.state.ref_params, batch))
+    t0 = time.perf_counter()
+    jax.block_until_ready(forward(trainer.state.ref_params, batch))
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

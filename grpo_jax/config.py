@@ -240,7 +240,7 @@ class RLConfig:
 class DataConfig:
     """Which task, how big a batch of questions, and the task's difficulty knobs."""
 
-    task: str = "arithmetic"  # arithmetic | countdown | gsm8k | math
+    task: str = "arithmetic"  # arithmetic | chat_arithmetic | countdown | gsm8k | math
     batch_size: int = 8  # questions per RL step (each sampled group_size times)
     data_dir: str = ""  # manual_dir with official GSM8K/MATH files
     num_operands: int = 3
@@ -254,7 +254,7 @@ class DataConfig:
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing
 
     def validate(self) -> None:
-        _choice(self, "task", ("arithmetic", "countdown", "gsm8k", "math"))
+        _choice(self, "task", ("arithmetic", "chat_arithmetic", "countdown", "gsm8k", "math"))
         from grpo_jax.tasks.arithmetic import SLIPS  # here, not at import: it loads numpy
 
         _choice(self, "slip", SLIPS)

@@ -15,6 +15,7 @@ With a ChatML tokenizer (SmolLM2, Qwen2) the result is
 | gsm8k     | the number after "####" (else the last one) | ""                              |
 | math      | the last \\boxed{...}                        | ""                              |
 | countdown | the expression in <answer>...</answer>      | "Let me solve this step by step.\\n<think>" |
+| arithmetic| the last number (no instruction: the bare question) | ""                       |
 
 Countdown opens the <think> tag for the model (TinyZero / GRPO-Zero), which the
 Countdown reward expects. A tokenizer without a chat template (the tiny model's
@@ -51,6 +52,11 @@ STYLES: dict[str, PromptStyle] = {
     "math": PromptStyle(
         instruction=("Solve the following math problem. Think step by step, and put the final "
                      "answer inside \\boxed{}.")),
+    # The bare question ("What is 34 - 7?"), as a user would ask it: the reward reads the
+    # last number, and the chat experiment measures what RL adds without an instruction.
+    "arithmetic": PromptStyle(instruction=""),
+    # The control for what RL adds: the same question with an instruction on the answer's form.
+    "arithmetic_instructed": PromptStyle(instruction="Answer with just the number."),
     "countdown": PromptStyle(
         instruction=("Solve the puzzle below. Think it through inside <think> </think> tags, then "
                      "give only the final expression inside <answer> </answer> tags, for example "
@@ -78,7 +84,7 @@ def build_messages(question: str, task: str = "gsm8k", *, style: PromptStyle | N
     style = style or get_style(task)
     system = system if system is not None else style.system
     messages = [] if system is None else [{"role": "system", "content": system}]
-    messages.append({"role": "user", "content": f"{style.instruction}\n\n{question.strip()}"})
+    messages.append({"role": "user", "content": join_blocks(style.instruction, question.strip())})
     return messages
 
 
@@ -95,4 +101,9 @@ def build_prompt(question: str, tokenizer, task: str = "gsm8k", *, style: Prompt
         messages = build_messages(question, task, style=style, system=system)
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True) + style.assistant_prefix
     head = f"{system}\n\n" if system else ""
-    return f"{head}{style.instruction}\n\nQuestion: {question.strip()}\nAnswer:\n{style.assistant_prefix}"
+    return f"{head}{join_blocks(style.instruction, f'Question: {question.strip()}')}\nAnswer:\n{style.assistant_prefix}"
+
+
+def join_blocks(*parts: str) -> str:
+    """Non-empty parts, a blank line between them (a style may have no instruction)."""
+    return "\n\n".join(p for p in parts if p)

@@ -170,10 +170,12 @@ class Trainer:
             key=key, prompts_per_call=rl.sample_prompts, group_size=g, max_new_tokens=rl.max_new_tokens,
             temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
             stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.sample_mesh)
+        t_score = time.perf_counter()
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")
         info = {"reward_mean": float(scores.rewards.mean()), "accuracy_train": float(scores.correct.mean()),
-                "completion_length": float(np.asarray(rollout.lengths).mean())}
+                "completion_length": float(np.asarray(rollout.lengths).mean()),
+                "score_time_s": time.perf_counter() - t_score}
         if source == "sft_policy_pairs":
             rows, valid = preference_pairs(rollout, scores, g, cfg.data.batch_size)
             pick = lambda x: np.asarray(x)[rows]
@@ -194,8 +196,10 @@ class Trainer:
         self.state, metrics = self.step_fn(self.state, shard_batch(batch, self.mesh))
         metrics = {k: float(v) for k, v in metrics.items()}
         t2 = time.perf_counter()
-        metrics.update(info, sample_time_s=t1 - t0, update_time_s=t2 - t1,
-                       lr=self.applied_lr(step + 1))
+        # sample = rollout (and batching); score = rewards; update = the jitted step,
+        # reference log-probs included.
+        metrics.update(info, sample_time_s=t1 - t0 - info.get("score_time_s", 0.0),
+                       update_time_s=t2 - t1, lr=self.applied_lr(step + 1))
         return metrics
 
     # ------------------------------------------------------------------ the loop

@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import time
 
 import jax
 import numpy as np
@@ -119,9 +120,15 @@ def test_every_algorithm_runs_two_steps(tmp_path, tok, algorithm):
     cfg = _cfg(tmp_path, tok, f"rl.algorithm={algorithm}", "run.steps=2", "run.checkpoint_every=0")
     trainer = _trainer(cfg, tok)
     before = jax.tree.map(np.asarray, trainer.params)
+    t0 = time.perf_counter()
     history = trainer.train()
+    wall = time.perf_counter() - t0
     trainer.close()
     assert [h["step"] for h in history] == [1, 2]
+    # The step's time splits into disjoint phases (SFT reads a dataset: nothing is scored).
+    phases = [h[k] for h in history for k in ("sample_time_s", "score_time_s", "update_time_s") if k in h]
+    assert min(phases) >= 0 and sum(phases) <= wall
+    assert all(("score_time_s" in h) == (algorithm != "sft") for h in history)
     assert all(np.isfinite(h["loss"]) for h in history)
     moved = max(float(np.abs(np.asarray(a) - b).max()) for a, b in
                 zip(jax.tree.leaves(trainer.params), jax.tree.leaves(before)))

@@ -100,6 +100,7 @@ class Task:
 # name -> "module:Class"; imported lazily so cheap tasks never pull in TFDS.
 _REGISTRY: dict[str, str] = {
     "arithmetic": "grpo_jax.tasks.arithmetic:ArithmeticTask",
+    "chat_arithmetic": "grpo_jax.tasks.chat_arithmetic:ChatArithmeticTask",
     "countdown": "grpo_jax.tasks.countdown:CountdownTask",
     "gsm8k": "grpo_jax.tasks.gsm8k:Gsm8kTask",
     "gsm8k_synth": "grpo_jax.tasks.gsm8k_synth:Gsm8kSynthTask",
