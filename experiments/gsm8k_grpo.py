@@ -8,6 +8,8 @@ Greedy accuracy is measured before and after on held-out generated problems; tho
 NOT GSM8K, and the numbers are not GSM8K results. With 3 steps at the paper's lr 1e-6 the
 model does not move measurably: the default run shows that the loop works on a real
 model (chat prompts, stop tokens, rewards, KL, update, checkpoint), not an improvement.
+For a run where SmolLM2 learns within minutes, see `experiments/smollm2_grpo.py` (this
+script with the `chat_arithmetic` task and its own defaults).
 
     python experiments/gsm8k_grpo.py                                   # 2 questions × G=4, 96 tokens, 3 steps
     python experiments/gsm8k_grpo.py run.steps=20 data.eval_size=64    # longer (slow on a CPU)
@@ -269,7 +271,7 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
 
     say(f"greedy accuracy before RL on {len(eval_examples)} problems ...")
     t0 = time.perf_counter()
-    before = evaluate(cfg, params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
+    before = evaluate(cfg, params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh, texts=True)
     eval_s = time.perf_counter() - t0
     say(f"before: {before['accuracy']:.3f} ({eval_note}; {eval_s:.0f} s)")
 
@@ -279,7 +281,8 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
         say(f"resuming {cfg.run.run_dir} at step {trainer.start_step} of {cfg.run.steps}")
     try:
         run_now = trainer.train()
-        after = evaluate(cfg, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
+        after = evaluate(cfg, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh,
+                         texts=True)
     finally:
         trainer.close()  # flushes the log read below
     # A resumed (or finished) run's earlier steps are in its log.
@@ -298,6 +301,10 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
         "control": control,
+        "accuracy_by_kind": accuracy_by_kind(eval_examples, before["correct"], after["correct"]),
+        "greedy_examples": [{"question": question_of(ex), "answer": ex.meta.get("final_answer", ex.answer),
+                             "before": b, "after": a}
+                            for ex, b, a in zip(eval_examples[:8], before["texts"], after["texts"])],
         "steps": cfg.run.steps,
         "steps_run_now": len(run_now),
         "seconds_per_step": round(sum(step_s) / len(step_s), 1) if step_s else None,
@@ -332,6 +339,18 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
         say(f"summary: {os.path.join(cfg.run.run_dir, 'summary.json')}")
         say(f"plot:    {png}")
     return summary
+
+
+def accuracy_by_kind(examples, before: list[bool], after: list[bool]) -> dict:
+    """Greedy accuracy before and after per kind of question (`meta["kind"]`, e.g. the
+    operation of a chat_arithmetic question); {} when the task has no kinds."""
+    kinds = sorted({ex.meta["kind"] for ex in examples if "kind" in ex.meta})
+    out = {}
+    for kind in kinds:
+        rows = [i for i, ex in enumerate(examples) if ex.meta.get("kind") == kind]
+        out[kind] = {"n": len(rows), "before": sum(before[i] for i in rows) / len(rows),
+                     "after": sum(after[i] for i in rows) / len(rows)}
+    return out
 
 
 def reference_seconds(trainer, cfg) -> float:

@@ -238,12 +238,14 @@ def completion_texts(rollout, tokenizer) -> list[str]:
 
 
 def evaluate(cfg, params, task, tokenizer, examples: Sequence, *, key, mesh=None,
-             num_samples: int = 0, temperature: float = 1.0, ks: Sequence[int] = ()) -> dict[str, float]:
+             num_samples: int = 0, temperature: float = 1.0, ks: Sequence[int] = (),
+             texts: bool = False) -> dict:
     """Greedy accuracy of ``params`` on ``examples`` (``cfg.rl.max_new_tokens`` tokens); with
     ``num_samples`` > 0 also Pass@K and Maj@K (K in ``ks``, via :func:`pass_at_k_curve` and
     :func:`maj_at_k_curve`) from that many samples per question at ``temperature`` (the
     paper's Figure 7 setting). Returns {"accuracy", "reward" (the task's mean greedy reward),
-    "pass@K", "maj@K"}.
+    "pass@K", "maj@K"}, and with ``texts`` also "texts" (the greedy completions) and
+    "correct" (whether each is right), per example.
 
     For a whole benchmark with intervals, JSONL and resume, use `grpo_jax.evaluate_run`.
     """
@@ -261,9 +263,11 @@ def evaluate(cfg, params, task, tokenizer, examples: Sequence, *, key, mesh=None
                   pad_id=tokenizer.pad_id, mesh=mesh)
     greedy = texts_of(sampling.sample(cfg.model, params, prompts, key=key, group_size=1,
                                       temperature=0.0, **common))
-    out = {"accuracy": greedy_accuracy([task.is_correct(task.extract_answer(t), ex)
-                                        for t, ex in zip(greedy, examples)]),
+    right = [task.is_correct(task.extract_answer(t), ex) for t, ex in zip(greedy, examples)]
+    out = {"accuracy": greedy_accuracy(right),
            "reward": sum(task.reward(t, ex) for t, ex in zip(greedy, examples)) / len(examples)}
+    if texts:
+        out.update(texts=greedy, correct=right)
     if num_samples > 0:
         sampled = texts_of(sampling.sample(cfg.model, params, prompts, key=jax.random.fold_in(key, 1),
                                            group_size=num_samples, temperature=temperature, **common))

@@ -44,13 +44,16 @@ def test_run_dir_curve_has_one_point_per_step_equal_to_evaluate(run, tmp_path):
         # The CLI's key for question chunk 0: fold_in(PRNGKey(seed), 0); evaluate samples with fold_in(key, 1) too.
         want = evaluation.evaluate(cfg, tree["state"].params, task, trainer.tokenizer, examples, mesh=mesh,
                                    key=jax.random.fold_in(jax.random.PRNGKey(0), 0), num_samples=K,
-                                   temperature=0.7, ks=[K])
+                                   temperature=0.7, ks=[K], texts=True)
         assert point["greedy"] == want["accuracy"]
         assert point[f"pass@{K}"] == pytest.approx(want[f"pass@{K}"])
         summary = json.loads((out / f"step-{step}" / "summary.json").read_text())
         assert summary["settings"]["step"] == step and summary["num_questions"] == LIMIT
         lines = (out / f"step-{step}" / "shard-00000-of-00001.jsonl").read_text().splitlines()
-        sampled.append([json.loads(line)["completions"] for line in lines])
+        records = [json.loads(line) for line in lines]
+        assert want["texts"] == [r["greedy_completion"] for r in records]
+        assert want["correct"] == [r["greedy_correct"] for r in records]
+        sampled.append([r["completions"] for r in records])
     ckpt.close()
     # Same keys, different checkpoints: the steps were really evaluated on their own params.
     assert sampled[0] != sampled[1]

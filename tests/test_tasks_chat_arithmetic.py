@@ -30,7 +30,7 @@ def test_answers_and_ranges_match_the_question_text():
     for ex in task.examples("train", 300, seed=3):
         a, op, b = parse(ex.meta["question"])
         assert ex.answer == ex.meta["final_answer"] == str(OPS[op](a, b))
-        assert (a, op, b) == ex.meta["operands"]
+        assert (a, op, b) == ex.meta["operands"] and ex.meta["kind"] == op
         lo_hi = {"+": ((2, 30), (2, 30)), "-": ((10, 40), (1, 9)), "*": ((2, 9), (2, 12))}[op]
         assert lo_hi[0][0] <= a <= lo_hi[0][1] and lo_hi[1][0] <= b <= lo_hi[1][1]
         assert int(ex.answer) > 0

@@ -63,7 +63,8 @@ class ChatArithmeticTask(Gsm8kTask):
         question = f"What is {a} {op} {b}?"
         result = str(result_of(a, op, b))
         return Example(prompt=PROMPT.format(question=question), answer=result,
-                       meta={"final_answer": result, "question": question, "operands": (a, op, b)})
+                       meta={"final_answer": result, "question": question, "operands": (a, op, b),
+                             "kind": op})
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` distinct questions of ``split``; the same (split, n, seed) gives the same list."""
