@@ -317,7 +317,8 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
         "completion_length_per_step": [round(h["completion_length"], 1) for h in history],
         "kl_per_step": [round(h.get("kl", float("nan")), 6) for h in history],
         "seed": cfg.run.seed,
-        "wall_time_s": round(time.perf_counter() - t_start, 1),
+        "resumed_from_step": trainer.start_step,
+        "wall_time_s": round(time.perf_counter() - t_start, 1),  # this invocation's (a resume's is short)
         "run_dir": os.path.abspath(cfg.run.run_dir),
         "config": cfg.to_dict(),
     }
