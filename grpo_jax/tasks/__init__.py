@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import random
-from typing import Any, Iterator
+import zlib
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -97,6 +98,33 @@ class Task:
             yield example.prompt + self.sft_text(example, rng)
 
 
+def split_of(question: str) -> str:
+    """Stable split of a generated question (crc32 bucket of its text): 10% test, 10%
+    validation, 80% train, so splits never share a question, whatever the seeds."""
+    bucket = zlib.crc32(question.encode()) % 10
+    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
+
+
+def draw_distinct(draw: Callable[[], Any], question: Callable[[Any], str], split: str, n: int,
+                  tries: int) -> list:
+    """The first ``n`` items of ``draw()`` whose ``question`` text is new and in ``split``
+    (``split_of``), within ``tries`` draws: how generated tasks build a split's examples."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    out, seen = [], set()
+    for _ in range(tries):
+        if len(out) == n:
+            break
+        item = draw()
+        text = question(item)
+        if text not in seen and split_of(text) == split:
+            seen.add(text)
+            out.append(item)
+    if len(out) != n:
+        raise ValueError(f"could not draw {n} distinct {split!r} questions in {tries} tries")
+    return out
+
+
 # name -> "module:Class"; imported lazily so cheap tasks never pull in TFDS.
 _REGISTRY: dict[str, str] = {
     "arithmetic": "grpo_jax.tasks.arithmetic:ArithmeticTask",
@@ -128,4 +156,5 @@ def get_task(name: str, **kwargs) -> Task:
     return cls(**kwargs)
 
 
-__all__ = ["Example", "Task", "SPLITS", "as_random", "available_tasks", "get_task", "register_task"]
+__all__ = ["Example", "Task", "SPLITS", "as_random", "available_tasks", "draw_distinct", "get_task",
+           "register_task", "split_of"]

@@ -23,20 +23,14 @@ a call; a long run sees each training question several times.
 from __future__ import annotations
 
 import random
-import zlib
 from typing import Any
 
-from grpo_jax.tasks import SPLITS, Example
+from grpo_jax.tasks import Example, draw_distinct, split_of
 from grpo_jax.tasks.gsm8k import Gsm8kTask
 
 # op -> (first operand range, second operand range), inclusive.
 RANGES = {"+": ((2, 30), (2, 30)), "-": ((10, 40), (1, 9)), "*": ((2, 9), (2, 12))}
 PROMPT = "Question: {question}\nAnswer:"
-
-
-def split_of(question: str) -> str:
-    bucket = zlib.crc32(question.encode()) % 10
-    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
 
 
 def result_of(a: int, op: str, b: int) -> int:
@@ -68,21 +62,9 @@ class ChatArithmeticTask(Gsm8kTask):
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` distinct questions of ``split``; the same (split, n, seed) gives the same list."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         rng = random.Random(f"chat_arithmetic/{self.ops}/{split}/{seed}")
-        out: list[Example] = []
-        seen: set[str] = set()
-        for _ in range(100 * n + 1000):
-            if len(out) == n:
-                return out
-            ex = self.draw(rng)
-            if ex.meta["question"] in seen or split_of(ex.meta["question"]) != split:
-                continue
-            seen.add(ex.meta["question"])
-            out.append(ex)
-        raise ValueError(f"could not draw {n} distinct {split!r} questions with ops {self.ops!r} "
-                         f"(the {split} split holds about {len(self.space(split))})")
+        return draw_distinct(lambda: self.draw(rng), lambda ex: ex.meta["question"], split, n,
+                             tries=100 * n + 1000)
 
     def space(self, split: str) -> list[str]:
         """Every question of ``split`` (to size eval sets)."""

@@ -26,12 +26,11 @@ division is exact. ``Example.meta`` holds the template name and its drawn values
 from __future__ import annotations
 
 import random
-import zlib
 from dataclasses import dataclass
 from typing import Callable
 
 from grpo_jax import rewards
-from grpo_jax.tasks import SPLITS, Example
+from grpo_jax.tasks import Example, draw_distinct
 from grpo_jax.tasks.arithmetic import apply_op
 from grpo_jax.tasks.gsm8k import PROMPT, Gsm8kTask
 
@@ -255,12 +254,6 @@ TEMPLATES: dict[str, Template] = {t.name: t for t in (
 )}
 
 
-def split_of(question: str) -> str:
-    """Stable split of a question (crc32 bucket): 10% test, 10% validation, 80% train."""
-    bucket = zlib.crc32(question.encode()) % 10
-    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
-
-
 def generate_record(rng: random.Random, template: str | None = None) -> dict:
     """One GSM8K-format record ``{"question", "answer", "template", "values"}``."""
     t = TEMPLATES[template] if template is not None else rng.choice(list(TEMPLATES.values()))
@@ -299,22 +292,10 @@ class Gsm8kSynthTask(Gsm8kTask):
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` distinct problems of ``split``; the same (split, n, seed) gives the same list."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         rng = random.Random(f"gsm8k_synth/{split}/{seed}")
-        out: list[Example] = []
-        seen: set[str] = set()
-        for _ in range(200 * n + 1000):
-            if len(out) == n:
-                break
-            record = generate_record(rng, rng.choice(self.templates))
-            if record["question"] in seen or split_of(record["question"]) != split:
-                continue
-            seen.add(record["question"])
-            out.append(self.to_example(record))
-        if len(out) != n:
-            raise RuntimeError(f"could not draw {n} distinct {split} problems")
-        return out
+        records = draw_distinct(lambda: generate_record(rng, rng.choice(self.templates)),
+                                lambda r: r["question"], split, n, tries=200 * n + 1000)
+        return [self.to_example(r) for r in records]
 
     def loader(self, *args, **kwargs):
         raise NotImplementedError("gsm8k_synth is generated: use examples()")
