@@ -177,6 +177,11 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
         parser.error(str(e))
     if not cfg.run.pretrained:
         parser.error("run.pretrained is empty: give an HF folder / GGUF (or smollm2-135m)")
+    if cfg.data.task not in ("gsm8k", "chat_arithmetic"):
+        parser.error(f"data.task={cfg.data.task} is not run by this script: it trains on gsm8k (generated "
+                     "problems, or the official files with data.data_dir) or chat_arithmetic")
+    if cfg.data.task == "chat_arithmetic" and cfg.data.data_dir:
+        parser.error("data.data_dir is not read by data.task=chat_arithmetic (its questions are generated)")
     if args.preset == "deepseekmath-rl-7b" and not cfg.data.data_dir:
         parser.error("--preset deepseekmath-rl-7b trains on GSM8K itself: set data.data_dir to the "
                      "folder with the official GSM8K files")
@@ -250,11 +255,11 @@ def control_accuracy(cfg, params, tokenizer, mesh, style: str, say) -> dict:
 
 def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = None) -> dict:
     """Evaluate, GRPO from `params`, evaluate for one `cfg.run.seed`; writes summary.json and curves.png."""
+    import common  # experiments/common.py (imports jax: only once a run starts)
     import jax
 
     from grpo_jax import distributed
     from grpo_jax.evaluation import evaluate
-    from grpo_jax.metrics import read_jsonl
     from grpo_jax.plots import plot_history
     from grpo_jax.trainer import Trainer
 
@@ -279,14 +284,9 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
                       eval_examples=eval_examples, progress=not args.no_progress)
     if trainer.start_step:
         say(f"resuming {cfg.run.run_dir} at step {trainer.start_step} of {cfg.run.steps}")
-    try:
-        run_now = trainer.train()
-        after = evaluate(cfg, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh,
-                         texts=True)
-    finally:
-        trainer.close()  # flushes the log read below
-    # A resumed (or finished) run's earlier steps are in its log.
-    history = read_jsonl(os.path.join(cfg.run.run_dir, "metrics.jsonl")) if trainer.start_step else run_now
+    history = common.train_and_close(trainer)  # every step, also those before a resume
+    after = evaluate(cfg, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh,
+                     texts=True)
 
     phases = ("sample_time_s", "score_time_s", "update_time_s")
     step_s = [sum(h.get(k, 0.0) for k in phases) for h in history]
@@ -306,7 +306,7 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
                              "before": b, "after": a}
                             for ex, b, a in zip(eval_examples[:8], before["texts"], after["texts"])],
         "steps": cfg.run.steps,
-        "steps_run_now": len(run_now),
+        "steps_run_now": trainer.next_step - trainer.start_step,
         "seconds_per_step": round(sum(step_s) / len(step_s), 1) if step_s else None,
         "seconds_per_step_excluding_first": (round(sum(step_s[1:]) / len(step_s[1:]), 1)
                                              if len(step_s) > 1 else None),

@@ -95,6 +95,10 @@ def _bad_inputs(tmp):
         ("evaluate.py", ev + ["--model", "smollm2-135m", "--task", "arithmetic", "--shard", "3/2"],
          "--shard 3/2: need 0 <= i < n", 1),
         ("evaluate.py", ev + ["--model", "smollm2-135m", "--task", "arithmetic"], "give --limit N", 1),
+        ("gsm8k_grpo.py", ["experiments/gsm8k_grpo.py", fresh, "data.task=countdown"],
+         "data.task=countdown is not run by this script", 1),
+        ("smollm2_grpo.py", ["experiments/smollm2_grpo.py", fresh, f"data.data_dir={empty}"],
+         "data.data_dir is not read by data.task=chat_arithmetic", 1),
     ]
 
 
