@@ -153,6 +153,44 @@ def test_top_k_top_p_never_leave_the_allowed_set(params, top_k, top_p):
         np.asarray(jax.nn.log_softmax(scaled, -1)), tokens[..., None], -1)[..., 0] + 1e-3).any()
 
 
+def test_inverse_cdf_draw_is_the_first_index_reaching_the_target():
+    """The two-level draw against numpy's searchsorted over the whole row, float64.
+
+    Integer weights keep every float32 sum exact and targets halfway between two cumulative
+    sums leave no rounding tie, so the draw must match index for index: over three blocks
+    with the last one padded, runs of zero weight (a whole zero block included), the first
+    and last index, and u = 1."""
+    rng = np.random.default_rng(0)
+    vocab = 2 * sampling._DRAW_BLOCK + 300
+    weights = rng.integers(0, 4, size=(6, vocab)).astype(np.float32)
+    weights[1, : sampling._DRAW_BLOCK + 10] = 0  # a whole empty block, then some
+    weights[2] = 0
+    weights[2, [0, vocab - 1]] = [1, 2]  # mass only at both ends
+    weights[3, :-1] = 0
+    weights[3, -1] = 5  # mass only on the last (padded block's) index
+    cums = np.cumsum(weights.astype(np.float64), axis=1)
+    draws = jax.jit(sampling._inverse_cdf)
+    for trial in range(40):
+        k = np.array([rng.integers(0, c[-1]) for c in cums], np.float64)
+        u = (k + 0.5) / cums[:, -1]
+        got = np.asarray(draws(jnp.asarray(weights), jnp.asarray(u, jnp.float32)))
+        target = np.asarray(jnp.asarray(u, jnp.float32), np.float64) * cums[:, -1]
+        want = [np.searchsorted(c, t, side="left") for c, t in zip(cums, target)]
+        np.testing.assert_array_equal(got, want)
+        assert (weights[np.arange(6), got] > 0).all()
+    last = np.asarray(draws(jnp.asarray(weights), jnp.ones(6, jnp.float32)))
+    np.testing.assert_array_equal(last, [np.flatnonzero(w)[-1] for w in weights])
+
+
+def test_first_max_is_numpy_argmax_with_ties():
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 5, size=(8, 3000)).astype(np.float32)  # many ties at the maximum
+    x[3] = -1.0
+    x[4, -1] = 9.0
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling._first_max)(jnp.asarray(x))),
+                                  np.argmax(x, axis=-1))
+
+
 def test_sampled_frequencies_match_softmax(params):
     """4096 draws of one next token at T=0.8 against p = softmax(logits / 0.8).
 
