@@ -62,7 +62,7 @@ class Point:
         self.peak_bytes = common.peak_bytes(self.step.compiled(self.state, batch).memory_analysis())
 
     def _sample(self):
-        from grpo_jax import batching, sampling
+        from grpo_jax import sampling
 
         self.calls += 1
         out = sampling.sample(self.cfg.model, self.state.params, self.prompts, key=jax.random.key(self.calls),
@@ -70,6 +70,8 @@ class Point:
         return jax.block_until_ready(out)
 
     def _batch(self, rollout):
+        from grpo_jax import batching
+
         rewards = np.asarray(rollout.tokens).mean(axis=1).astype(np.float32)
         batch = batching.batch_from_rollout(rollout, rewards, np.zeros(len(rewards), bool))
         return self.sharding.shard_batch(batch, self.mesh)

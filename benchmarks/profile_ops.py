@@ -1,0 +1,163 @@
+"""Where a rollout's time goes, op by op: one `sample` call under the JAX profiler.
+
+Runs SmolLM2-135M's sampler (imported weights; `--tiny` for the cpu-tiny model with random
+weights) once to compile, once more under `jax.profiler`, and prints for the decode and the
+prefill program a table of wall time per HLO op, named by the JAX operation it came from
+(`layers/mlp/dot_general f32[32,1536]`) and summed over layers and steps.
+
+Wall time, not thunk time: XLA's CPU runtime runs independent thunks at the same time on
+its threads, so each instant of the program is shared equally among the thunks running
+then. The op names come from the compiled HLO (`XLA_FLAGS=--xla_dump_to`, set here before
+jax loads), the times from the trace JSON the profiler writes; no TensorBoard or xprof
+needed. Profiling slows the run down (about 1.3x here), so read shares, not absolute
+times, and time things with `bench_rollout.py`.
+
+What it found on the 2-core AMD EPYC (2026-11-24, batch 32, 64 new tokens): the dense
+matmuls take 3/4 of a decode step; before the fixes of that day, a `cumsum` and three
+`argmax`es over the 49152-way vocabulary took 14 ms of a 100 ms step, and RoPE's sin and
+cos were evaluated again inside every layer's fusions.
+
+Usage:  python benchmarks/profile_ops.py [--batch 32] [--new-tokens 64] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DUMP_FLAGS = "--xla_dump_hlo_as_text --xla_dump_hlo_pass_re=NONE"
+_INSTR = re.compile(r"^\s*%?([\w.\-]+) = (\S+) .*?op_name=\"([^\"]*)\"", re.M)
+_NOISE = re.compile(r"jit\(\w+\)/|closed_call/|while/body/|Transformer/")
+
+
+def op_names(hlo_text: str) -> dict[str, str]:
+    """instruction name -> 'jax op path result-shape', from an optimised HLO module's text
+    (the `op_name` metadata XLA keeps on each instruction; jit and loop prefixes dropped)."""
+    return {m.group(1): f"{_NOISE.sub('', m.group(3))} {m.group(2)}" for m in _INSTR.finditer(hlo_text)}
+
+
+def wall_time_by_op(events: list[dict], label) -> dict[str, tuple[int, float]]:
+    """label(event) -> key. Returns key -> (count, wall microseconds), where each instant
+    covered by n overlapping events is split equally among them (trace 'X' events with
+    'ts' and 'dur' in microseconds)."""
+    edges = sorted([(e["ts"], 1, i) for i, e in enumerate(events)] +
+                   [(e["ts"] + e["dur"], 0, i) for i, e in enumerate(events)])
+    share = [0.0] * len(events)
+    running: set[int] = set()
+    last = None
+    for t, starts, i in edges:
+        if running and last is not None:
+            for j in running:
+                share[j] += (t - last) / len(running)
+        last = t
+        if starts:
+            running.add(i)
+        else:
+            running.discard(i)
+    out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    for e, s in zip(events, share):
+        row = out[label(e)]
+        row[0] += 1
+        row[1] += s
+    return {k: (c, w) for k, (c, w) in out.items()}
+
+
+def module_events(trace: dict, module: str) -> list[dict]:
+    """The thunk events of one compiled program (the profiler tags them with hlo_module)."""
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X"
+            and e.get("args", {}).get("hlo_module") == module and not e["name"].startswith("end:")]
+
+
+def table(rows: dict[str, tuple[int, float]], top: int, steps: int) -> list[str]:
+    total = sum(w for _, w in rows.values())
+    lines = [f"| op (HLO result shape) | calls | ms total | ms per step | share |", "|---|---|---|---|---|"]
+    for name, (count, wall) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"| {name.strip() or '(no op_name)'} | {count} | {wall / 1e3:.1f} | "
+                     f"{wall / 1e3 / steps:.2f} | {100 * wall / total:.1f}% |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--top", type=int, default=25, help="rows per table")
+    ap.add_argument("--tiny", action="store_true", help="cpu-tiny with random weights (no model download)")
+    ap.add_argument("--keep", default="", help="keep the trace and HLO dump in this directory")
+    args = ap.parse_args(argv)
+    if min(args.batch, args.prompt_len, args.new_tokens) < 2:
+        ap.error("--batch, --prompt-len and --new-tokens must each be at least 2")
+
+    work = Path(args.keep or tempfile.mkdtemp(prefix="grpo_jax_profile_"))
+    dump = work / "hlo"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} {DUMP_FLAGS}".strip()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import common  # noqa: E402  (after XLA_FLAGS: jax reads them when it loads)
+    import jax
+    import numpy as np
+
+    from grpo_jax import sampling
+
+    if args.tiny:
+        from grpo_jax import model
+        from grpo_jax.config import cpu_tiny
+
+        cfg = cpu_tiny().model
+        params = model.init_params(cfg, jax.random.key(0))
+        rng = np.random.default_rng(0)
+        prompts = rng.integers(1, cfg.vocab_size, size=(args.batch, args.prompt_len)).tolist()
+        name = "cpu-tiny (random weights)"
+    else:
+        cfg, params, tok = common.smollm2()
+        prompts = common.fixed_length_prompts(tok.encode, args.batch, args.prompt_len)[1]
+        name = "SmolLM2-135M"
+
+    def run():
+        r = sampling.sample(cfg, params, prompts, key=jax.random.key(0),
+                            max_new_tokens=args.new_tokens, temperature=1.0)
+        return np.asarray(r.tokens)
+
+    print(f"compiling ({name}, batch {args.batch}, {args.prompt_len}-token prompts, "
+          f"{args.new_tokens} new tokens)...", flush=True)
+    run()
+    start = time.perf_counter()
+    jax.profiler.start_trace(str(work / "trace"))
+    run()
+    jax.profiler.stop_trace()
+    print(f"profiled run: {time.perf_counter() - start:.2f} s (profiler on)\n")
+
+    trace_files = sorted(glob.glob(str(work / "trace" / "plugins" / "profile" / "*" / "*.trace.json.gz")))
+    if not trace_files:
+        raise SystemExit(f"profile_ops: no trace written under {work / 'trace'}")
+    trace = json.load(gzip.open(trace_files[-1]))
+    for program, steps in (("_decode", args.new_tokens - 1), ("_prefill", 1)):
+        hlo_files = glob.glob(str(dump / f"*jit_{program}.cpu_after_optimizations.txt"))
+        if not hlo_files:
+            raise SystemExit(f"profile_ops: no optimised HLO for {program} in {dump}")
+        names = op_names(Path(hlo_files[-1]).read_text())
+        events = module_events(trace, f"jit_{program}")
+        rows = wall_time_by_op(events, lambda e: names.get(e["name"], e["name"]))
+        wall = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3
+        per = f", {wall / steps:.1f} ms per step over {steps} steps" if steps > 1 else ""
+        print(f"## {program.strip('_')}: {wall:.0f} ms wall{per}, {len(events)} thunks\n")
+        print("\n".join(table(rows, args.top, steps)) + "\n")
+    if args.keep:
+        print(f"trace and HLO kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

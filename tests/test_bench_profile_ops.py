@@ -1,0 +1,48 @@
+"""profile_ops' pure parts: op names from HLO text, wall time shared among overlapping thunks."""
+
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+HLO = '''
+  %ynn_fusion.6 = f32[32,49152]{1,0} fusion(%a, %b), kind=kCustom, calls=%fc.6, metadata={op_name="jit(_decode)/while/body/...e,ve->...v/dot_general" stack_frame_id=197}
+  %ynn_fusion.386 = f32[32,1536]{1,0} fusion(%c, %d), kind=kCustom, calls=%fc.386, metadata={op_name="jit(_decode)/while/body/Transformer/closed_call/layers/mlp/dot_general" stack_frame_id=366}
+  %copy.72 = f32[4]{0} copy(%e)
+'''
+
+
+@pytest.fixture
+def profile_ops(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import profile_ops
+
+    return profile_ops
+
+
+def test_op_names_strip_the_jit_and_loop_prefixes_and_keep_the_shape(profile_ops):
+    names = profile_ops.op_names(HLO)
+    assert names == {"ynn_fusion.6": "...e,ve->...v/dot_general f32[32,49152]{1,0}",
+                     "ynn_fusion.386": "layers/mlp/dot_general f32[32,1536]{1,0}"}
+
+
+def test_wall_time_is_shared_among_overlapping_events(profile_ops):
+    events = [{"name": "a", "ts": 0.0, "dur": 10.0}, {"name": "b", "ts": 5.0, "dur": 10.0},
+              {"name": "a", "ts": 20.0, "dur": 4.0}, {"name": "c", "ts": 21.0, "dur": 2.0}]
+    rows = profile_ops.wall_time_by_op(events, lambda e: e["name"])
+    # a: 5 alone + 5 shared with b (2.5), then 1 + 2 shared with c (1) + 1 alone = 7.5 + 3
+    assert rows["a"] == (2, pytest.approx(10.5))
+    assert rows["b"] == (1, pytest.approx(7.5))
+    assert rows["c"] == (1, pytest.approx(1.0))
+    covered = 15.0 + 4.0  # [0, 15) and [20, 24): gaps get no time
+    assert sum(w for _, w in rows.values()) == pytest.approx(covered)
+
+
+def test_module_events_keep_one_program_and_drop_end_markers(profile_ops):
+    trace = {"traceEvents": [
+        {"ph": "X", "name": "f", "ts": 0, "dur": 1, "args": {"hlo_module": "jit__decode"}},
+        {"ph": "X", "name": "end: f", "ts": 1, "dur": 0, "args": {"hlo_module": "jit__decode"}},
+        {"ph": "X", "name": "g", "ts": 0, "dur": 1, "args": {"hlo_module": "jit__prefill"}},
+        {"ph": "M", "name": "thread_name", "args": {}}]}
+    assert [e["name"] for e in profile_ops.module_events(trace, "jit__decode")] == ["f"]
