@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -102,7 +101,6 @@ def main(argv=None) -> int:
     work = Path(args.keep or tempfile.mkdtemp(prefix="grpo_jax_profile_"))
     dump = work / "hlo"
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} {DUMP_FLAGS}".strip()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import common  # noqa: E402  (after XLA_FLAGS: jax reads them when it loads)
     import jax
     import numpy as np
