@@ -79,7 +79,7 @@ def module_events(trace: dict, module: str) -> list[dict]:
 
 def table(rows: dict[str, tuple[int, float]], top: int, steps: int) -> list[str]:
     total = sum(w for _, w in rows.values())
-    lines = [f"| op (HLO result shape) | calls | ms total | ms per step | share |", "|---|---|---|---|---|"]
+    lines = ["| op (HLO result shape) | calls | ms total | ms per step | share |", "|---|---|---|---|---|"]
     for name, (count, wall) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
         lines.append(f"| {name.strip() or '(no op_name)'} | {count} | {wall / 1e3:.1f} | "
                      f"{wall / 1e3 / steps:.2f} | {100 * wall / total:.1f}% |")
