@@ -4,9 +4,9 @@ Every RL loss needs log π_θ(o_t | q, o_<t) at the sampled token only, yet the 
 materialises the full logits ``hidden @ unembed`` — for a 100k vocabulary, 1024 tokens
 and 64 rows that is 26 GB in float32, and autodiff keeps it alive for the backward pass.
 ``token_logprobs`` instead walks the sequence in chunks of ``chunk_size`` positions under
-``lax.scan``; each chunk is a ``jax.checkpoint``-ed function, so the forward pass keeps
-only the chunk's inputs (hidden states and the unembedding) and the backward pass
-recomputes the chunk's [B, chunk, V] logits when it needs them. Peak logits memory is
+``lax.scan``; each chunk's backward pass is written out (a custom VJP) and recomputes the
+chunk's [B, chunk, V] logits from its inputs (hidden states and the unembedding), so the
+forward pass keeps nothing vocabulary-sized. Peak logits memory is
 B × chunk × V, whatever T is.
 
 Conventions shared with the sampler (``grpo_jax.sampling``):
@@ -21,6 +21,7 @@ Conventions shared with the sampler (``grpo_jax.sampling``):
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import chex
@@ -43,27 +44,62 @@ def effective_temperature(temperature):
     return jnp.where(t > 0, t, 1.0)
 
 
-def _chunk_logprobs(hidden, unembed, targets, temp, with_entropy):
-    """One chunk: hidden [B,c,E], unembed [E,V], targets [B,c] -> logp [B,c] (, entropy [B,c]).
+def _chunk_forward(hidden, vocab_rows, targets, temp, with_entropy):
+    """One chunk: hidden [B,c,E], vocab_rows [V,E] (the unembedding, one row per token),
+    targets [B,c] -> (logp [B,c], entropy [B,c] or None, lse [B,c]).
 
-        log π(o_t) = z_t[o_t] − logsumexp_v z_t[v],   z_t = (h_t · W) / T
+        log π(o_t) = z_t[o_t] − logsumexp_v z_t[v],   z_t = (W h_t) / T
 
-    The target logit is h_t · W[:, o_t] (a gather of unembedding columns, like an embedding
+    The target logit is h_t · W[o_t] (a gather of unembedding rows, like an embedding
     lookup), so nothing indexes into the (possibly vocab-sharded) logits.
     """
     h = hidden.astype(jnp.float32)
-    w = unembed.astype(jnp.float32)
-    logits = jnp.einsum("bce,ev->bcv", h, w) / temp
+    w = vocab_rows.astype(jnp.float32)
+    logits = jnp.einsum("bce,ve->bcv", h, w) / temp
     lse = jax.nn.logsumexp(logits, axis=-1)
-    target_w = jnp.take(w.T, targets, axis=0)  # [B,c,E]
-    target_logit = jnp.einsum("bce,bce->bc", h, target_w) / temp
+    target_logit = jnp.einsum("bce,bce->bc", h, jnp.take(w, targets, axis=0)) / temp
     logp = target_logit - lse
     if not with_entropy:
-        return logp, None
-    # H = logsumexp(z) − Σ_v softmax(z)_v z_v ; a metric, never differentiated.
+        return logp, None, lse
+    # H = logsumexp(z) − Σ_v softmax(z)_v z_v
     probs = jnp.exp(logits - lse[..., None])
-    entropy = jax.lax.stop_gradient(lse - jnp.sum(probs * logits, axis=-1))
+    return logp, lse - jnp.sum(probs * logits, axis=-1), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _chunk_logprobs(hidden, vocab_rows, targets, temp, with_entropy):
+    """``(logp, entropy or None)`` of one chunk (``_chunk_forward``); entropy is a metric
+    and is not differentiated.
+
+    The backward pass is written out: it recomputes the chunk's logits from the saved
+    inputs (so no [B,c,V] array outlives the chunk, like ``jax.checkpoint``) and forms
+    ∂logp/∂z = (onehot(o) − softmax(z)) / T once. Left to autodiff under a checkpoint,
+    XLA's CPU backend built the unembedding gradient as [E,V], transposed it in every
+    chunk (113 MB for SmolLM2) and ran the vocabulary reductions twice.
+    """
+    logp, entropy, _ = _chunk_forward(hidden, vocab_rows, targets, temp, with_entropy)
     return logp, entropy
+
+
+def _chunk_fwd(hidden, vocab_rows, targets, temp, with_entropy):
+    logp, entropy, lse = _chunk_forward(hidden, vocab_rows, targets, temp, with_entropy)
+    return (logp, entropy), (hidden, vocab_rows, targets, temp, lse)
+
+
+def _chunk_bwd(with_entropy, res, cotangents):
+    hidden, vocab_rows, targets, temp, lse = res
+    g = cotangents[0]  # [B,c]; the entropy's cotangent is ignored (a metric)
+    h = hidden.astype(jnp.float32)
+    w = vocab_rows.astype(jnp.float32)
+    logits = jnp.einsum("bce,ve->bcv", h, w) / temp
+    onehot = targets[..., None] == jnp.arange(w.shape[0], dtype=targets.dtype)
+    dlogits = (onehot - jnp.exp(logits - lse[..., None])) * (g / temp)[..., None]
+    dh = jnp.einsum("bcv,ve->bce", dlogits, w).astype(hidden.dtype)
+    dw = jnp.einsum("bcv,bce->ve", dlogits, h).astype(vocab_rows.dtype)
+    return dh, dw, None, jnp.zeros_like(temp)
+
+
+_chunk_logprobs.defvjp(_chunk_fwd, _chunk_bwd)
 
 
 def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
@@ -74,7 +110,7 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
         logp[b, t] = log softmax(h[b,t] · W / T)[targets[b, t]]
 
     Positions are processed ``chunk_size`` at a time (the last chunk zero-padded); each
-    chunk is rematerialised in the backward pass (``jax.checkpoint``), so neither the
+    chunk's logits are recomputed in the backward pass (``_chunk_logprobs``), so neither the
     forward nor the backward pass holds more than one [B, chunk_size, V] float32 array.
     T = 0 is treated as T = 1 (``effective_temperature``).
 
@@ -109,12 +145,11 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     hs = jnp.moveaxis(hidden.reshape(b, n, c, e), 1, 0)
     ts = jnp.moveaxis(targets.astype(jnp.int32).reshape(b, n, c), 1, 0)
 
-    chunk_fn = jax.checkpoint(
-        lambda h, w, tg, tmp: _chunk_logprobs(h, w, tg, tmp, with_entropy), prevent_cse=False)
+    vocab_rows = unembed.T  # [V,E]: a tied embedding as stored (the two transposes cancel)
 
     def body(_, xs):
         h, tg = xs
-        return None, chunk_fn(h, unembed, tg, temp)
+        return None, _chunk_logprobs(h, vocab_rows, tg, temp, with_entropy)
 
     _, (logp, entropy) = jax.lax.scan(body, None, (hs, ts))
     unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * c)[:, :t]

@@ -158,6 +158,48 @@ class Attention(nn.Module):
         return out.reshape(b, t, h * d) @ wo.astype(dt).reshape(h * d, -1), new_kv
 
 
+@jax.custom_vjp
+def swiglu(x, gate, up, down):
+    """SwiGLU feed-forward: x [..., E], gate/up [E, F], down [F, E] -> [..., E].
+
+        y = (silu(x·gate) ⊙ (x·up)) · down
+
+    The backward pass is written out (`_swiglu_bwd`) rather than left to autodiff: from
+    autodiff, XLA's CPU backend writes the SiLU derivative in a transposed layout (a
+    scalar, strided loop: 9% of a SmolLM2 update on a 2-core EPYC) and keeps four
+    [tokens, F] residuals per layer; written out, the backward is six matmuls in their
+    natural layouts and one elementwise pass over the two saved pre-activations.
+    """
+    a, b = _swiglu_preactivations(x, gate, up)
+    return (jax.nn.silu(a) * b) @ down
+
+
+def _swiglu_preactivations(x, gate, up):
+    return x @ gate, x @ up
+
+
+def _swiglu_fwd(x, gate, up, down):
+    a, b = _swiglu_preactivations(x, gate, up)
+    return (jax.nn.silu(a) * b) @ down, (x, a, b, gate, up, down)
+
+
+def _swiglu_bwd(res, dy):
+    x, a, b, gate, up, down = res
+    s = jax.nn.sigmoid(a)
+    silu = a * s
+    d_down = jnp.einsum("...f,...e->fe", silu * b, dy)
+    dh = jnp.einsum("...e,fe->...f", dy, down)
+    db = dh * silu
+    da = dh * b * s * (1 + a * (1 - s))  # d silu(a)/da = s (1 + a (1 − s))
+    d_gate = jnp.einsum("...e,...f->ef", x, da)
+    d_up = jnp.einsum("...e,...f->ef", x, db)
+    dx = jnp.einsum("...f,ef->...e", da, gate) + jnp.einsum("...f,ef->...e", db, up)
+    return dx, d_gate, d_up, d_down
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class MLP(nn.Module):
     cfg: ModelConfig
 
@@ -169,8 +211,7 @@ class MLP(nn.Module):
         gate = _param(self, "gate", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         up = _param(self, "up", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         down = _param(self, "down", (cfg.mlp_dim, cfg.embed_dim), ("mlp", "embed"), init, cfg)
-        h = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
-        return h @ down.astype(dt)
+        return swiglu(x, gate.astype(dt), up.astype(dt), down.astype(dt))
 
 
 class Block(nn.Module):

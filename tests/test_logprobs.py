@@ -50,6 +50,25 @@ def test_chunked_equals_direct_values_grads_entropy(chunk_size, temperature):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_bfloat16_inputs_get_bfloat16_gradients_close_to_float32():
+    """Logits are computed in float32 whatever the inputs' dtype; the gradients come back in
+    the inputs' dtype, equal to the float32 gradients up to bfloat16 rounding."""
+    hidden, unembed, targets = _inputs()
+    loss = lambda h, u: jnp.sum(logprobs.token_logprobs(h, u, targets, chunk_size=4))
+    g32 = jax.grad(loss, (0, 1))(hidden, unembed)
+    g16 = jax.grad(loss, (0, 1))(hidden.astype(jnp.bfloat16), unembed.astype(jnp.bfloat16))
+    for a, b in zip(g16, g32):
+        assert a.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=3e-2, atol=3e-2 * float(jnp.max(jnp.abs(b))))
+
+
+def test_entropy_is_not_differentiated():
+    hidden, unembed, targets = _inputs()
+    ent = lambda h, u: jnp.sum(logprobs.token_logprobs(h, u, targets, chunk_size=4, with_entropy=True)[1])
+    for g in jax.grad(ent, (0, 1))(hidden, unembed):
+        np.testing.assert_array_equal(g, 0.0)
+
+
 def test_temperature_zero_is_one_and_traced_temperature_matches():
     hidden, unembed, targets = _inputs()
     at0 = logprobs.token_logprobs(hidden, unembed, targets, temperature=0.0)

@@ -116,6 +116,28 @@ def test_scan_and_remat_do_not_change_loss_or_grads(variant):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_swiglu_backward_equals_autodiff_of_its_formula(dtype):
+    """The written-out SwiGLU backward gives autodiff's gradients of
+    (silu(x·gate) ⊙ (x·up))·down, in the inputs' dtype."""
+    ks = jax.random.split(jax.random.key(11), 5)
+    x = jax.random.normal(ks[0], (2, 7, 16)).astype(dtype)
+    gate, up = (jax.random.normal(k, (16, 24)).astype(dtype) * 0.5 for k in ks[1:3])
+    down = (jax.random.normal(ks[3], (24, 16)) * 0.5).astype(dtype)
+    cot = jax.random.normal(ks[4], (2, 7, 16))
+    reference = lambda x, g, u, d: (jax.nn.silu(x @ g) * (x @ u)) @ d
+    grads = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * cot),
+                                argnums=(0, 1, 2, 3))(x, gate, up, down)
+    tol = 1e-5 if dtype == jnp.float32 else 3e-2
+    np.testing.assert_allclose(np.asarray(model.swiglu(x, gate, up, down), np.float32),
+                               np.asarray(reference(x, gate, up, down), np.float32), rtol=tol, atol=tol)
+    for ours, ref in zip(grads(model.swiglu), grads(reference)):
+        assert ours.dtype == dtype and ours.shape == ref.shape
+        scale = float(jnp.max(jnp.abs(ref.astype(jnp.float32))))
+        np.testing.assert_allclose(np.asarray(ours, np.float32) / scale,
+                                   np.asarray(ref, np.float32) / scale, atol=tol)
+
+
 def test_value_head_and_bfloat16_compute():
     cfg = dataclasses.replace(TINY, dtype="bfloat16")
     params = _params(cfg, value_head=True)
