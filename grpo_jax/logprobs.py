@@ -44,58 +44,69 @@ def effective_temperature(temperature):
     return jnp.where(t > 0, t, 1.0)
 
 
-def _chunk_forward(hidden, vocab_rows, targets, temp, with_entropy):
-    """One chunk: hidden [B,c,E], vocab_rows [V,E] (the unembedding, one row per token),
+def _specs(vocab_major):
+    """einsum specs (logits, ∂h, ∂W) for the unembedding W as stored: [V,E] or [E,V]."""
+    w = "ve" if vocab_major else "ev"
+    return f"bce,{w}->bcv", f"bcv,{w}->bce", f"bcv,bce->{w}"
+
+
+def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major):
+    """One chunk: hidden [B,c,E], w the unembedding ([V,E] if vocab_major, else [E,V]),
     targets [B,c] -> (logp [B,c], entropy [B,c] or None, lse [B,c]).
 
-        log π(o_t) = z_t[o_t] − logsumexp_v z_t[v],   z_t = (W h_t) / T
+        log π(o_t) = z_t[o_t] − logsumexp_v z_t[v],   z_t = (h_t · W) / T
 
-    The target logit is h_t · W[o_t] (a gather of unembedding rows, like an embedding
+    The target logit is h_t · W[:, o_t] (a gather of unembedding columns, like an embedding
     lookup), so nothing indexes into the (possibly vocab-sharded) logits.
     """
     h = hidden.astype(jnp.float32)
-    w = vocab_rows.astype(jnp.float32)
-    logits = jnp.einsum("bce,ve->bcv", h, w) / temp
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.einsum("bce,bce->bc", h, jnp.take(w, targets, axis=0)) / temp
-    logp = target_logit - lse
+    w = w.astype(jnp.float32)
+    logits = jnp.einsum(_specs(vocab_major)[0], h, w) / temp
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    e = jnp.exp(logits - top)
+    total = jnp.sum(e, axis=-1)
+    lse = top[..., 0] + jnp.log(total)
+    target_w = jnp.take(w, targets, axis=0) if vocab_major else jnp.moveaxis(jnp.take(w, targets, axis=1), 0, -1)
+    logp = jnp.einsum("bce,bce->bc", h, target_w) / temp - lse
     if not with_entropy:
         return logp, None, lse
-    # H = logsumexp(z) − Σ_v softmax(z)_v z_v
-    probs = jnp.exp(logits - lse[..., None])
-    return logp, lse - jnp.sum(probs * logits, axis=-1), lse
+    # H = logsumexp(z) − Σ_v softmax(z)_v z_v, from the same exp(z − max) as the sum above
+    # (one exp over the vocabulary, not two).
+    return logp, lse - jnp.sum(e * logits, axis=-1) / total, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _chunk_logprobs(hidden, vocab_rows, targets, temp, with_entropy):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major):
     """``(logp, entropy or None)`` of one chunk (``_chunk_forward``); entropy is a metric
     and is not differentiated.
 
     The backward pass is written out: it recomputes the chunk's logits from the saved
-    inputs (so no [B,c,V] array outlives the chunk, like ``jax.checkpoint``) and forms
-    ∂logp/∂z = (onehot(o) − softmax(z)) / T once. Left to autodiff under a checkpoint,
-    XLA's CPU backend built the unembedding gradient as [E,V], transposed it in every
-    chunk (113 MB for SmolLM2) and ran the vocabulary reductions twice.
+    inputs (so no [B,c,V] array outlives the chunk, like ``jax.checkpoint``), forms
+    ∂logp/∂z = (onehot(o) − softmax(z)) / T once and contracts it into W's gradient in the
+    layout W is stored in. Left to autodiff under a checkpoint, XLA's CPU backend built the
+    gradient of a tied embedding as [E,V] and transposed it in every chunk (113 MB for
+    SmolLM2), and ran the vocabulary reductions twice.
     """
-    logp, entropy, _ = _chunk_forward(hidden, vocab_rows, targets, temp, with_entropy)
+    logp, entropy, _ = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major)
     return logp, entropy
 
 
-def _chunk_fwd(hidden, vocab_rows, targets, temp, with_entropy):
-    logp, entropy, lse = _chunk_forward(hidden, vocab_rows, targets, temp, with_entropy)
-    return (logp, entropy), (hidden, vocab_rows, targets, temp, lse)
+def _chunk_fwd(hidden, w, targets, temp, with_entropy, vocab_major):
+    logp, entropy, lse = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major)
+    return (logp, entropy), (hidden, w, targets, temp, lse)
 
 
-def _chunk_bwd(with_entropy, res, cotangents):
-    hidden, vocab_rows, targets, temp, lse = res
+def _chunk_bwd(with_entropy, vocab_major, res, cotangents):
+    hidden, w, targets, temp, lse = res
     g = cotangents[0]  # [B,c]; the entropy's cotangent is ignored (a metric)
+    logits_spec, dh_spec, dw_spec = _specs(vocab_major)
     h = hidden.astype(jnp.float32)
-    w = vocab_rows.astype(jnp.float32)
-    logits = jnp.einsum("bce,ve->bcv", h, w) / temp
-    onehot = targets[..., None] == jnp.arange(w.shape[0], dtype=targets.dtype)
+    w32 = w.astype(jnp.float32)
+    logits = jnp.einsum(logits_spec, h, w32) / temp
+    onehot = targets[..., None] == jnp.arange(logits.shape[-1], dtype=targets.dtype)
     dlogits = (onehot - jnp.exp(logits - lse[..., None])) * (g / temp)[..., None]
-    dh = jnp.einsum("bcv,ve->bce", dlogits, w).astype(hidden.dtype)
-    dw = jnp.einsum("bcv,bce->ve", dlogits, h).astype(vocab_rows.dtype)
+    dh = jnp.einsum(dh_spec, dlogits, w32).astype(hidden.dtype)
+    dw = jnp.einsum(dw_spec, dlogits, h).astype(w.dtype)
     return dh, dw, None, jnp.zeros_like(temp)
 
 
@@ -104,7 +115,7 @@ _chunk_logprobs.defvjp(_chunk_fwd, _chunk_bwd)
 
 def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
                    temperature: float = 1.0, chunk_size: int = 64,
-                   with_entropy: bool = False):
+                   with_entropy: bool = False, vocab_major: bool = False):
     """log_softmax(hidden @ unembed / T) at ``targets``, chunked over the sequence axis.
 
         logp[b, t] = log softmax(h[b,t] · W / T)[targets[b, t]]
@@ -116,13 +127,16 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
 
     Args:
       hidden: ``[B, T, E]`` final hidden states (any float dtype).
-      unembed: ``[E, V]`` unembedding matrix (``model.unembed_matrix``).
+      unembed: ``[E, V]`` unembedding matrix, or ``[V, E]`` with ``vocab_major`` (a tied
+        embedding as stored: contracting it as it lies spares a transpose of its gradient;
+        ``model.unembedding`` gives the matrix and the flag).
       targets: ``[B, T]`` int token ids whose log-probs are wanted.
       temperature: T of the tempered distribution, 0 meaning 1 (a Python number, or a
         scalar array so that changing it does not recompile).
       chunk_size: sequence positions per chunk.
       with_entropy: also return the entropy of every position's tempered distribution
         (not differentiated: gradients through it are zero).
+      vocab_major: ``unembed`` is ``[V, E]``.
 
     Returns:
       ``logp [B, T]`` float32, or ``(logp, entropy)`` with ``entropy [B, T]`` float32.
@@ -131,8 +145,9 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     chex.assert_equal_shape_prefix([hidden, targets], 2)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if unembed.shape[0] != hidden.shape[-1]:
-        raise ValueError(f"unembed {unembed.shape} does not map hidden size {hidden.shape[-1]}")
+    if unembed.shape[1 if vocab_major else 0] != hidden.shape[-1]:
+        layout = "[V, E]" if vocab_major else "[E, V]"
+        raise ValueError(f"unembed {unembed.shape} ({layout}) does not map hidden size {hidden.shape[-1]}")
     temp = jnp.asarray(effective_temperature(temperature), jnp.float32)
     b, t, e = hidden.shape
     c = max(1, min(chunk_size, t))
@@ -145,11 +160,9 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     hs = jnp.moveaxis(hidden.reshape(b, n, c, e), 1, 0)
     ts = jnp.moveaxis(targets.astype(jnp.int32).reshape(b, n, c), 1, 0)
 
-    vocab_rows = unembed.T  # [V,E]: a tied embedding as stored (the two transposes cancel)
-
     def body(_, xs):
         h, tg = xs
-        return None, _chunk_logprobs(h, vocab_rows, tg, temp, with_entropy)
+        return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major)
 
     _, (logp, entropy) = jax.lax.scan(body, None, (hs, ts))
     unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * c)[:, :t]
@@ -188,8 +201,9 @@ def sequence_logprobs(cfg: ModelConfig, params: Any, batch: Any, *, temperature,
     ``batch.mask`` is False (and ``(logp, entropy)`` when ``with_entropy``; entropy is 0
     there too). One model forward (``completion_hidden``) + chunked ``token_logprobs``."""
     hidden = completion_hidden(cfg, params, batch)
-    out = token_logprobs(hidden, model_lib.unembed_matrix(cfg, params), batch.tokens,
-                         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+    unembed, vocab_major = model_lib.unembedding(cfg, params)
+    out = token_logprobs(hidden, unembed, batch.tokens, temperature=temperature, chunk_size=chunk_size,
+                         with_entropy=with_entropy, vocab_major=vocab_major)
     mask = batch.mask.astype(bool)
     if with_entropy:
         logp, entropy = out

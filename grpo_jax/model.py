@@ -113,10 +113,55 @@ def _attend(q, k, v, allowed):
         weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
         out = jnp.einsum("bkgs,bksd->bkgd", weights.astype(q.dtype), v).astype(jnp.float32)
         return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(q.dtype)[:, None]
-    scores = jnp.einsum("btkgd,bkds->bkgts", q, k).astype(jnp.float32) / scale
-    scores = jnp.where(allowed[:, None, None, :, :], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    return jnp.einsum("bkgts,bksd->btkgd", probs, v)
+    return _attend_many(q, k, v, allowed)
+
+
+def _scores(q, k, allowed):
+    """[B,K,G,T,S] float32 scaled scores, _NEG where a key is not allowed."""
+    scores = jnp.einsum("btkgd,bkds->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1]).astype(jnp.float32)
+    return jnp.where(allowed[:, None, None, :, :], scores, _NEG)
+
+
+def _softmax_parts(q, k, allowed):
+    """exp(scores − max) [B,K,G,T,S], the max and the sum of that exp [B,K,G,T,1]."""
+    scores = _scores(q, k, allowed)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    e = jnp.exp(scores - top)
+    return e, top, jnp.sum(e, axis=-1, keepdims=True)
+
+
+@jax.custom_vjp
+def _attend_many(q, k, v, allowed):
+    """`_attend` for T > 1 (training, prefill), with the backward pass written out: it
+    keeps only each row's softmax max and sum and recomputes the probabilities, where
+    autodiff kept two [B,K,G,T,S] float32 arrays per layer (SmolLM2, 4 × 255 tokens:
+    2 × 281 MB per micro-batch, zero-filled and copied at every step)."""
+    e, _, total = _softmax_parts(q, k, allowed)
+    return jnp.einsum("bkgts,bksd->btkgd", (e / total).astype(q.dtype), v)
+
+
+def _attend_many_fwd(q, k, v, allowed):
+    e, top, total = _softmax_parts(q, k, allowed)
+    out = jnp.einsum("bkgts,bksd->btkgd", (e / total).astype(q.dtype), v)
+    return out, (q, k, v, allowed, out, top, total)
+
+
+def _attend_many_bwd(res, d_out):
+    q, k, v, allowed, out, top, total = res
+    probs = jnp.exp(_scores(q, k, allowed) - top) / total
+    d_v = jnp.einsum("bkgts,btkgd->bksd", probs.astype(q.dtype), d_out)
+    d_probs = jnp.einsum("btkgd,bksd->bkgts", d_out, v).astype(jnp.float32)
+    # softmax backward: p ⊙ (dp − Σ_s p dp), and Σ_s p dp = Σ_d out · d_out
+    row = jnp.einsum("btkgd,btkgd->bkgt", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    d_scores = probs * (d_probs - row[..., None])
+    d_scores = jnp.where(allowed[:, None, None, :, :], d_scores, 0.0)
+    d_scores = (d_scores / jnp.sqrt(q.shape[-1]).astype(jnp.float32)).astype(q.dtype)
+    d_q = jnp.einsum("bkgts,bkds->btkgd", d_scores, k)
+    d_k = jnp.einsum("bkgts,btkgd->bkds", d_scores, q)
+    return d_q, d_k, d_v, None
+
+
+_attend_many.defvjp(_attend_many_fwd, _attend_many_bwd)
 
 
 class Attention(nn.Module):
@@ -367,6 +412,14 @@ def forward_hidden(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
 def unembed_matrix(cfg: ModelConfig, params: Params) -> jax.Array:
     """[embed, vocab] (the transposed embedding when tied)."""
     return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+
+
+def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:
+    """The unembedding as stored and whether it is vocab-major: ``(embedding [V,E], True)``
+    when tied, else ``(lm_head [E,V], False)`` (``logprobs.token_logprobs``'s arguments)."""
+    if cfg.tie_embeddings:
+        return params["embedding"], True
+    return params["lm_head"], False
 
 
 def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:

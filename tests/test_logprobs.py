@@ -62,6 +62,26 @@ def test_bfloat16_inputs_get_bfloat16_gradients_close_to_float32():
         np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=3e-2, atol=3e-2 * float(jnp.max(jnp.abs(b))))
 
 
+def test_vocab_major_unembedding_gives_the_same_values_and_transposed_gradient():
+    hidden, unembed, targets = _inputs()
+    w = jax.random.normal(jax.random.key(3), targets.shape)
+
+    def loss(h, u, vocab_major):
+        logp, ent = logprobs.token_logprobs(h, u, targets, chunk_size=4, with_entropy=True,
+                                            vocab_major=vocab_major, temperature=0.8)
+        return jnp.sum(w * logp), (logp, ent)
+
+    (_, out_ev), (gh_ev, gu_ev) = jax.value_and_grad(loss, (0, 1), has_aux=True)(hidden, unembed, False)
+    (_, out_ve), (gh_ve, gu_ve) = jax.value_and_grad(loss, (0, 1), has_aux=True)(hidden, unembed.T, True)
+    for a, b in zip(out_ev, out_ve):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(gh_ev, gh_ve, rtol=1e-5, atol=1e-6)
+    assert gu_ve.shape == unembed.T.shape
+    np.testing.assert_allclose(gu_ev, gu_ve.T, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\[V, E\]"):
+        logprobs.token_logprobs(hidden, unembed, targets, vocab_major=True)
+
+
 def test_entropy_is_not_differentiated():
     hidden, unembed, targets = _inputs()
     ent = lambda h, u: jnp.sum(logprobs.token_logprobs(h, u, targets, chunk_size=4, with_entropy=True)[1])

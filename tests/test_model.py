@@ -138,6 +138,32 @@ def test_swiglu_backward_equals_autodiff_of_its_formula(dtype):
                                    np.asarray(ref, np.float32) / scale, atol=tol)
 
 
+def test_attention_backward_equals_autodiff_including_fully_masked_rows():
+    """The recomputing attention backward gives autodiff's gradients of masked softmax
+    attention, also for a query with no allowed key (a left pad: uniform weights)."""
+    b, t, kh, g, d, s = 2, 5, 2, 3, 4, 5
+    ks = jax.random.split(jax.random.key(12), 4)
+    q = jax.random.normal(ks[0], (b, t, kh, g, d))
+    k = jax.random.normal(ks[1], (b, kh, d, s))
+    v = jax.random.normal(ks[2], (b, kh, s, d))
+    real = jnp.array([[False, True, True, True, True], [True] * 5])  # row 0: query 0 sees nothing
+    allowed = (jnp.arange(s)[None, None, :] <= jnp.arange(t)[None, :, None]) & real[:, None, :]
+    cot = jax.random.normal(ks[3], (b, t, kh, g, d))
+
+    def reference(q, k, v):
+        scores = jnp.einsum("btkgd,bkds->bkgts", q, k) / np.sqrt(d)
+        scores = jnp.where(allowed[:, None, None], scores, model._NEG)
+        return jnp.einsum("bkgts,bksd->btkgd", jax.nn.softmax(scores, -1), v)
+
+    ours = lambda q, k, v: model._attend_many(q, k, v, allowed)
+    np.testing.assert_allclose(ours(q, k, v), reference(q, k, v), atol=1e-6)
+    np.testing.assert_allclose(ours(q, k, v)[0, 0], jnp.broadcast_to(v[0].mean(1), (g, kh, d)).swapaxes(0, 1),
+                               atol=1e-6)  # uniform over the 5 slots
+    grads = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a) * cot), (0, 1, 2))(q, k, v)
+    for a, r in zip(grads(ours), grads(reference)):
+        np.testing.assert_allclose(a, r, atol=2e-6 * float(jnp.max(jnp.abs(r))))
+
+
 def test_value_head_and_bfloat16_compute():
     cfg = dataclasses.replace(TINY, dtype="bfloat16")
     params = _params(cfg, value_head=True)

@@ -60,7 +60,8 @@ def pretrain_trunk(
 
     def nll(p, tokens, mask):
         hidden, _ = model_lib.forward_hidden(cfg_model, p, tokens[:, :-1], mask[:, :-1])
-        logp = token_logprobs(hidden, model_lib.unembed_matrix(cfg_model, p), tokens[:, 1:])
+        unembed, vocab_major = model_lib.unembedding(cfg_model, p)
+        logp = token_logprobs(hidden, unembed, tokens[:, 1:], vocab_major=vocab_major)
         return aggregate(sft_loss(logp), mask[:, 1:], "token_mean")
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
