@@ -1,4 +1,4 @@
-"""Where a rollout's time goes, op by op: one `sample` call under the JAX profiler.
+"""Where a rollout's (or an update's) time goes, op by op: one call under the JAX profiler.
 
 Runs SmolLM2-135M's sampler (imported weights; `--tiny` for the cpu-tiny model with random
 weights) once to compile, once more under `jax.profiler`, and prints for the decode and the
@@ -17,7 +17,14 @@ matmuls take 3/4 of a decode step; before the fixes of that day, a `cumsum` and 
 `argmax`es over the 49152-way vocabulary took 14 ms of a 100 ms step, and RoPE's sin and
 cos were evaluated again inside every layer's fusions.
 
+`--update` profiles one GRPO update instead (`bench_train_step`'s: `--rows` × 256 tokens,
+4 micro-batches, no remat, β = 0.04) and adds a summary by part of the model (MLP,
+attention, log-probs over the vocabulary, the rest) and kind (matmul or not). On the same
+machine it found the update's autodiff-chosen layouts: a transposed SiLU backward, a
+per-chunk transpose of the embedding gradient, attention probabilities kept per layer.
+
 Usage:  python benchmarks/profile_ops.py [--batch 32] [--new-tokens 64] [--top 25]
+        python benchmarks/profile_ops.py --update [--rows 16]
 """
 
 from __future__ import annotations
@@ -77,6 +84,30 @@ def module_events(trace: dict, module: str) -> list[dict]:
             and e.get("args", {}).get("hlo_module") == module and not e["name"].startswith("end:")]
 
 
+def part_of(op: str) -> tuple[str, str]:
+    """(part of the model, 'matmul' or 'other') of an op name from `op_names`."""
+    kind = "matmul" if "dot_general" in op else "other"
+    if "layers/mlp" in op:
+        return "MLP", kind
+    if "layers/attn" in op:
+        return "attention", kind
+    if "logprobs/" in op:  # logprobs.token_logprobs' named scope
+        return "log-probs over the vocabulary", kind
+    return "rest", kind
+
+
+def by_part(rows: dict[str, tuple[int, float]]) -> list[str]:
+    """A table of wall time summed by `part_of`, largest first."""
+    sums: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for op, (_, wall) in rows.items():
+        sums[part_of(op)] += wall
+    total = sum(sums.values())
+    lines = ["| part | kind | s | share |", "|---|---|---|---|"]
+    for (part, kind), wall in sorted(sums.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {part} | {kind} | {wall / 1e6:.2f} | {100 * wall / total:.1f}% |")
+    return lines
+
+
 def table(rows: dict[str, tuple[int, float]], top: int, steps: int) -> list[str]:
     total = sum(w for _, w in rows.values())
     lines = ["| op (HLO result shape) | calls | ms total | ms per step | share |", "|---|---|---|---|---|"]
@@ -94,9 +125,16 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=25, help="rows per table")
     ap.add_argument("--tiny", action="store_true", help="cpu-tiny with random weights (no model download)")
     ap.add_argument("--keep", default="", help="keep the trace and HLO dump in this directory")
+    ap.add_argument("--update", action="store_true",
+                    help="profile one GRPO update (bench_train_step's) instead of a rollout")
+    ap.add_argument("--rows", type=int, default=16, help="--update: sequences (a multiple of 4)")
     args = ap.parse_args(argv)
     if min(args.batch, args.prompt_len, args.new_tokens) < 2:
         ap.error("--batch, --prompt-len and --new-tokens must each be at least 2")
+    if args.update and (args.rows < 4 or args.rows % 4):
+        ap.error(f"--rows must be a positive multiple of 4 (groups of 4), got {args.rows}")
+    if args.update:  # bench_train_step's prompts: 64 tokens, one per group of 4
+        args.prompt_len, args.batch = 64, max(args.batch, args.rows // 4)
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="grpo_jax_profile_"))
     dump = work / "hlo"
@@ -121,13 +159,20 @@ def main(argv=None) -> int:
         prompts = common.fixed_length_prompts(tok.encode, args.batch, args.prompt_len)[1]
         name = "SmolLM2-135M"
 
-    def run():
-        r = sampling.sample(cfg, params, prompts, key=jax.random.key(0),
-                            max_new_tokens=args.new_tokens, temperature=1.0)
-        return np.asarray(r.tokens)
+    if args.update:
+        import bench_train_step
 
-    print(f"compiling ({name}, batch {args.batch}, {args.prompt_len}-token prompts, "
-          f"{args.new_tokens} new tokens)...", flush=True)
+        run, programs = _update_runner(bench_train_step, cfg, params, prompts, args.rows), (("_step", 1),)
+        print(f"compiling ({name}, one GRPO update of {args.rows} × 256 tokens)...", flush=True)
+    else:
+        def run():
+            r = sampling.sample(cfg, params, prompts, key=jax.random.key(0),
+                                max_new_tokens=args.new_tokens, temperature=1.0)
+            return np.asarray(r.tokens)
+
+        programs = (("_decode", args.new_tokens - 1), ("_prefill", 1))
+        print(f"compiling ({name}, batch {args.batch}, {args.prompt_len}-token prompts, "
+              f"{args.new_tokens} new tokens)...", flush=True)
     run()
     start = time.perf_counter()
     jax.profiler.start_trace(str(work / "trace"))
@@ -139,7 +184,7 @@ def main(argv=None) -> int:
     if not trace_files:
         raise SystemExit(f"profile_ops: no trace written under {work / 'trace'}")
     trace = json.load(gzip.open(trace_files[-1]))
-    for program, steps in (("_decode", args.new_tokens - 1), ("_prefill", 1)):
+    for program, steps in programs:
         hlo_files = glob.glob(str(dump / f"*jit_{program}.cpu_after_optimizations.txt"))
         if not hlo_files:
             raise SystemExit(f"profile_ops: no optimised HLO for {program} in {dump}")
@@ -150,11 +195,26 @@ def main(argv=None) -> int:
         per = f", {wall / steps:.1f} ms per step over {steps} steps" if steps > 1 else ""
         print(f"## {program.strip('_')}: {wall:.0f} ms wall{per}, {len(events)} thunks\n")
         print("\n".join(table(rows, args.top, steps)) + "\n")
+        if args.update:
+            print("\n".join(by_part(rows)) + "\n")
     if args.keep:
         print(f"trace and HLO kept in {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _update_runner(bench_train_step, cfg, params, prompts, rows: int):
+    """A callable running one GRPO update on `rows` sequences: the first rows/4 prompts cut to
+    64 tokens, each 4 times, with 192 random completion tokens (bench_train_step's shapes)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    prompt_ids = np.repeat(np.array([p[:64] for p in prompts[:rows // 4]], np.int32), 4, axis=0)
+    completion_ids = rng.integers(3, cfg.vocab_size, (rows, 192)).astype(np.int32)
+    rewards = rng.normal(size=rows).astype(np.float32)
+    grpo_cfg = bench_train_step.grpo_config(cfg, rows, 4, ["model.remat=none"])
+    return bench_train_step.OurUpdate(grpo_cfg, params, rows, prompt_ids, completion_ids, rewards)
 
 
 if __name__ == "__main__":

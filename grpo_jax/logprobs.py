@@ -162,7 +162,8 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
 
     def body(_, xs):
         h, tg = xs
-        return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major)
+        with jax.named_scope("logprobs"):  # names the chunk's ops in profiles (profile_ops.py)
+            return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major)
 
     _, (logp, entropy) = jax.lax.scan(body, None, (hs, ts))
     unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * c)[:, :t]

@@ -46,3 +46,17 @@ def test_module_events_keep_one_program_and_drop_end_markers(profile_ops):
         {"ph": "X", "name": "g", "ts": 0, "dur": 1, "args": {"hlo_module": "jit__prefill"}},
         {"ph": "M", "name": "thread_name", "args": {}}]}
     assert [e["name"] for e in profile_ops.module_events(trace, "jit__decode")] == ["f"]
+
+
+def test_parts_of_the_model_and_kinds(profile_ops):
+    assert profile_ops.part_of("transpose(jvp(Transformer))/layers/mlp/...e,...f->ef/dot_general f32[576,1536]") == ("MLP", "matmul")
+    assert profile_ops.part_of("layers/attn/reduce_sum f32[4,3,3,255,255]") == ("attention", "other")
+    assert profile_ops.part_of("jvp()/logprobs/reduce_sum f32[4,64]") == ("log-probs over the vocabulary", "other")
+    assert profile_ops.part_of("transpose(jvp())/logprobs/bcv,ve->bce/dot_general f32[256,576]") == \
+        ("log-probs over the vocabulary", "matmul")
+    assert profile_ops.part_of("closed_call f32[30,4,255,1536]") == ("rest", "other")
+    rows = {"layers/mlp/dot_general a": (2, 3e6), "layers/mlp/dot_general b": (1, 1e6),
+            "layers/mlp/mul c": (1, 0.5e6), "copy d": (1, 0.5e6)}
+    lines = profile_ops.by_part(rows)
+    assert lines[2] == "| MLP | matmul | 4.00 | 80.0% |"
+    assert lines[3:] == ["| MLP | other | 0.50 | 10.0% |", "| rest | other | 0.50 | 10.0% |"]
