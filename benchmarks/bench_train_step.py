@@ -277,7 +277,7 @@ def main(argv=None) -> int:
         r["train_tokens_per_s_ratio_vs_trl"] = stats["TRL GRPOTrainer"]["median"] / trl_base
     r["train_mfu_vs_cpu_peak"] = smol_mfu
     r["train_mfu_vs_cpu_peak_tiny"] = tiny_mfu
-    r["matmul_peak_gflops"] = peak_f / 1e9
+    r["train_matmul_peak_gflops"] = peak_f / 1e9  # its own key: bench_rollout measures one too
     r["train_mfu_per_cpu_second"] = smol_cpu_mfu
     r["train_mfu_per_cpu_second_tiny"] = tiny_cpu_mfu
     rep.details.update({"shape": {"rows": rows, "prompt": tp, "completion": tc},

@@ -66,9 +66,10 @@ def test_merge_replaces_the_rerun_benchmarks_and_keeps_the_others(run_all, tmp_p
     text = (out / "RESULTS.md").read_text()
     assert "git aaaaaaa" in text and "on 2026-11-25T09:00:00+00:00 at git bbbbbbb (AMD EPYC): grpo_step" in text
     assert "table of rollout" in text and "table of grpo_step" in text
-    # merging again keeps both records
-    _, again = run_all.merged(written, [new], machine)
+    # each run's own results are kept: merging again restores them per run, in run order
+    again_runs, again = run_all.merged(written, [new], machine)
     assert len(again["merged"]) == 2
+    assert again_runs[0]["payload"]["results"]["decode_tokens_per_s_ours_b32"] == 300.0
 
 
 def test_merge_refuses_another_cpu_or_mode(run_all, tmp_path):
