@@ -102,9 +102,9 @@ def by_part(rows: dict[str, tuple[int, float]]) -> list[str]:
     for op, (_, wall) in rows.items():
         sums[part_of(op)] += wall
     total = sum(sums.values())
-    lines = ["| part | kind | s | share |", "|---|---|---|---|"]
+    lines = ["| part | kind | ms | share |", "|---|---|---|---|"]
     for (part, kind), wall in sorted(sums.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {part} | {kind} | {wall / 1e6:.2f} | {100 * wall / total:.1f}% |")
+        lines.append(f"| {part} | {kind} | {wall / 1e3:.1f} | {100 * wall / total:.1f}% |")
     return lines
 
 
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     if args.update:
         import bench_train_step
 
-        run, programs = _update_runner(bench_train_step, cfg, params, prompts, args.rows), (("_step", 1),)
+        run, programs = _update_runner(bench_train_step, cfg, params, prompts, args.rows), (("step", 1),)
         print(f"compiling ({name}, one GRPO update of {args.rows} × 256 tokens)...", flush=True)
     else:
         def run():

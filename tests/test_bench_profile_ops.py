@@ -58,5 +58,5 @@ def test_parts_of_the_model_and_kinds(profile_ops):
     rows = {"layers/mlp/dot_general a": (2, 3e6), "layers/mlp/dot_general b": (1, 1e6),
             "layers/mlp/mul c": (1, 0.5e6), "copy d": (1, 0.5e6)}
     lines = profile_ops.by_part(rows)
-    assert lines[2] == "| MLP | matmul | 4.00 | 80.0% |"
-    assert lines[3:] == ["| MLP | other | 0.50 | 10.0% |", "| rest | other | 0.50 | 10.0% |"]
+    assert lines[2] == "| MLP | matmul | 4000.0 | 80.0% |"
+    assert lines[3:] == ["| MLP | other | 500.0 | 10.0% |", "| rest | other | 500.0 | 10.0% |"]
