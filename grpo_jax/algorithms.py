@@ -334,7 +334,8 @@ class Algorithm:
         hp = _hp(cfg, hp)
         logp, entropy = sequence_logprobs(
             cfg.model, params, micro_batch, temperature=self.logprob_temperature(hp),
-            chunk_size=cfg.rl.logprob_chunk_size, with_entropy=True)
+            chunk_size=cfg.rl.logprob_chunk_size, with_entropy=True,
+            keep_probs=cfg.rl.logprob_keep_probs)
         values = None
         if self.needs_value_model:
             values = sequence_values(cfg.model, value_params, micro_batch)

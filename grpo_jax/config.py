@@ -180,6 +180,9 @@ class RLConfig:
     max_new_tokens: int = 64
     num_micro_batches: int = 1
     logprob_chunk_size: int = 64  # sequence positions per chunk of full-vocab log-softmax
+    # Keep each chunk's softmax for the backward pass ([micro-batch rows, Tc, V] float32)
+    # instead of recomputing the chunk's logits: one unembedding matmul fewer per chunk.
+    logprob_keep_probs: bool = False
     reward_model: str = ""  # path of a trained reward model; empty = rule reward
     advantage_estimator: str = "grpo"  # grpo (group mean/std) | rloo | reinforce_pp
     policy_loss: str = "clipped"  # clipped (PPO/GRPO) | gspo | cispo
@@ -377,7 +380,10 @@ def smollm2_135m() -> Config:
         max_seq_len=1024, remat="full")
     cfg.optimizer = OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
                                     weight_decay=0.1)
-    cfg.rl = RLConfig(group_size=8, beta=0.04, max_new_tokens=256, num_micro_batches=4)
+    # logprob_keep_probs: 4 rows x 256 tokens x 49152 x 4 B = 201 MB per micro-batch, for ~3%
+    # of an update on a 2-core CPU (benchmarks/NOTES.md).
+    cfg.rl = RLConfig(group_size=8, beta=0.04, max_new_tokens=256, num_micro_batches=4,
+                      logprob_keep_probs=True)
     cfg.data = DataConfig(task="gsm8k", batch_size=2)
     cfg.run = RunConfig(run_dir="runs/smollm2", steps=20, pretrained="smollm2-135m",
                         checkpoint_every=10, eval_every=10)

@@ -52,7 +52,8 @@ def _specs(vocab_major):
 
 def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major):
     """One chunk: hidden [B,c,E], w the unembedding ([V,E] if vocab_major, else [E,V]),
-    targets [B,c] -> (logp [B,c], entropy [B,c] or None, lse [B,c]).
+    targets [B,c] -> (logp [B,c], entropy [B,c] or None, lse [B,c], exp(z − max) [B,c,V],
+    its sum [B,c]).
 
         log π(o_t) = z_t[o_t] − logsumexp_v z_t[v],   z_t = (h_t · W) / T
 
@@ -69,42 +70,48 @@ def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major):
     target_w = jnp.take(w, targets, axis=0) if vocab_major else jnp.moveaxis(jnp.take(w, targets, axis=1), 0, -1)
     logp = jnp.einsum("bce,bce->bc", h, target_w) / temp - lse
     if not with_entropy:
-        return logp, None, lse
+        return logp, None, lse, e, total
     # H = logsumexp(z) − Σ_v softmax(z)_v z_v, from the same exp(z − max) as the sum above
     # (one exp over the vocabulary, not two).
-    return logp, lse - jnp.sum(e * logits, axis=-1) / total, lse
+    return logp, lse - jnp.sum(e * logits, axis=-1) / total, lse, e, total
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs):
     """``(logp, entropy or None)`` of one chunk (``_chunk_forward``); entropy is a metric
     and is not differentiated.
 
-    The backward pass is written out: it recomputes the chunk's logits from the saved
-    inputs (so no [B,c,V] array outlives the chunk, like ``jax.checkpoint``), forms
+    The backward pass is written out: by default it recomputes the chunk's logits from the
+    saved inputs (so no [B,c,V] array outlives the chunk, like ``jax.checkpoint``);
+    ``keep_probs`` saves the chunk's softmax [B,c,V] float32 instead, which spares one
+    unembedding matmul and one exp per chunk for that memory. Either way it forms
     ∂logp/∂z = (onehot(o) − softmax(z)) / T once and contracts it into W's gradient in the
     layout W is stored in. Left to autodiff under a checkpoint, XLA's CPU backend built the
     gradient of a tied embedding as [E,V] and transposed it in every chunk (113 MB for
     SmolLM2), and ran the vocabulary reductions twice.
     """
-    logp, entropy, _ = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major)
+    logp, entropy, *_ = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major)
     return logp, entropy
 
 
-def _chunk_fwd(hidden, w, targets, temp, with_entropy, vocab_major):
-    logp, entropy, lse = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major)
-    return (logp, entropy), (hidden, w, targets, temp, lse)
+def _chunk_fwd(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs):
+    logp, entropy, lse, e, total = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major)
+    softmax_or_lse = e / total[..., None] if keep_probs else lse
+    return (logp, entropy), (hidden, w, targets, temp, softmax_or_lse)
 
 
-def _chunk_bwd(with_entropy, vocab_major, res, cotangents):
-    hidden, w, targets, temp, lse = res
+def _chunk_bwd(with_entropy, vocab_major, keep_probs, res, cotangents):
+    hidden, w, targets, temp, softmax_or_lse = res
     g = cotangents[0]  # [B,c]; the entropy's cotangent is ignored (a metric)
     logits_spec, dh_spec, dw_spec = _specs(vocab_major)
     h = hidden.astype(jnp.float32)
     w32 = w.astype(jnp.float32)
-    logits = jnp.einsum(logits_spec, h, w32) / temp
-    onehot = targets[..., None] == jnp.arange(logits.shape[-1], dtype=targets.dtype)
-    dlogits = (onehot - jnp.exp(logits - lse[..., None])) * (g / temp)[..., None]
+    if keep_probs:
+        probs = softmax_or_lse
+    else:
+        probs = jnp.exp(jnp.einsum(logits_spec, h, w32) / temp - softmax_or_lse[..., None])
+    onehot = targets[..., None] == jnp.arange(probs.shape[-1], dtype=targets.dtype)
+    dlogits = (onehot - probs) * (g / temp)[..., None]
     dh = jnp.einsum(dh_spec, dlogits, w32).astype(hidden.dtype)
     dw = jnp.einsum(dw_spec, dlogits, h).astype(w.dtype)
     return dh, dw, None, jnp.zeros_like(temp)
@@ -115,14 +122,16 @@ _chunk_logprobs.defvjp(_chunk_fwd, _chunk_bwd)
 
 def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
                    temperature: float = 1.0, chunk_size: int = 64,
-                   with_entropy: bool = False, vocab_major: bool = False):
+                   with_entropy: bool = False, vocab_major: bool = False, keep_probs: bool = False):
     """log_softmax(hidden @ unembed / T) at ``targets``, chunked over the sequence axis.
 
         logp[b, t] = log softmax(h[b,t] · W / T)[targets[b, t]]
 
     Positions are processed ``chunk_size`` at a time (the last chunk zero-padded); each
     chunk's logits are recomputed in the backward pass (``_chunk_logprobs``), so neither the
-    forward nor the backward pass holds more than one [B, chunk_size, V] float32 array.
+    forward nor the backward pass holds more than one [B, chunk_size, V] float32 array;
+    ``keep_probs`` trades that for speed and keeps every chunk's softmax for the backward
+    pass ([B, T, V] float32 in all).
     T = 0 is treated as T = 1 (``effective_temperature``).
 
     Args:
@@ -137,6 +146,9 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
       with_entropy: also return the entropy of every position's tempered distribution
         (not differentiated: gradients through it are zero).
       vocab_major: ``unembed`` is ``[V, E]``.
+      keep_probs: save each chunk's softmax for the backward pass instead of recomputing
+        its logits (same values; one unembedding matmul fewer per chunk, [B, T, V] float32
+        more memory).
 
     Returns:
       ``logp [B, T]`` float32, or ``(logp, entropy)`` with ``entropy [B, T]`` float32.
@@ -163,7 +175,7 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     def body(_, xs):
         h, tg = xs
         with jax.named_scope("logprobs"):  # names the chunk's ops in profiles (profile_ops.py)
-            return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major)
+            return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major, keep_probs)
 
     _, (logp, entropy) = jax.lax.scan(body, None, (hs, ts))
     unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * c)[:, :t]
@@ -197,14 +209,15 @@ def completion_hidden(cfg: ModelConfig, params: Any, batch: Any) -> jax.Array:
 
 
 def sequence_logprobs(cfg: ModelConfig, params: Any, batch: Any, *, temperature,
-                      chunk_size: int, with_entropy: bool = False):
+                      chunk_size: int, with_entropy: bool = False, keep_probs: bool = False):
     """log π_θ(o_t | q, o_<t) of every completion token: ``[B, Tc]`` float32, 0 where
     ``batch.mask`` is False (and ``(logp, entropy)`` when ``with_entropy``; entropy is 0
-    there too). One model forward (``completion_hidden``) + chunked ``token_logprobs``."""
+    there too). One model forward (``completion_hidden``) + chunked ``token_logprobs``
+    (``keep_probs``: see there)."""
     hidden = completion_hidden(cfg, params, batch)
     unembed, vocab_major = model_lib.unembedding(cfg, params)
     out = token_logprobs(hidden, unembed, batch.tokens, temperature=temperature, chunk_size=chunk_size,
-                         with_entropy=with_entropy, vocab_major=vocab_major)
+                         with_entropy=with_entropy, vocab_major=vocab_major, keep_probs=keep_probs)
     mask = batch.mask.astype(bool)
     if with_entropy:
         logp, entropy = out

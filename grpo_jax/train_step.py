@@ -247,14 +247,16 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
 
 def static_config_key(cfg: Config, group_size: int | None = None) -> tuple:
     """What a compiled step depends on: the model and every mode of cfg.rl (the numbers are
-    ``RLHParams`` data): the algorithm, μ, the micro-batch count, the chunk size, G, whether
-    a reference model exists, aggregation, KL estimator, supervision, std scaling, advantage
-    estimator, policy loss, dynamic sampling, truncation masking, whitening, and whether
-    value clipping / TIS are on and sampling truncates (π_θold is then the sampler's)."""
+    ``RLHParams`` data): the algorithm, μ, the micro-batch count, the chunk size and whether
+    chunks keep their softmax, G, whether a reference model exists, aggregation, KL
+    estimator, supervision, std scaling, advantage estimator, policy loss, dynamic sampling,
+    truncation masking, whitening, and whether value clipping / TIS are on and sampling
+    truncates (π_θold is then the sampler's)."""
     algo = get_algorithm(cfg.rl.algorithm)
     rl = cfg.rl
     return (cfg.model, rl.algorithm, rl.num_updates, rl.num_micro_batches,
-            rl.logprob_chunk_size, rl.group_size if group_size is None else int(group_size),
+            rl.logprob_chunk_size, rl.logprob_keep_probs,
+            rl.group_size if group_size is None else int(group_size),
             algo.needs_reference(cfg), rl.aggregation, rl.kl_estimator, rl.supervision,
             rl.scale_by_std, rl.advantage_estimator, rl.policy_loss, rl.skip_zero_variance_groups,
             rl.mask_truncated, rl.whiten_advantages, rl.value_clip > 0, rl.tis_cap > 0,

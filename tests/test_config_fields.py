@@ -51,6 +51,7 @@ CHANGES = {
     "rl.top_p": (0.9, "grpo", {}),
     "rl.num_micro_batches": (2, "grpo", {}),
     "rl.logprob_chunk_size": (16, "grpo", {}),
+    "rl.logprob_keep_probs": (True, "grpo", {}),  # same values; test_train_step shows the program
     "rl.advantage_estimator": ("rloo", "grpo", {}),
     "rl.policy_loss": ("cispo", "grpo", {}),
     "rl.tis_cap": (0.5, "grpo", {}),

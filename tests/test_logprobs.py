@@ -28,14 +28,17 @@ def _inputs(b=3, t=11, e=16, v=40, seed=0):
             jax.random.randint(k3, (b, t), 0, v))
 
 
-@pytest.mark.parametrize("chunk_size,temperature", [(4, 1.0), (1, 0.7), (64, 0.0), (5, 1.3)])
-def test_chunked_equals_direct_values_grads_entropy(chunk_size, temperature):
+@pytest.mark.parametrize("chunk_size,temperature,keep_probs",
+                         [(4, 1.0, False), (1, 0.7, False), (64, 0.0, False), (5, 1.3, False),
+                          (4, 0.7, True), (64, 1.0, True)])
+def test_chunked_equals_direct_values_grads_entropy(chunk_size, temperature, keep_probs):
     hidden, unembed, targets = _inputs()
     w = jax.random.normal(jax.random.key(9), targets.shape)  # arbitrary cotangent
 
     def chunked(h, u):
         logp, ent = logprobs.token_logprobs(h, u, targets, temperature=temperature,
-                                            chunk_size=chunk_size, with_entropy=True)
+                                            chunk_size=chunk_size, with_entropy=True,
+                                            keep_probs=keep_probs)
         return jnp.sum(w * logp), (logp, ent)
 
     def direct(h, u):
@@ -128,6 +131,13 @@ def _subjaxprs(eqn):
                 yield q
 
 
+def _all_eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in _subjaxprs(eqn):
+            yield from _all_eqns(sub)
+
+
 def test_loss_path_never_materialises_full_logits():
     """Forward and backward of the chunked path hold at most [B, chunk, V] logits
     (the direct path shows [B, T, V], so the check can see it)."""
@@ -141,6 +151,21 @@ def test_loss_path_never_materialises_full_logits():
     direct = lambda h, u: jnp.sum(_direct(h, u, targets, 1.0)[0])
     shapes = _vocab_arrays(jax.make_jaxpr(jax.grad(direct, (0, 1)))(hidden, unembed), v)
     assert max(int(np.prod(s)) for s in shapes) >= b * t * v
+
+
+def test_keep_probs_drops_the_recomputed_unembedding_matmul():
+    """keep_probs does what it says: the backward pass reuses the forward's softmax, so the
+    gradient has one [B, chunk, V] matmul fewer per chunk (the logits are not recomputed)."""
+    hidden, unembed, targets = _inputs(t=12)
+
+    def logit_dots(keep):
+        loss = lambda h, u: jnp.sum(logprobs.token_logprobs(h, u, targets, chunk_size=4, keep_probs=keep))
+        jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1)))(hidden, unembed)
+        return sum(1 for eqn in _all_eqns(jaxpr.jaxpr) if eqn.primitive.name == "dot_general"
+                   and eqn.outvars[0].aval.shape[1:] == (4, unembed.shape[1]))  # [B, chunk, V]
+
+    # recompute: forward logits, recomputed logits; keep: forward logits only (inside the scan)
+    assert (logit_dots(False), logit_dots(True)) == (2, 1)
 
 
 def test_compiled_memory_is_bounded_by_the_chunk():

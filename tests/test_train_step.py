@@ -226,6 +226,44 @@ def test_beta_zero_keeps_no_reference_and_runs_the_model_fewer_times(params):
     assert m["kl"] == 0.0
 
 
+def test_logprob_keep_probs_gives_the_same_step_without_recomputing_logits(params):
+    """rl.logprob_keep_probs reaches the differentiated log-probs: the same loss and
+    parameters, and the step's program has fewer [rows, chunk, V] matmuls (the backward
+    pass reuses the forward's softmax instead of recomputing the logits)."""
+    keep, recompute = _cfg(logprob_keep_probs=True), _cfg()
+    a, (ma,) = _run(keep, params)
+    b, (mb,) = _run(recompute, params)
+    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
+        assert ma[key] == pytest.approx(mb[key], rel=1e-5, abs=1e-7), key
+    np.testing.assert_allclose(_flat(a.params), _flat(b.params), rtol=1e-5, atol=1e-6)
+
+    def logit_dots(cfg):
+        state = _state(cfg, params)
+        jaxpr = jax.make_jaxpr(_step(cfg).fn)(state, jax.tree.map(jnp.asarray, BATCH),
+                                              ts.RLHParams.from_config(cfg.rl))
+        count = 0
+
+        def walk(jx):
+            nonlocal count
+            for eqn in jx.eqns:
+                shape = eqn.outvars[0].aval.shape if eqn.outvars else ()
+                if eqn.primitive.name == "dot_general" and shape[-2:] == (CHUNK, TINY.vocab_size):
+                    count += 1
+                for p in eqn.params.values():
+                    for q in (p if isinstance(p, (list, tuple)) else [p]):
+                        if isinstance(q, jax.extend.core.ClosedJaxpr):
+                            walk(q.jaxpr)
+                        elif isinstance(q, jax.extend.core.Jaxpr):
+                            walk(q)
+
+        walk(jaxpr.jaxpr)
+        return count
+
+    # GRPO with μ = 1: the reference's and the policy's forward logits, plus the policy's
+    # recomputed logits in its backward pass unless the softmax is kept
+    assert logit_dots(recompute) == logit_dots(keep) + 1
+
+
 # ----------------------------------------------------------------- learning
 
 def _surrogate(cfg, params_tree, batch=BATCH):
