@@ -116,43 +116,18 @@ def _attend(q, k, v, allowed):
     return _attend_many(q, k, v, allowed)
 
 
-def _fold_heads(x):
-    """[B,T,K,G,D] -> [B,K,T·G,D]: every query row of a kv head in one matrix, so that each
-    attention dot is a plain batched matmul over (B, K) and the [.., T·G, S] score arrays
-    lie row-major. With T and G apart, XLA's CPU backend wrote the backward pass's score
-    arrays transposed ([B,K,T,G·S]) and spent 1/3 more time on attention (SmolLM2 update)."""
-    b, t, k, g, d = x.shape
-    return jnp.transpose(x, (0, 2, 1, 3, 4)).reshape(b, k, t * g, d)
-
-
-def _unfold_heads(x, t):
-    """[B,K,T·G,D] -> [B,T,K,G,D], the inverse of `_fold_heads`."""
-    b, k, m, d = x.shape
-    return jnp.transpose(x.reshape(b, k, t, m // t, d), (0, 2, 1, 3, 4))
-
-
-def _folded_allowed(allowed, g):
-    """allowed [B,T,S] -> [B,1,T·G,S], row t·G + j for query head j of each kv head."""
-    b, t, s = allowed.shape
-    return jnp.broadcast_to(allowed[:, :, None, :], (b, t, g, s)).reshape(b, 1, t * g, s)
-
-
-def _raw_scores(q, k):
-    """q [B,K,M,D] (folded), k [B,K,D,S] -> [B,K,M,S] float32 scaled scores."""
-    return jnp.einsum("bkmd,bkds->bkms", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1]).astype(jnp.float32)
-
-
 def _scores(q, k, allowed):
-    """`_raw_scores`, _NEG where a key is not allowed (allowed [B,1,M,S])."""
-    return jnp.where(allowed, _raw_scores(q, k), _NEG)
+    """[B,K,G,T,S] float32 scaled scores, _NEG where a key is not allowed."""
+    scores = jnp.einsum("btkgd,bkds->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1]).astype(jnp.float32)
+    return jnp.where(allowed[:, None, None, :, :], scores, _NEG)
 
 
 def _softmax_parts(q, k, allowed):
-    """exp(scores − max) [B,K,M,S], the max and 1 / the sum of that exp [B,K,M,1]."""
+    """exp(scores − max) [B,K,G,T,S], the max and the sum of that exp [B,K,G,T,1]."""
     scores = _scores(q, k, allowed)
     top = jnp.max(scores, axis=-1, keepdims=True)
     e = jnp.exp(scores - top)
-    return e, top, 1.0 / jnp.sum(e, axis=-1, keepdims=True)
+    return e, top, jnp.sum(e, axis=-1, keepdims=True)
 
 
 @jax.custom_vjp
@@ -160,41 +135,30 @@ def _attend_many(q, k, v, allowed):
     """`_attend` for T > 1 (training, prefill), with the backward pass written out: it
     keeps only each row's softmax max and sum and recomputes the probabilities, where
     autodiff kept two [B,K,G,T,S] float32 arrays per layer (SmolLM2, 4 × 255 tokens:
-    2 × 281 MB per micro-batch, zero-filled and copied at every step). Inside, the query
-    heads are folded into rows (`_fold_heads`)."""
-    return _attend_many_fwd(q, k, v, allowed)[0]
+    2 × 281 MB per micro-batch, zero-filled and copied at every step)."""
+    e, _, total = _softmax_parts(q, k, allowed)
+    return jnp.einsum("bkgts,bksd->btkgd", (e / total).astype(q.dtype), v)
 
 
 def _attend_many_fwd(q, k, v, allowed):
-    qm, am = _fold_heads(q), _folded_allowed(allowed, q.shape[3])
-    e, top, inv_total = _softmax_parts(qm, k, am)
-    out = _unfold_heads(jnp.einsum("bkms,bksd->bkmd", (e * inv_total).astype(q.dtype), v), q.shape[1])
-    # q and out are saved as the caller holds them (not folded): a folded copy would be one
-    # more [B,T,H,D] array per layer alive until the backward pass (+7 GB/chip for the 7B
-    # train step on v4-32, `make tpu-check`).
-    return out, (q, k, v, allowed, out, top, inv_total)
+    e, top, total = _softmax_parts(q, k, allowed)
+    out = jnp.einsum("bkgts,bksd->btkgd", (e / total).astype(q.dtype), v)
+    return out, (q, k, v, allowed, out, top, total)
 
 
 def _attend_many_bwd(res, d_out):
-    q, k, v, allowed, out, top, inv_total = res
-    t, g = q.shape[1], q.shape[3]
-    qm, out, d_out = _fold_heads(q), _fold_heads(out), _fold_heads(d_out)
-    am = _folded_allowed(allowed, g)
-    # The probabilities as exp(score − (max + log sum)) and a select, not exp(score − max) ·
-    # (1 / sum): in that form libtpu kept exp(score − max) as one more float32 [B,K,M,S]
-    # array (+1.7 GB/chip per layer of the 7B train step on v4-32). A query that sees no key
-    # (max = _NEG: a left pad) attends uniformly, as in the forward pass.
-    uniform = jnp.where(top == _NEG, 1.0 / k.shape[-1], 0.0)
-    probs = jnp.where(am, jnp.exp(_raw_scores(qm, k) - (top - jnp.log(inv_total))), uniform)
-    d_v = jnp.einsum("bkms,bkmd->bksd", probs.astype(qm.dtype), d_out)
-    d_probs = jnp.einsum("bkmd,bksd->bkms", d_out, v).astype(jnp.float32)
+    q, k, v, allowed, out, top, total = res
+    probs = jnp.exp(_scores(q, k, allowed) - top) / total
+    d_v = jnp.einsum("bkgts,btkgd->bksd", probs.astype(q.dtype), d_out)
+    d_probs = jnp.einsum("btkgd,bksd->bkgts", d_out, v).astype(jnp.float32)
     # softmax backward: p ⊙ (dp − Σ_s p dp), and Σ_s p dp = Σ_d out · d_out
-    row = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
-    d_scores = jnp.where(am, probs * (d_probs - row), 0.0)
-    d_scores = (d_scores / jnp.sqrt(qm.shape[-1]).astype(jnp.float32)).astype(qm.dtype)
-    d_q = jnp.einsum("bkms,bkds->bkmd", d_scores, k)
-    d_k = jnp.einsum("bkms,bkmd->bkds", d_scores, qm)
-    return _unfold_heads(d_q, t), d_k, d_v, None
+    row = jnp.einsum("btkgd,btkgd->bkgt", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    d_scores = probs * (d_probs - row[..., None])
+    d_scores = jnp.where(allowed[:, None, None, :, :], d_scores, 0.0)
+    d_scores = (d_scores / jnp.sqrt(q.shape[-1]).astype(jnp.float32)).astype(q.dtype)
+    d_q = jnp.einsum("bkgts,bkds->btkgd", d_scores, k)
+    d_k = jnp.einsum("bkgts,btkgd->bkds", d_scores, q)
+    return d_q, d_k, d_v, None
 
 
 _attend_many.defvjp(_attend_many_fwd, _attend_many_bwd)
