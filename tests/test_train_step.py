@@ -193,6 +193,27 @@ def test_batch_from_rollout_fields():
     np.testing.assert_array_equal(batch.sample_logprobs, -1.0)
 
 
+def _count_step_eqns(cfg, params, predicate) -> int:
+    """Equations of the step's jaxpr (at any nesting depth) for which ``predicate`` holds."""
+    state = _state(cfg, params)
+    jaxpr = jax.make_jaxpr(_step(cfg).fn)(state, jax.tree.map(jnp.asarray, BATCH),
+                                          ts.RLHParams.from_config(cfg.rl))
+
+    def count(jx):
+        n = 0
+        for eqn in jx.eqns:
+            n += bool(predicate(eqn))
+            for p in eqn.params.values():
+                for q in (p if isinstance(p, (list, tuple)) else [p]):
+                    if isinstance(q, jax.extend.core.ClosedJaxpr):
+                        n += count(q.jaxpr)
+                    elif isinstance(q, jax.extend.core.Jaxpr):
+                        n += count(q)
+        return n
+
+    return count(jaxpr.jaxpr)
+
+
 def test_beta_zero_keeps_no_reference_and_runs_the_model_fewer_times(params):
     with_ref, no_ref = _cfg(beta=0.04), _cfg(beta=0.0)
     assert _state(no_ref, params).ref_params is None
@@ -200,25 +221,8 @@ def test_beta_zero_keeps_no_reference_and_runs_the_model_fewer_times(params):
         _step(no_ref)(_state(with_ref, params), BATCH)
 
     def layer_scans(cfg):
-        state = _state(cfg, params)
-        hp = ts.RLHParams.from_config(cfg.rl)
-        jaxpr = jax.make_jaxpr(_step(cfg).fn)(state, jax.tree.map(jnp.asarray, BATCH), hp)
-        count = 0
-
-        def walk(jx):
-            nonlocal count
-            for eqn in jx.eqns:
-                if eqn.primitive.name == "scan" and eqn.params["length"] == TINY.num_layers:
-                    count += 1
-                for p in eqn.params.values():
-                    for q in (p if isinstance(p, (list, tuple)) else [p]):
-                        if isinstance(q, jax.extend.core.ClosedJaxpr):
-                            walk(q.jaxpr)
-                        elif isinstance(q, jax.extend.core.Jaxpr):
-                            walk(q)
-
-        walk(jaxpr.jaxpr)
-        return count
+        return _count_step_eqns(cfg, params, lambda eqn: eqn.primitive.name == "scan"
+                                and eqn.params["length"] == TINY.num_layers)
 
     # β > 0: reference forward + policy forward + its backward; β = 0: no reference forward
     assert layer_scans(with_ref) == layer_scans(no_ref) + 1
@@ -238,26 +242,8 @@ def test_logprob_keep_probs_gives_the_same_step_without_recomputing_logits(param
     np.testing.assert_allclose(_flat(a.params), _flat(b.params), rtol=1e-5, atol=1e-6)
 
     def logit_dots(cfg):
-        state = _state(cfg, params)
-        jaxpr = jax.make_jaxpr(_step(cfg).fn)(state, jax.tree.map(jnp.asarray, BATCH),
-                                              ts.RLHParams.from_config(cfg.rl))
-        count = 0
-
-        def walk(jx):
-            nonlocal count
-            for eqn in jx.eqns:
-                shape = eqn.outvars[0].aval.shape if eqn.outvars else ()
-                if eqn.primitive.name == "dot_general" and shape[-2:] == (CHUNK, TINY.vocab_size):
-                    count += 1
-                for p in eqn.params.values():
-                    for q in (p if isinstance(p, (list, tuple)) else [p]):
-                        if isinstance(q, jax.extend.core.ClosedJaxpr):
-                            walk(q.jaxpr)
-                        elif isinstance(q, jax.extend.core.Jaxpr):
-                            walk(q)
-
-        walk(jaxpr.jaxpr)
-        return count
+        return _count_step_eqns(cfg, params, lambda eqn: eqn.primitive.name == "dot_general"
+                                and eqn.outvars[0].aval.shape[-2:] == (CHUNK, TINY.vocab_size))
 
     # GRPO with μ = 1: the reference's and the policy's forward logits, plus the policy's
     # recomputed logits in its backward pass unless the softmax is kept
