@@ -99,22 +99,17 @@ NOTES = {
         "both spend most of it in the same float32 matmuls; ours run the MLP and vocabulary "
         "ones at 200–220 GFLOP/s in place, this CPU's 2048² peak. The 2026-11-24 custom backward passes "
         "(SwiGLU, attention, the log-prob chunk) removed the layouts and stored arrays that "
-        "made ours slower than torch; what is left over torch's work is one recomputed "
-        "unembedding matmul per log-prob chunk (the price of never holding [B, T, V] logits) "
-        "and ~7 s of softmax, norm and elementwise passes (`profile_ops.py --update`)."),
+        "made ours slower than torch, and `rl.logprob_keep_probs` (on in the smollm2 preset) "
+        "the recomputed unembedding matmul; what is left over torch's work is ~6.4 s (23%) of "
+        "softmax, norm and elementwise passes (`profile_ops.py --update`). A faster attention layout for "
+        "this CPU grew the 7B train step on TPU and was reverted (NOTES.md)."),
     "train_mfu_vs_cpu_peak": (
         "The headline MFU times the update without rematerialisation (`model.remat=none`, like "
-        "the torch reference). The `model.remat=full` variant row is faster on this CPU and "
-        "so scores higher by the same count (model FLOPs only, recomputation not credited): "
-        "recomputing each layer's forward costs less than writing and re-reading gigabytes "
-        "of stored activations. Either way 60% of the dense-matmul peak is out of reach for "
-        "this model on CPU: at hidden size 576 with 9 heads of 64 the matmuls are small and "
-        "skinny (XLA's CPU backend reaches its peak only on large square ones), attention "
-        "with T = 256 is a batched 64-wide matmul, and softmax, RMSNorm, RoPE and the "
-        "log-softmax over 49152 classes are memory-bound. The per-CPU-second cross-check is "
-        "only a few points higher, so the cores are busy and the kernels are what is slow. "
-        "Larger matmuls (a wider model, or TPU with bfloat16, where this preset is meant to "
-        "run) are what raise it."),
+        "the torch reference; model FLOPs only, recomputation not credited). On the 2-core AMD "
+        "EPYC of 2026-11-24 it reached 65% of the measured peak, with the MLP and vocabulary "
+        "matmuls at the peak and about a fifth of the update in softmax, RMSNorm, RoPE and "
+        "elementwise passes (`profile_ops.py --update`); where it is missed, that profile on "
+        "the machine at hand says which part lags."),
     "grpo_vs_ppo_peak_bytes_ratio": "",
     "fsdp8_per_device_bytes_ratio": (
         "Parameters and optimiser state shard 8 ways, but activations only shard with the "
@@ -137,8 +132,8 @@ NOTES = {
         "between calls or overlaps their loads, or bfloat16 weights with a native bf16 dot "
         "(not faster with jax 0.10 on this CPU: see the README's bf16 table)."),
     "grpo_step_speedup_vs_trl": (
-        "Our sampling is 2.7× TRL's and the reference forward 1.4×, but the update, about "
-        "half of our step, is only 1.4× TRL's (the same matmul-bound work as the train-step "
+        "Our sampling is 2.5× TRL's and the reference forward 1.5×, but the update, about "
+        "half of our step, is only 1.5× TRL's (the same matmul-bound work as the train-step "
         "benchmark, where ours is 1.1× plain torch); see the phase split. The step reaches 2× "
         "when the update does."),
 }

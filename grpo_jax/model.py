@@ -136,8 +136,7 @@ def _attend_many(q, k, v, allowed):
     keeps only each row's softmax max and sum and recomputes the probabilities, where
     autodiff kept two [B,K,G,T,S] float32 arrays per layer (SmolLM2, 4 × 255 tokens:
     2 × 281 MB per micro-batch, zero-filled and copied at every step)."""
-    e, _, total = _softmax_parts(q, k, allowed)
-    return jnp.einsum("bkgts,bksd->btkgd", (e / total).astype(q.dtype), v)
+    return _attend_many_fwd(q, k, v, allowed)[0]
 
 
 def _attend_many_fwd(q, k, v, allowed):
@@ -411,29 +410,22 @@ def forward_hidden(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
     return _module(cfg, value_head, unroll).apply({"params": params}, tokens, positions, mask, cache, rope_cs)
 
 
-def unembed_matrix(cfg: ModelConfig, params: Params) -> jax.Array:
-    """[embed, vocab] (the transposed embedding when tied)."""
-    return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
-
-
 def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:
     """The unembedding as stored and whether it is vocab-major: ``(embedding [V,E], True)``
-    when tied, else ``(lm_head [E,V], False)`` (``logprobs.token_logprobs``'s arguments)."""
+    when tied, else ``(lm_head [E,V], False)`` (``logprobs.token_logprobs``'s arguments).
+    Contracted as it lies: a transposed copy of a tied embedding would cost 113 MB per call
+    for SmolLM2-135M (the sampler paid it on every rollout) and its gradient a transpose
+    per log-prob chunk."""
     if cfg.tie_embeddings:
         return params["embedding"], True
     return params["lm_head"], False
 
 
 def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
-    """hidden [..., E] -> logits [..., vocab] float32.
-
-    A tied embedding is contracted as it is stored ([vocab, E]): going through
-    `unembed_matrix` would materialise its transpose, a 113 MB copy per call for
-    SmolLM2-135M that the sampler paid on every rollout; the matmul itself is as fast."""
-    hidden = hidden.astype(jnp.float32)
-    if cfg.tie_embeddings:
-        return jnp.einsum("...e,ve->...v", hidden, params["embedding"].astype(jnp.float32))
-    return hidden @ params["lm_head"].astype(jnp.float32)
+    """hidden [..., E] -> logits [..., vocab] float32 (the unembedding as `unembedding` gives it)."""
+    w, vocab_major = unembedding(cfg, params)
+    return jnp.einsum("...e,ve->...v" if vocab_major else "...e,ev->...v",
+                      hidden.astype(jnp.float32), w.astype(jnp.float32))
 
 
 def forward_logits(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array | None = None) -> jax.Array:

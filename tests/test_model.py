@@ -91,7 +91,7 @@ def test_cached_decoding_matches_full_forward(unroll):
     for i in range(prefix, t):
         h, cache = step(params, tokens[:, i:i + 1], mask[:, i:i + 1], positions[:, i:i + 1], cache)
         outs.append(h)
-    logits = jnp.concatenate(outs, 1) @ model.unembed_matrix(TINY, params)
+    logits = model.logits_from_hidden(TINY, params, jnp.concatenate(outs, 1))
     np.testing.assert_allclose(logits[0, 3:], full[0, 3:], atol=1e-5)
     np.testing.assert_allclose(logits[1], full[1], atol=1e-5)
     assert int(cache.index) == t
