@@ -154,7 +154,8 @@ def test_top_k_top_p_never_leave_the_allowed_set(params, top_k, top_p):
 
 
 def test_inverse_cdf_draw_is_the_first_index_reaching_the_target():
-    """The two-level draw against numpy's searchsorted over the whole row, float64.
+    """The two-level draw against numpy's searchsorted over the whole row, float64 (the
+    draw takes the weights vocab-major, [V, B]).
 
     Integer weights keep every float32 sum exact and targets halfway between two cumulative
     sums leave no rounding tie, so the draw must match index for index: over three blocks
@@ -173,12 +174,12 @@ def test_inverse_cdf_draw_is_the_first_index_reaching_the_target():
     for trial in range(40):
         k = np.array([rng.integers(0, c[-1]) for c in cums], np.float64)
         u = (k + 0.5) / cums[:, -1]
-        got = np.asarray(draws(jnp.asarray(weights), jnp.asarray(u, jnp.float32)))
+        got = np.asarray(draws(jnp.asarray(weights.T), jnp.asarray(u, jnp.float32)))
         target = np.asarray(jnp.asarray(u, jnp.float32), np.float64) * cums[:, -1]
         want = [np.searchsorted(c, t, side="left") for c, t in zip(cums, target)]
         np.testing.assert_array_equal(got, want)
         assert (weights[np.arange(6), got] > 0).all()
-    last = np.asarray(draws(jnp.asarray(weights), jnp.ones(6, jnp.float32)))
+    last = np.asarray(draws(jnp.asarray(weights.T), jnp.ones(6, jnp.float32)))
     np.testing.assert_array_equal(last, [np.flatnonzero(w)[-1] for w in weights])
 
 
@@ -187,7 +188,7 @@ def test_first_max_is_numpy_argmax_with_ties():
     x = rng.integers(0, 5, size=(8, 3000)).astype(np.float32)  # many ties at the maximum
     x[3] = -1.0
     x[4, -1] = 9.0
-    np.testing.assert_array_equal(np.asarray(jax.jit(sampling._first_max)(jnp.asarray(x))),
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling._first_max)(jnp.asarray(x.T))),
                                   np.argmax(x, axis=-1))
 
 
