@@ -33,19 +33,18 @@ def decode_weights(cfg: ModelConfig, params) -> dict:
     projections as ``[heads·head_dim, E]``, the output projection ``[E, heads·head_dim]``,
     gate and up ``[F, E]``, down ``[E, F]``, the norm scales and biases; the embedding
     ``[V, E]``, the final norm and the unembedding ``[V, E]`` (the embedding itself when
-    tied)."""
-    e, d = cfg.embed_dim, cfg.head_dim
-    dt = DTYPES[cfg.dtype]
+    tied). In the parameters' dtype: the step casts them to the compute dtype where it uses
+    them, as the model does, so that a bfloat16 sampling copy stays half the bytes."""
+    e = cfg.embed_dim
 
     def layer(i):
         p = jax.tree.map(lambda x: x[i], params["layers"])
         a, m = p["attn"], p["mlp"]
         w = {"q": a["q"].reshape(e, -1).T, "k": a["k"].reshape(e, -1).T, "v": a["v"].reshape(e, -1).T,
              "o": a["o"].reshape(-1, e).T, "gate": m["gate"].T, "up": m["up"].T, "down": m["down"].T}
-        w = {k: v.astype(dt) for k, v in w.items()}
         w["attn_norm"], w["mlp_norm"] = p["attn_norm"]["scale"], p["mlp_norm"]["scale"]
         if cfg.attention_bias:
-            w.update({f"{k}_bias": a[f"{k}_bias"].reshape(-1, 1).astype(dt) for k in "qkv"})
+            w.update({f"{k}_bias": a[f"{k}_bias"].reshape(-1, 1) for k in "qkv"})
         return w
 
     unembed, vocab_major = model_lib.unembedding(cfg, params)
@@ -81,31 +80,41 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
     the tokens' positions, each [B, 1, 1, D/2].
     Returns (logits [V, B] float32 — vocab-major —, ks, vs, the cache mask with the new slot).
     """
-    dt = DTYPES[cfg.dtype]
-    b = tokens.shape[0]
-    h, kh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     s = ks[0].shape[-1]
-    x = _to_features(jnp.take(weights["embedding"], tokens, axis=0).astype(dt))  # [E, B]
+    x = _to_features(jnp.take(weights["embedding"], tokens, axis=0).astype(DTYPES[cfg.dtype]))  # [E, B]
     key_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, real[:, None], index, axis=1)
     allowed = ((jnp.arange(s) <= index)[None, :] & key_mask)[:, None, :]  # [B, 1, S]
     new_ks, new_vs = [], []
     for w, k_cache, v_cache in zip(weights["layers"], ks, vs):
+        x, k_cache, v_cache = _layer(cfg, w, x, k_cache, v_cache, index, allowed, rope_cs)
+        new_ks.append(k_cache)
+        new_vs.append(v_cache)
+    hidden = _norm(x, weights["final_norm"], cfg.rms_eps)
+    logits = weights["unembedding"].astype(jnp.float32) @ hidden.astype(jnp.float32)
+    return logits, new_ks, new_vs, key_mask
+
+
+@jax.named_scope("layers")  # the model's op names, for benchmarks/profile_ops.py
+def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_cs):
+    """One pre-norm decoder layer on x [E, B]: (x, k_cache, v_cache) after it."""
+    dt = DTYPES[cfg.dtype]
+    b = x.shape[1]
+    h, kh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    with jax.named_scope("attn"):
         y = _norm(x, w["attn_norm"], cfg.rms_eps)
-        q, k, v = (w[n] @ y for n in "qkv")  # [H·D, B], [K·D, B], [K·D, B]
+        q, k, v = (w[n].astype(dt) @ y for n in "qkv")  # [H·D, B], [K·D, B], [K·D, B]
         if cfg.attention_bias:
-            q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
+            q, k, v = (t + w[f"{n}_bias"].astype(dt) for t, n in zip((q, k, v), "qkv"))
         q = model_lib.rope(_to_rows(q).reshape(b, 1, h, d), rope_cs)
         k = model_lib.rope(_to_rows(k).reshape(b, 1, kh, d), rope_cs)[:, 0]  # [B, K, D]
         v = _to_rows(v).reshape(b, kh, 1, d)
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k[..., None].astype(k_cache.dtype), index, axis=3)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=2)
-        new_ks.append(k_cache)
-        new_vs.append(v_cache)
         out = model_lib._attend(q.reshape(b, 1, kh, h // kh, d), k_cache.astype(dt), v_cache.astype(dt),
                                 allowed)
-        x = x + w["o"] @ _to_features(out.reshape(b, h * d))
+        x = x + w["o"].astype(dt) @ _to_features(out.reshape(b, h * d))
+    with jax.named_scope("mlp"):
         y = _norm(x, w["mlp_norm"], cfg.rms_eps)
-        x = x + w["down"] @ (jax.nn.silu(w["gate"] @ y) * (w["up"] @ y))
-    hidden = _norm(x, weights["final_norm"], cfg.rms_eps)
-    logits = weights["unembedding"].astype(jnp.float32) @ hidden.astype(jnp.float32)
-    return logits, new_ks, new_vs, key_mask
+        gate, up, down = (w[n].astype(dt) for n in ("gate", "up", "down"))
+        x = x + down @ (jax.nn.silu(gate @ y) * (up @ y))
+    return x, k_cache, v_cache

@@ -1,0 +1,90 @@
+"""The feature-major decode step against the model's own cached forward, step by step."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import feature_major, model, sampling
+from grpo_jax.config import ModelConfig
+
+TINY = ModelConfig(vocab_size=97, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=8, mlp_dim=64, max_seq_len=64)
+
+
+@pytest.mark.parametrize("cfg,atol", [
+    (TINY, 1e-5),
+    (dataclasses.replace(TINY, num_kv_heads=1, num_layers=3), 1e-5),  # multi-query
+    (dataclasses.replace(TINY, tie_embeddings=False, attention_bias=True), 1e-5),
+    (dataclasses.replace(TINY, dtype="bfloat16"), 0.1),
+])
+def test_step_equals_the_models_cached_forward(cfg, atol):
+    """A 5-token prefill by the model, then 6 one-token steps by both: the same logits (vocab-
+    major here) and the same cache, with a left-padded row and a padding token mid-way
+    (real=False: its slot must stay masked for later steps)."""
+    params = model.init_params(cfg, jax.random.key(1))
+    if cfg.attention_bias:  # zero-initialised: give them values so that they are checked
+        leaves = {"q_bias", "k_bias", "v_bias"}
+        params = jax.tree_util.tree_map_with_path(
+            lambda p, x: x + 0.3 * jax.random.normal(jax.random.key(len(str(p))), x.shape)
+            if p[-1].key in leaves else x, params)
+    b, prefix, steps, slots = 3, 5, 6, 16
+    tokens = jax.random.randint(jax.random.key(2), (b, prefix + steps), 0, cfg.vocab_size)
+    mask = jnp.ones(tokens.shape, bool).at[0, :2].set(False).at[2, prefix + 2].set(False)
+    positions = model.default_positions(mask)
+    cache = model.init_cache(cfg, b, slots)
+    run = jax.jit(lambda p, t, m, pos, c: model.forward_hidden(cfg, p, t, m, pos, c, unroll=True))
+    _, cache = run(params, tokens[:, :prefix], mask[:, :prefix], positions[:, :prefix], cache)
+    weights = jax.jit(feature_major.decode_weights, static_argnums=0)(cfg, params)
+    ks, vs = list(cache.k), list(cache.v)
+    cache_mask = cache.mask
+
+    @jax.jit
+    def fm_step(ks, vs, cache_mask, index, tok, real, pos):
+        rope_cs = model.rope_tables(pos[:, None], cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+        return feature_major.step(cfg, weights, ks, vs, cache_mask, index, tok, real, rope_cs)
+
+    for i in range(prefix, prefix + steps):
+        hidden, cache = run(params, tokens[:, i:i + 1], mask[:, i:i + 1], positions[:, i:i + 1], cache)
+        want = model.logits_from_hidden(cfg, params, hidden[:, 0])
+        logits, ks, vs, cache_mask = fm_step(ks, vs, cache_mask, jnp.int32(i), tokens[:, i], mask[:, i],
+                                             positions[:, i])
+        assert logits.shape == (cfg.vocab_size, b) and logits.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(logits).T, np.asarray(want), atol=atol, rtol=atol)
+        np.testing.assert_array_equal(np.asarray(cache_mask), np.asarray(cache.mask))
+        for got, ref in zip(ks + vs, list(cache.k) + list(cache.v)):
+            np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
+                                       atol=atol, rtol=atol)
+
+
+def test_decode_weights_are_the_parameters_transposed():
+    """[out, in] copies: q of layer 1 is its [E, H, D] kernel as [H·D, E]; an untied
+    unembedding is lm_head [E, V] as [V, E]; a tied one is the embedding itself."""
+    cfg = dataclasses.replace(TINY, tie_embeddings=False)
+    params = model.init_params(cfg, jax.random.key(3))
+    w = feature_major.decode_weights(cfg, params)
+    q = np.asarray(params["layers"]["attn"]["q"][1])  # [E, H, D]
+    np.testing.assert_array_equal(np.asarray(w["layers"][1]["q"]), q.reshape(32, 32).T)
+    np.testing.assert_array_equal(np.asarray(w["layers"][0]["down"]),
+                                  np.asarray(params["layers"]["mlp"]["down"][0]).T)
+    np.testing.assert_array_equal(np.asarray(w["unembedding"]), np.asarray(params["lm_head"]).T)
+    tied = model.init_params(TINY, jax.random.key(3))
+    assert feature_major.decode_weights(TINY, tied)["unembedding"] is tied["embedding"]
+
+
+def test_sampler_uses_it_only_unrolled_on_one_cpu_device(monkeypatch):
+    """Traced by the default (unrolled) single-device sampler on this CPU, not by the rolled
+    layer loop, which runs the model's own forward; both draw the same tokens."""
+    cfg = dataclasses.replace(TINY, vocab_size=89)  # a config no other test has compiled
+    calls = []
+    real_step = feature_major.step
+    monkeypatch.setattr(feature_major, "step", lambda *a: calls.append(1) or real_step(*a))
+    params = model.init_params(cfg, jax.random.key(4))
+    kw = dict(key=jax.random.key(5), group_size=2, max_new_tokens=5, temperature=1.0)
+    rolled = sampling.sample(cfg, params, [[3, 4, 5]], unroll=False, **kw)
+    assert not calls
+    unrolled = sampling.sample(cfg, params, [[3, 4, 5]], unroll=True, **kw)
+    assert calls
+    np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(unrolled.tokens))
