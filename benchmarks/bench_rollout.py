@@ -78,13 +78,11 @@ def main(argv=None) -> int:
              f"(full length), temperature 1, top-p 1, float32; median of {reps} interleaved reps")
     rep.emit()
 
-    # The machine's own limits, measured before anything else loads the cores.
+    # The machine's own limits, measured before anything else loads the cores, and again
+    # after the reps: a shared machine's speed drifts (one run measured 107 GFLOP/s at its
+    # start, 207 minutes later), and a roofline from a slow moment would flatter us.
     peak = common.matmul_peak_flops()["flops_per_s_best"]
     bandwidth = common.stream_bandwidth()["bytes_per_s_best"]
-    rep.emit(f"Machine limits (jax, float32): matmul {peak / 1e9:.0f} GFLOP/s, streaming "
-             f"{bandwidth / 1e9:.1f} GB/s; decode roofline = batch / max(step bytes / bandwidth, "
-             f"step FLOPs / matmul peak), every weight and the mean cache read once per step.")
-    rep.emit()
     cfg, params, tok = common.smollm2()
     hf_dir = common.smollm2_hf_dir()
     runners = {"jax": Recorded(SmolJax(cfg, params)), "torch": Recorded(SmolTorch(hf_dir, args.threads))}
@@ -97,6 +95,7 @@ def main(argv=None) -> int:
 
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
     rows, per_batch = [], {}
+    rng = lambda s: f"{common.fmt(s['min'])}–{common.fmt(s['max'])}"
     for batch in batches:
         texts, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), batch, plen, seed=batch)
         same = all(hf_tok(t)["input_ids"] == p for t, p in zip(texts, prompts))
@@ -107,24 +106,32 @@ def main(argv=None) -> int:
         j, t = res["jax"], res["torch"]
         rates = {k: common.summarize(r.decode_rates(batch, n, skip=1)) for k, r in runners.items()}
         ratio = j["decode"] / t["decode"]
-        roof = common.decode_roofline(cfg, batch, plen + n // 2, flops_per_s=peak, bytes_per_s=bandwidth)
         per_batch[batch] = {"jax": j, "torch": t, "decode_rate_spread": rates, "ratio": ratio,
-                            "tokenizers_agree": same, "seconds": time.perf_counter() - start,
-                            "roofline": roof}
-        rng = lambda s: f"{common.fmt(s['min'])}–{common.fmt(s['max'])}"
-        rows.append([batch, common.fmt(j["prefill"]), common.fmt(t["prefill"]),
-                     f"{j['prefill'] / t['prefill']:.2f}×",
-                     f"{common.fmt(j['decode'])} ({rng(rates['jax'])})",
-                     f"{common.fmt(t['decode'])} ({rng(rates['torch'])})", f"**{ratio:.2f}×**",
-                     f"{common.fmt(roof['tokens_per_s'])} ({roof['bound']})",
-                     f"{j['decode'] / roof['tokens_per_s']:.0%}",
-                     common.fmt(j["e2e"]), common.fmt(t["e2e"])])
+                            "tokenizers_agree": same, "seconds": time.perf_counter() - start}
         if args.bf16:
             h = res["jax_bf16"]
             per_batch[batch]["jax_bf16"] = h
             bf16_rows.append([batch, common.fmt(h["prefill"]), f"{h['prefill'] / j['prefill']:.2f}×",
                               f"{common.fmt(h['decode'])} ({rng(rates['jax_bf16'])})",
                               f"**{h['decode'] / j['decode']:.2f}×**", f"{h['decode'] / t['decode']:.2f}×"])
+    peak = max(peak, common.matmul_peak_flops()["flops_per_s_best"])
+    bandwidth = max(bandwidth, common.stream_bandwidth()["bytes_per_s_best"])
+    rep.emit(f"Machine limits (jax, float32; the best of a measurement before and one after the "
+             f"reps): matmul {peak / 1e9:.0f} GFLOP/s, streaming {bandwidth / 1e9:.1f} GB/s; decode "
+             f"roofline = batch / max(step bytes / bandwidth, step FLOPs / matmul peak), every "
+             f"weight and the mean cache read once per step.")
+    rep.emit()
+    for batch, v in per_batch.items():
+        j, t, rates = v["jax"], v["torch"], v["decode_rate_spread"]
+        roof = v["roofline"] = common.decode_roofline(cfg, batch, plen + n // 2, flops_per_s=peak,
+                                                      bytes_per_s=bandwidth)
+        rows.append([batch, common.fmt(j["prefill"]), common.fmt(t["prefill"]),
+                     f"{j['prefill'] / t['prefill']:.2f}×",
+                     f"{common.fmt(j['decode'])} ({rng(rates['jax'])})",
+                     f"{common.fmt(t['decode'])} ({rng(rates['torch'])})", f"**{v['ratio']:.2f}×**",
+                     f"{common.fmt(roof['tokens_per_s'])} ({roof['bound']})",
+                     f"{j['decode'] / roof['tokens_per_s']:.0%}",
+                     common.fmt(j["e2e"]), common.fmt(t["e2e"])])
     rep.table(["batch", "prefill tok/s ours", "prefill tok/s transformers", "prefill ratio",
                "decode tok/s ours (range)", "decode tok/s transformers (range)", "decode ratio",
                "decode roofline tok/s", "ours / roofline",

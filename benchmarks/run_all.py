@@ -38,6 +38,7 @@ from grpo_jax.errors import ConfigError
 SUITE = {
     "rollout": ("bench_rollout.py", {}),
     "tunix": ("bench_tunix.py", {}),  # right after rollout: the two are compared
+    "layouts": ("bench_layouts.py", {}),  # the matmul orientations behind the decode step
     "train_step": ("bench_train_step.py", {}),
     "grpo_step": ("bench_grpo_step.py", {}),
     "memory": ("bench_memory.py", {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}),

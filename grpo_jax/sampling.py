@@ -13,7 +13,10 @@ The module has three parts, kept apart on purpose:
    is shared by the group); `_decode` samples the first token from the prefill logits and
    then runs a `lax.while_loop`, one token per iteration, that stops as soon as every row
    has hit a stop token (or after `max_new_tokens`). The cache is donated to `_decode`
-   and returned by it, so the loop updates it in place instead of copying it.
+   and returned by it, so the loop updates it in place instead of copying it. On a single
+   CPU device a decode step is `feature_major.step` (the same layer, in the orientation
+   XLA's CPU dots run fastest); on meshes and accelerators, the model's own forward. Both
+   hand the token draw vocab-major logits, [V, B].
 3. **Glue**: `sample` / `sample_with_info` call 1, then 2, then 1 again; `sample_to_host`
    does that for a few prompts at a time and concatenates the results on the host, so a
    step's KV cache holds one call's rows, not the whole batch's.
@@ -85,6 +88,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import weakref
 from typing import Any, Sequence
 
 import flax.struct
@@ -443,7 +447,7 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
     hoisting the (loop-invariant) weight stack out of the loop, which would bring the
     copies back. On a 2-core CPU this halves the time of a SmolLM2-135M decode step.
     With `feature_major` (a single CPU device, see `programs`) the step is
-    `feature_major.step` instead, on [out, in] copies of the weights made before the loop.
+    `feature_major.step` instead, and `params` are `_feature_major_weights(cfg, params)`.
     """
     TRACE_COUNTS["decode"] += 1
     bsz = logits0.shape[0]
@@ -463,13 +467,12 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
         logps = jax.lax.dynamic_update_slice(logps, logp[:, None], (0, step))
         return token, active, done | stop, tokens, mask, logps, finished | stop
 
-    if feature_major:
-        weights = feature_major_lib.decode_weights(cfg, params)
     if unroll:
-        layer_params = _unstack(params["layers"], num_layers)
         pack = lambda c: (_unstack(c.k, num_layers), _unstack(c.v, num_layers), c.mask, c.index)
         unpack = lambda ks, vs, m, i: model_lib.KVCache(k=_stack(ks), v=_stack(vs), mask=m, index=i)
-        step_params = lambda: dict(params, layers=_stack(jax.lax.optimization_barrier(layer_params)))
+        if not feature_major:
+            layer_params = _unstack(params["layers"], num_layers)
+            step_params = lambda: dict(params, layers=_stack(jax.lax.optimization_barrier(layer_params)))
     else:
         pack = lambda c: (c,)
         unpack = lambda c: c
@@ -499,7 +502,7 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
         rope_cs = tuple(jax.lax.dynamic_slice_in_dim(t, step - 1, 1, axis=1) for t in tables)
         if feature_major:
             ks, vs, cache_mask, index = c[1:1 + num_cache]
-            logits, ks, vs, cache_mask = feature_major_lib.step(cfg, weights, ks, vs, cache_mask, index,
+            logits, ks, vs, cache_mask = feature_major_lib.step(cfg, params, ks, vs, cache_mask, index,
                                                                 last, last_real, rope_cs)
             cache = unpack(ks, vs, cache_mask, index + 1)
         else:
@@ -554,11 +557,52 @@ def programs(cfg: ModelConfig, mesh: Mesh | None, *, unroll: bool = True,
     top-k / top-p on), for callers that lower them without running (``grpo_jax.aot``).
     Forward only: remat changes training, not sampling, so every remat policy shares them.
     Unrolled on a single CPU device, decode runs `feature_major.step` (the layouts XLA's
-    CPU dots are fastest in); elsewhere the model's own forward."""
+    CPU dots are fastest in) and takes `_feature_major_weights(cfg, params)` instead of
+    the params; elsewhere the model's own forward."""
     forward_cfg = dataclasses.replace(cfg, remat="none")
-    feature_major = bool(unroll) and mesh is None and jax.default_backend() == "cpu"
     return (_jitted("prefill", forward_cfg, mesh),
-            _jitted("decode", forward_cfg, mesh, bool(unroll), bool(filtered), feature_major))
+            _jitted("decode", forward_cfg, mesh, bool(unroll), bool(filtered),
+                    _feature_major(mesh, unroll)))
+
+
+def _feature_major(mesh: Mesh | None, unroll: bool) -> bool:
+    return bool(unroll) and mesh is None and jax.default_backend() == "cpu"
+
+
+class _HeldWeights:
+    """One policy's feature-major decode weights, kept while every array of its params lives."""
+
+    def __init__(self, cfg: ModelConfig, leaves: list, weights):
+        self.cfg, self.weights = cfg, weights
+        self.refs = [weakref.ref(x, self._drop) for x in leaves]
+
+    def holds(self, leaves: list) -> bool:
+        return len(leaves) == len(self.refs) and all(r() is x for r, x in zip(self.refs, leaves))
+
+    def _drop(self, _):
+        if _HELD_WEIGHTS.get(self.cfg) is self:
+            del _HELD_WEIGHTS[self.cfg]
+
+
+_HELD_WEIGHTS: dict[ModelConfig, _HeldWeights] = {}
+
+
+def _feature_major_weights(cfg: ModelConfig, params):
+    """`feature_major.decode_weights(cfg, params)`, made once per policy: the copy (0.13 s for
+    SmolLM2-135M on a 2-core CPU) is reused while `params` holds the same array objects
+    (evaluation samples each batch twice, `sample_to_host` calls once per chunk) and
+    freed with the first of them: a new policy's params are new arrays, so never a stale
+    copy, and one model's copy at most."""
+    leaves = jax.tree.leaves(params)
+    held = _HELD_WEIGHTS.get(cfg)
+    if held is None or not held.holds(leaves):
+        held = _HELD_WEIGHTS[cfg] = _HeldWeights(cfg, leaves, _weights_program(cfg)(params))
+    return held.weights
+
+
+@functools.lru_cache(maxsize=8)
+def _weights_program(cfg: ModelConfig):
+    return jax.jit(functools.partial(feature_major_lib.decode_weights, cfg))
 
 
 def sampling_copy(cfg: ModelConfig, params, dtype: str, mesh: Mesh | None = None):
@@ -681,8 +725,9 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     prefill, decode = programs(cfg, mesh, unroll=unroll, filtered=top_k > 0 or top_p < 1.0)
     shared = src_rows if group_size > 1 else None
     cache, logits0 = prefill(params, *prompt_arrays, shared, cache_len=tp + tc)
+    decode_params = _feature_major_weights(cfg, params) if _feature_major(mesh, unroll) else params
     tokens, mask, logps, finished, steps, _ = decode(
-        params, cache, logits0, prompt_lens, row_ids, row_valid, key,
+        decode_params, cache, logits0, prompt_lens, row_ids, row_valid, key,
         np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(max_new_tokens), stop_mask,
         np.int32(pad_id), num_cols=tc)
 

@@ -88,3 +88,22 @@ def test_sampler_uses_it_only_unrolled_on_one_cpu_device(monkeypatch):
     unrolled = sampling.sample(cfg, params, [[3, 4, 5]], unroll=True, **kw)
     assert calls
     np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(unrolled.tokens))
+
+
+def test_decode_weights_are_made_once_per_policy_and_freed_with_it():
+    """The sampler reuses one policy's copy while its params are the same arrays, makes a new
+    one for new params (never a stale copy), and drops it when the params are freed."""
+    import gc
+
+    cfg = dataclasses.replace(TINY, vocab_size=83)
+    old = model.init_params(cfg, jax.random.key(6))
+    first = sampling._feature_major_weights(cfg, old)
+    assert sampling._feature_major_weights(cfg, old) is first
+    new = jax.tree.map(lambda x: x + 1.0, old)
+    second = sampling._feature_major_weights(cfg, new)
+    assert second is not first
+    np.testing.assert_array_equal(np.asarray(second["layers"][0]["up"]),
+                                  np.asarray(new["layers"]["mlp"]["up"][0]).T)
+    del new
+    gc.collect()
+    assert cfg not in sampling._HELD_WEIGHTS

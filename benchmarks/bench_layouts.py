@@ -1,0 +1,109 @@
+"""Decode-shaped matmuls in the two orientations the sampler can run them in, on this CPU.
+
+The decode step multiplies B = 8-64 rows of activations by every weight matrix. Row-major
+(`x [B, in] @ W [in, out]`, the model's own forward) and feature-major (`W [out, in] @
+x [in, B]`, `grpo_jax/feature_major.py`, what the sampler runs on a single CPU device) do
+the same arithmetic; which one XLA's CPU dots run faster depends on the CPU and its
+kernels. This script times both on SmolLM2-135M's shapes, so that a new CPU can be
+checked before trusting the sampler's choice (issue #20):
+
+* **MLP**: 30 layers of SwiGLU (576 → 1536 → 576), each layer's weights a separate buffer
+  as in the decode loop (so each is read from memory once per call, as in a decode step).
+* **unembedding + softmax pass**: logits of the tied [49152, 576] embedding, then the max,
+  exp and sum over the vocabulary that the token draw starts with; rows give [B, V]
+  logits, feature-major [V, B].
+
+Random float32 weights (the values do not matter to the timing); reps interleaved, median
+and range of the seconds per call after a warm-up. Speedup = row-major / feature-major.
+"""
+
+from __future__ import annotations
+
+import common
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+EMBED, MLP, VOCAB, LAYERS = 576, 1536, 49152, 30
+
+
+def _timer(fn, *args):
+    import time
+
+    def run() -> float:
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        return time.perf_counter() - start
+    return run
+
+
+def mlp_programs(layers: int):
+    def rows(x, ws):  # x [B, E]; ws: per layer (gate [E, F], up [E, F], down [F, E])
+        for gate, up, down in ws:
+            x = x + (jax.nn.silu(x @ gate) * (x @ up)) @ down
+        return x
+
+    def features(x, ws):  # x [E, B]; ws: per layer (gate [F, E], up [F, E], down [E, F])
+        for gate, up, down in ws:
+            x = x + down @ (jax.nn.silu(gate @ x) * (up @ x))
+        return x
+    return jax.jit(rows), jax.jit(features)
+
+
+def unembed_programs():
+    def rows(x, emb):  # x [B, E] -> [B, V]
+        logits = jnp.einsum("be,ve->bv", x, emb)
+        return jnp.log(jnp.sum(jnp.exp(logits - jnp.max(logits, -1, keepdims=True)), -1))
+
+    def features(x, emb):  # x [E, B] -> [V, B]
+        logits = emb @ x
+        return jnp.log(jnp.sum(jnp.exp(logits - jnp.max(logits, 0, keepdims=True)), 0))
+    return jax.jit(rows), jax.jit(features)
+
+
+def main(argv=None) -> int:
+    ap = common.base_parser(__doc__)
+    ap.add_argument("--batches", default="8,32,64", help="comma list of decode batch sizes")
+    args = ap.parse_args(argv)
+    reps = common.reps_of(args, full=9, quick=3)
+    batches = [8] if args.quick else [int(b) for b in args.batches.split(",")]
+    layers = 4 if args.quick else LAYERS
+    rep = common.Report("layouts", args)
+    rep.emit(f"## Decode-shaped matmuls, row-major vs feature-major (float32, {layers}-layer MLP "
+             f"{EMBED}→{MLP}→{EMBED}, unembedding [{VOCAB}, {EMBED}]); median of {reps} interleaved reps")
+    rep.emit()
+    rng = np.random.default_rng(0)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
+    ws_rows = [(normal(EMBED, MLP), normal(EMBED, MLP), normal(MLP, EMBED)) for _ in range(layers)]
+    ws_features = [tuple(w.T.copy() for w in layer) for layer in ws_rows]
+    emb = normal(VOCAB, EMBED)
+    mlp_rows, mlp_features = mlp_programs(layers)
+    un_rows, un_features = unembed_programs()
+    table = []
+    for b in batches:
+        x = normal(b, EMBED)
+        xt = x.T.copy()
+        # Same arithmetic both ways: check before timing.
+        np.testing.assert_allclose(np.asarray(mlp_rows(x, ws_rows)), np.asarray(mlp_features(xt, ws_features)).T,
+                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(un_rows(x, emb)), np.asarray(un_features(xt, emb)), rtol=1e-5)
+        s = common.interleaved({
+            "mlp_rows": _timer(mlp_rows, x, ws_rows), "mlp_features": _timer(mlp_features, xt, ws_features),
+            "unembed_rows": _timer(un_rows, x, emb), "unembed_features": _timer(un_features, xt, emb)}, reps)
+        for part in ("mlp", "unembed"):
+            r, f = s[f"{part}_rows"], s[f"{part}_features"]
+            speedup = r["median"] / f["median"]
+            rep.results[f"layout_{part}_speedup_b{b}"] = speedup
+            table.append([part, b, common.spread({k: v * 1e3 for k, v in r.items() if k != "samples"}),
+                          common.spread({k: v * 1e3 for k, v in f.items() if k != "samples"}),
+                          f"{speedup:.2f}×"])
+        rep.details[f"b{b}"] = s
+    rep.table(["", "batch", "row-major ms", "feature-major ms", "speedup"], table)
+    rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/feature_major.py`) suits this CPU.")
+    rep.emit()
+    return rep.finish()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

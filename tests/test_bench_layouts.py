@@ -1,0 +1,34 @@
+"""bench_layouts: its two orientations compute the same thing (so its timings compare like with like)."""
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_row_and_feature_major_programs_agree_with_numpy(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_layouts
+
+    rng = np.random.default_rng(0)
+    e, f, v, b = 16, 24, 40, 3
+    x = rng.standard_normal((b, e)).astype(np.float32)
+    layers = [tuple(rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((e, f), (e, f), (f, e)))
+              for _ in range(2)]
+    want = x.astype(np.float64)
+    for gate, up, down in layers:
+        a = want @ gate
+        want = want + (a / (1 + np.exp(-a)) * (want @ up)) @ down
+    rows, features = bench_layouts.mlp_programs(2)
+    np.testing.assert_allclose(np.asarray(rows(jnp.asarray(x), layers)), want, rtol=1e-5, atol=1e-5)
+    transposed = [tuple(w.T.copy() for w in layer) for layer in layers]
+    np.testing.assert_allclose(np.asarray(features(jnp.asarray(x.T), transposed)).T, want, rtol=1e-5, atol=1e-5)
+
+    emb = rng.standard_normal((v, e)).astype(np.float32)
+    logits = x.astype(np.float64) @ emb.T.astype(np.float64)
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1))
+    un_rows, un_features = bench_layouts.unembed_programs()
+    np.testing.assert_allclose(np.asarray(un_rows(jnp.asarray(x), jnp.asarray(emb))), lse, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(un_features(jnp.asarray(x.T), jnp.asarray(emb))), lse, rtol=1e-5)
