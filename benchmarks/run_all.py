@@ -120,23 +120,25 @@ NOTES = {
         "Tunix runs in its own venv and process (its pins conflict with ours), a few minutes "
         "after the rollout benchmark rather than interleaved with it: a load change between "
         "the two moves this ratio; see the load average of both runs. Both are JAX on the same "
-        "XLA CPU kernels, so the ratio is bounded by what the shared part costs: the dense "
-        "matmuls, about 3/4 of our decode step (`profile_ops.py`), run in the same YNNPACK "
-        "kernels on both sides: if Tunix's matmuls cost what ours do, 2x needs the rest of "
-        "its step (attention, the token draw, RoPE, norms) to take five times as long as ours."),
+        "XLA CPU kernels (YNNPACK dots). Ours runs the dense matmuls, most of a decode step "
+        "(`profile_ops.py`), in the orientation those kernels are fastest in "
+        "(`feature_major.py`, `bench_layouts.py`: 1.2–1.6× on this CPU), Tunix in the row-major "
+        "one; the rest of the gap would have to come from the parts that are not dense "
+        "matmuls: at batch 32 the per-head attention over the cache is the largest of them "
+        "(`profile_ops.py`)."),
     "decode_fraction_of_roofline_b{b}": (
-        "The roofline divides by the machine's 2048² matmul peak, which matmuls with 32 rows "
-        "do not reach on this CPU: they run at 110–130 GFLOP/s of the ~210, because streaming "
-        "each layer's weights is not overlapped with the arithmetic (see 'What we know about "
-        "each CPU' below). With twice the rows sharing each weight read, batch 64 is at about "
-        "half the roofline. What would close it at batch 32: a GEMM that keeps packed weights "
-        "between calls or overlaps their loads, or bfloat16 weights with a native bf16 dot "
-        "(not faster with jax 0.10 on this CPU: see the README's bf16 table)."),
+        "At batch 32 and 64 the roofline is the matmul peak; at batch 8 it is the memory "
+        "bandwidth (one read of every weight per token), which the small-batch matmuls do not "
+        "reach on this CPU: they stream each layer's weights at about half the measured rate, "
+        "not overlapped with the arithmetic (see 'What we know about each CPU' below). What "
+        "would close it: a GEMM that overlaps the weight loads with the arithmetic, or bfloat16 "
+        "weights with a native bf16 dot (not faster with jax 0.10 on this CPU: see the "
+        "README's bf16 table)."),
     "grpo_step_speedup_vs_trl": (
-        "Our sampling is 2.5× TRL's and the reference forward 1.5×, but the update, about "
-        "half of our step, is only 1.5× TRL's (the same matmul-bound work as the train-step "
-        "benchmark, where ours is 1.1× plain torch); see the phase split. The step reaches 2× "
-        "when the update does."),
+        "Our sampling is 3.3× TRL's (with the feature-major decode) and the reference forward "
+        "1.4×, but the update, more than half of our step, is only 1.6× TRL's (the same "
+        "matmul-bound work as the train-step benchmark, where ours is 1.1× plain torch); see "
+        "the phase split. The step is at 2× with little margin until the update is faster."),
 }
 
 
