@@ -19,6 +19,8 @@ and range of the seconds per call after a warm-up. Speedup = row-major / feature
 
 from __future__ import annotations
 
+import time
+
 import common
 
 import jax
@@ -29,13 +31,16 @@ EMBED, MLP, VOCAB, LAYERS = 576, 1536, 49152, 30
 
 
 def _timer(fn, *args):
-    import time
-
     def run() -> float:
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         return time.perf_counter() - start
     return run
+
+
+def _ms(s: dict) -> str:
+    """`common.spread` of a summarize() dict of seconds, in milliseconds."""
+    return common.spread({k: s[k] * 1e3 for k in ("median", "min", "max")})
 
 
 def mlp_programs(layers: int):
@@ -95,9 +100,7 @@ def main(argv=None) -> int:
             r, f = s[f"{part}_rows"], s[f"{part}_features"]
             speedup = r["median"] / f["median"]
             rep.results[f"layout_{part}_speedup_b{b}"] = speedup
-            table.append([part, b, common.spread({k: v * 1e3 for k, v in r.items() if k != "samples"}),
-                          common.spread({k: v * 1e3 for k, v in f.items() if k != "samples"}),
-                          f"{speedup:.2f}×"])
+            table.append([part, b, _ms(r), _ms(f), f"{speedup:.2f}×"])
         rep.details[f"b{b}"] = s
     rep.table(["", "batch", "row-major ms", "feature-major ms", "speedup"], table)
     rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/feature_major.py`) suits this CPU.")

@@ -495,22 +495,23 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
         return (step < max_new_tokens) & ~jnp.all(done)
 
     def body(c):
-        step, cache = c[0], unpack(*c[1:1 + num_cache])
+        step, buffers = c[0], c[1:1 + num_cache]
         last, last_real, done, tokens, mask, logps, finished = c[1 + num_cache:]
-        # Token `step-1` (slot Tp+step-1) sits at position n + step - 1 (default_positions).
-        positions = (prompt_lens + step - 1)[:, None]
         rope_cs = tuple(jax.lax.dynamic_slice_in_dim(t, step - 1, 1, axis=1) for t in tables)
-        if feature_major:
-            ks, vs, cache_mask, index = c[1:1 + num_cache]
+        if feature_major:  # works on the per-layer buffers themselves
+            ks, vs, cache_mask, index = buffers
             logits, ks, vs, cache_mask = feature_major_lib.step(cfg, params, ks, vs, cache_mask, index,
                                                                 last, last_real, rope_cs)
-            cache = unpack(ks, vs, cache_mask, index + 1)
+            buffers = (ks, vs, cache_mask, index + 1)
         else:
+            # Token `step-1` (slot Tp+step-1) sits at position n + step - 1 (default_positions).
+            positions = (prompt_lens + step - 1)[:, None]
             hidden, cache = model_lib.forward_hidden(cfg, step_params(), last[:, None], last_real[:, None],
-                                                     positions, cache=cache, unroll=unroll, rope_cs=rope_cs)
-            cache = _constrain(cache, mesh, cache_sharding)
+                                                     positions, cache=unpack(*buffers), unroll=unroll,
+                                                     rope_cs=rope_cs)
+            buffers = pack(_constrain(cache, mesh, cache_sharding))
             logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0]).T  # [V, B]
-        return (step + 1,) + pack(cache) + emit(step, logits, done, tokens, mask, logps, finished)
+        return (step + 1,) + tuple(buffers) + emit(step, logits, done, tokens, mask, logps, finished)
 
     out = jax.lax.while_loop(cond, body, carry)
     steps, cache = out[0], unpack(*out[1:1 + num_cache])
