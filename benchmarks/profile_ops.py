@@ -128,6 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--update", action="store_true",
                     help="profile one GRPO update (bench_train_step's) instead of a rollout")
     ap.add_argument("--rows", type=int, default=16, help="--update: sequences (a multiple of 4)")
+    ap.add_argument("--sample-dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the rollout samples from a copy in this dtype (rl.sample_dtype)")
     args = ap.parse_args(argv)
     if min(args.batch, args.prompt_len, args.new_tokens) < 2:
         ap.error("--batch, --prompt-len and --new-tokens must each be at least 2")
@@ -165,8 +167,10 @@ def main(argv=None) -> int:
         run, programs = _update_runner(bench_train_step, cfg, params, prompts, args.rows), (("step", 1),)
         print(f"compiling ({name}, one GRPO update of {args.rows} × 256 tokens)...", flush=True)
     else:
+        policy = sampling.sampling_copy(cfg, params, args.sample_dtype)
+
         def run():
-            r = sampling.sample(cfg, params, prompts, key=jax.random.key(0),
+            r = sampling.sample(cfg, policy, prompts, key=jax.random.key(0),
                                 max_new_tokens=args.new_tokens, temperature=1.0)
             return np.asarray(r.tokens)
 

@@ -62,13 +62,44 @@ def _norm(x, scale, eps):
     return (y * scale.astype(jnp.float32)[:, None]).astype(x.dtype)
 
 
+def _dense(w, x, dt):
+    """w [out, in] @ x [in, B] -> [out, B] in dt. A bfloat16 weight (``rl.sample_dtype=
+    bfloat16``) meets its activations in bfloat16 and accumulates in float32, as a TPU's
+    matmul unit does: XLA's CPU dot then runs its bf16 kernels (avx512_bf16), where
+    upcasting the weight would run a float32 dot over a float32 copy of it."""
+    if w.dtype == jnp.bfloat16:
+        return jnp.dot(w, x.astype(w.dtype), preferred_element_type=jnp.float32).astype(dt)
+    return w.astype(dt) @ x
+
+
+def _embed(table, tokens):
+    """table [V, E] rows at tokens [B]. A bfloat16 table is gathered as its 16-bit patterns:
+    XLA's CPU backend has no bf16 gather and would convert the whole table to float32 (a
+    113 MB temporary for SmolLM2) in every decode call to take B rows of it."""
+    if table.dtype != jnp.bfloat16:
+        return jnp.take(table, tokens, axis=0)
+    bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
+    return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
+
+
 def _to_rows(x):
     """[N, B] -> [B, N]; the barrier keeps XLA from turning the dot that made x back."""
     return jax.lax.optimization_barrier(x).T
 
 
-def _to_features(x):
-    """[B, N] -> [N, B] for the next dot, which then reads it as it lies."""
+def _to_features(x, bf16: bool):
+    """[B, N] -> [N, B] for the next dot.
+
+    float32: a layout change only (XLA lowers a transpose to one), so the dot reads the
+    rows as they lie: YNNPACK's float32 dot is fastest so. bfloat16: a real transpose,
+    written as a product with the identity (exact, B² · N multiply-adds) because that is
+    the one way to make XLA move the data: YNNPACK's bf16 dot needs its right operand
+    row-major [N, B], and XLA's operand upcaster turns a bf16 dot without it into a
+    float32 one over float32 copies of the weights (2x slower than float32 throughout).
+    """
+    if bf16:
+        return jnp.einsum("bn,bc->nc", x, jnp.eye(x.shape[0], dtype=x.dtype),
+                          precision=jax.lax.Precision.HIGHEST)
     return jax.lax.optimization_barrier(x.T)
 
 
@@ -83,28 +114,29 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
     Returns (logits [V, B] float32 — vocab-major —, ks, vs, the cache mask with the new slot).
     """
     s = ks[0].shape[-1]
-    x = _to_features(jnp.take(weights["embedding"], tokens, axis=0).astype(DTYPES[cfg.dtype]))  # [E, B]
+    bf16 = weights["unembedding"].dtype == jnp.bfloat16
+    x = _to_features(_embed(weights["embedding"], tokens).astype(DTYPES[cfg.dtype]), bf16)  # [E, B]
     key_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, real[:, None], index, axis=1)
     allowed = ((jnp.arange(s) <= index)[None, :] & key_mask)[:, None, :]  # [B, 1, S]
     new_ks, new_vs = [], []
     for w, k_cache, v_cache in zip(weights["layers"], ks, vs):
-        x, k_cache, v_cache = _layer(cfg, w, x, k_cache, v_cache, index, allowed, rope_cs)
+        x, k_cache, v_cache = _layer(cfg, w, x, k_cache, v_cache, index, allowed, rope_cs, bf16)
         new_ks.append(k_cache)
         new_vs.append(v_cache)
     hidden = _norm(x, weights["final_norm"], cfg.rms_eps)
-    logits = weights["unembedding"].astype(jnp.float32) @ hidden.astype(jnp.float32)
+    logits = _dense(weights["unembedding"], hidden.astype(jnp.float32), jnp.float32)
     return logits, new_ks, new_vs, key_mask
 
 
 @jax.named_scope("layers")  # the model's op names, for benchmarks/profile_ops.py
-def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_cs):
+def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_cs, bf16: bool):
     """One pre-norm decoder layer on x [E, B]: (x, k_cache, v_cache) after it."""
     dt = DTYPES[cfg.dtype]
     b = x.shape[1]
     h, kh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     with jax.named_scope("attn"):
         y = _norm(x, w["attn_norm"], cfg.rms_eps)
-        q, k, v = (w[n].astype(dt) @ y for n in "qkv")  # [H·D, B], [K·D, B], [K·D, B]
+        q, k, v = (_dense(w[n], y, dt) for n in "qkv")  # [H·D, B], [K·D, B], [K·D, B]
         if cfg.attention_bias:
             q, k, v = (t + w[f"{n}_bias"].astype(dt) for t, n in zip((q, k, v), "qkv"))
         q = model_lib.rope(_to_rows(q).reshape(b, 1, h, d), rope_cs)
@@ -114,9 +146,8 @@ def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=2)
         out = model_lib._attend(q.reshape(b, 1, kh, h // kh, d), k_cache.astype(dt), v_cache.astype(dt),
                                 allowed)
-        x = x + w["o"].astype(dt) @ _to_features(out.reshape(b, h * d))
+        x = x + _dense(w["o"], _to_features(out.reshape(b, h * d), bf16), dt)
     with jax.named_scope("mlp"):
         y = _norm(x, w["mlp_norm"], cfg.rms_eps)
-        gate, up, down = (w[n].astype(dt) for n in ("gate", "up", "down"))
-        x = x + down @ (jax.nn.silu(gate @ y) * (up @ y))
+        x = x + _dense(w["down"], jax.nn.silu(_dense(w["gate"], y, dt)) * _dense(w["up"], y, dt), dt)
     return x, k_cache, v_cache

@@ -573,16 +573,18 @@ def _feature_major(mesh: Mesh | None, unroll: bool) -> bool:
 class _HeldWeights:
     """One policy's feature-major decode weights, kept while every array of its params lives."""
 
-    def __init__(self, cfg: ModelConfig, leaves: list, weights):
-        self.cfg, self.weights = cfg, weights
+    def __init__(self, cfg: ModelConfig, leaves: list, weights, table: dict):
+        # The table is held here because the module's globals are already None when the
+        # last arrays die at interpreter exit, and their callbacks still run then.
+        self.cfg, self.weights, self.table = cfg, weights, table
         self.refs = [weakref.ref(x, self._drop) for x in leaves]
 
     def holds(self, leaves: list) -> bool:
         return len(leaves) == len(self.refs) and all(r() is x for r, x in zip(self.refs, leaves))
 
     def _drop(self, _):
-        if _HELD_WEIGHTS.get(self.cfg) is self:
-            del _HELD_WEIGHTS[self.cfg]
+        if self.table.get(self.cfg) is self:
+            del self.table[self.cfg]
 
 
 _HELD_WEIGHTS: dict[ModelConfig, _HeldWeights] = {}
@@ -597,7 +599,8 @@ def _feature_major_weights(cfg: ModelConfig, params):
     leaves = jax.tree.leaves(params)
     held = _HELD_WEIGHTS.get(cfg)
     if held is None or not held.holds(leaves):
-        held = _HELD_WEIGHTS[cfg] = _HeldWeights(cfg, leaves, _weights_program(cfg)(params))
+        held = _HELD_WEIGHTS[cfg] = _HeldWeights(cfg, leaves, _weights_program(cfg)(params),
+                                                  _HELD_WEIGHTS)
     return held.weights
 
 

@@ -107,3 +107,84 @@ def test_decode_weights_are_made_once_per_policy_and_freed_with_it():
     del new
     gc.collect()
     assert cfg not in sampling._HELD_WEIGHTS
+
+
+def test_a_sampler_held_copy_dies_quietly_at_interpreter_exit(tmp_path):
+    """The copy's weakref callbacks run while Python tears the module down, when its globals
+    are already None: they must not print 'Exception ignored' tracebacks after every script
+    that sampled."""
+    import subprocess
+    import sys
+
+    script = ("import jax; from grpo_jax import model, sampling; from grpo_jax.config import ModelConfig\n"
+              "cfg = ModelConfig(vocab_size=31, embed_dim=16, num_layers=1, num_heads=2, num_kv_heads=1, "
+              "head_dim=8, mlp_dim=32, max_seq_len=32)\n"
+              "p = model.init_params(cfg, jax.random.key(0))\n"
+              "r = sampling.sample(cfg, p, [[1, 2]], key=jax.random.key(1), max_new_tokens=3)\n"
+              "print(r.tokens.shape)\n")
+    env = {**__import__("os").environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "(1, 3)" in out.stdout
+    assert "Exception ignored" not in out.stderr, out.stderr
+
+
+def _bf16_round(x):
+    return np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def test_bf16_weights_multiply_bf16_inputs_in_float32():
+    """A bfloat16 weight meets its activations rounded to bfloat16, sums in float32: equal to
+    the float64 product of the rounded operands; float32 weights are a plain float32 dot."""
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((48, 40)), rng.standard_normal((40, 8))
+    got = feature_major._dense(jnp.asarray(w, jnp.bfloat16), jnp.asarray(x, jnp.float32), jnp.float32)
+    assert got.dtype == jnp.float32
+    want = _bf16_round(w) @ _bf16_round(x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want - w @ x).max() > 1e-3  # the rounding of x is visible, so it is checked
+    got32 = feature_major._dense(jnp.asarray(w, jnp.float32), jnp.asarray(x, jnp.float32), jnp.float32)
+    np.testing.assert_allclose(np.asarray(got32), w @ x, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_transpose_and_row_gather_are_exact():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((8, 40)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(feature_major._to_features, static_argnums=1)(x, True)),
+                                  np.asarray(x).T)
+    table = jnp.asarray(rng.standard_normal((97, 40)), jnp.bfloat16)
+    tokens = jnp.asarray([5, 0, 96, 5])
+    got = jax.jit(feature_major._embed)(table, tokens)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(table, np.float32)[[5, 0, 96, 5]])
+
+
+def test_bf16_step_keeps_every_weight_in_bf16_and_tracks_the_model():
+    """With a bfloat16 sampling copy, the compiled step holds no float32 copy of any weight
+    matrix (XLA upcasts a bf16 dot whose right operand is not row-major [in, B], and converts
+    a table it gathers from in bf16: either doubles the step's time), and its logits stay
+    within bf16 rounding of the model's forward on the same bf16 weights."""
+    import re
+
+    cfg = dataclasses.replace(TINY, embed_dim=40, mlp_dim=72, tie_embeddings=False)
+    params = sampling.sampling_copy(cfg, model.init_params(cfg, jax.random.key(7)), "bfloat16")
+    weights = feature_major.decode_weights(cfg, params)
+    b, slots = 4, 16
+    cache = model.init_cache(cfg, b, slots)
+    tokens = jnp.asarray([3, 50, 7, 96])
+    rope_cs = model.rope_tables(jnp.zeros((b, 1), jnp.int32), cfg.head_dim, cfg.rope_theta,
+                                cfg.rope_scaling_factor)
+    fn = jax.jit(lambda w, ks, vs, m: feature_major.step(cfg, w, ks, vs, m, jnp.int32(0), tokens,
+                                                         jnp.ones(b, bool), rope_cs))
+    args = (weights, list(cache.k), list(cache.v), cache.mask)
+    hlo = fn.lower(*args).compile().as_text()
+    shapes = {tuple(x.shape) for x in jax.tree.leaves(weights) if x.ndim == 2}
+    assert {(72, 40), (40, 72), (97, 40)} <= shapes
+    copies = {s for s in re.findall(r"f32\[(\d+),(\d+)\]", hlo)}
+    assert not {(str(r), str(c)) for r, c in shapes} & copies, sorted(copies)
+    logits = np.asarray(fn(*args)[0]).T
+    hidden, _ = model.forward_hidden(cfg, params, tokens[:, None], jnp.ones((b, 1), bool),
+                                     jnp.zeros((b, 1), jnp.int32), cache, unroll=True)
+    want = np.asarray(model.logits_from_hidden(cfg, params, hidden[:, 0]))
+    err = np.abs(logits - want).max()
+    assert 1e-6 < err < 0.05 * np.abs(want).max(), err
