@@ -14,8 +14,14 @@ top-p 1, float32, KV cache on both sides.
 The spread is over reps of the per-rep decode throughput.
 
 `--bf16` adds a third runner, interleaved with the other two: ours sampling from a bfloat16
-copy of the weights with the model's float32 compute, which is what the trainer does with
-`rl.sample_dtype=bfloat16`; its rows are compared with ours in float32.
+copy of the weights, which is what the trainer does with `rl.sample_dtype=bfloat16` (on one
+CPU device its decode multiplies bf16 weights by bf16-rounded activations, accumulating in
+float32; its prefill upcasts the weights to the model's float32); its rows are compared
+with ours in float32. It also measures what the copy costs in accuracy: one batch sampled
+from it at temperature 1, scored again by the float32 trainer (`logprobs.sequence_logprobs`),
+per completion token |Δ log p|, the estimated KL(sampler ‖ trainer), and the share of
+tokens whose truncated-importance weight π_trainer / π_sampler the cap C = 2 would clip
+(`rl.tis_cap`, the correction); the float32 sampler is the control.
 """
 
 from __future__ import annotations
@@ -59,6 +65,37 @@ class Recorded:
     def decode_rates(self, batch: int, new_tokens: int, skip: int) -> list[float]:
         t1, tn = self.times[1][skip:], self.times[new_tokens][skip:]
         return [batch * (new_tokens - 1) / (b - a) for a, b in zip(t1, tn) if b > a]
+
+
+def mismatch_stats(sample_logp, trainer_logp, mask, cap: float = 2.0) -> dict:
+    """Sampler vs trainer log-probs of the same tokens ([B, T] each, mask [B, T]): per real
+    token mean / 99th percentile / max of |Δ log p|, the k1 estimate of KL(sampler ‖
+    trainer) = mean(log p_sampler − log p_trainer), and the share of tokens whose TIS
+    weight exp(log p_trainer − log p_sampler) exceeds ``cap``."""
+    import numpy as np
+
+    m = np.asarray(mask, bool)
+    s, t = np.asarray(sample_logp, np.float64)[m], np.asarray(trainer_logp, np.float64)[m]
+    gap = np.abs(s - t)
+    return {"tokens": int(m.sum()), "mean_abs": float(gap.mean()), "p99_abs": float(np.percentile(gap, 99)),
+            "max_abs": float(gap.max()), "kl_k1": float((s - t).mean()),
+            "tis_capped_fraction": float((np.exp(t - s) > cap).mean())}
+
+
+def measure_mismatch(cfg, params, policies: dict, prompts, new_tokens: int) -> dict:
+    """For each named sampling policy: `mismatch_stats` of one temperature-1 batch drawn from
+    it and scored by the float32 trainer's `logprobs.sequence_logprobs` on ``params``."""
+    import jax
+
+    from grpo_jax import logprobs, sampling
+
+    score = jax.jit(lambda p, r: logprobs.sequence_logprobs(cfg, p, r, temperature=1.0, chunk_size=64))
+    out = {}
+    for name, policy in policies.items():
+        r = sampling.sample(cfg, policy, prompts, key=jax.random.key(0), max_new_tokens=new_tokens,
+                            temperature=1.0)
+        out[name] = mismatch_stats(r.logprobs, score(params, r), r.mask)
+    return out
 
 
 def main(argv=None) -> int:
@@ -141,6 +178,20 @@ def main(argv=None) -> int:
         rep.emit("Ours in bfloat16 (same interleaved reps):")
         rep.table(["batch", "prefill tok/s bf16", "vs ours f32", "decode tok/s bf16 (range)",
                    "vs ours f32", "vs transformers f32"], bf16_rows)
+        mb = 32 if 32 in per_batch else batches[-1]
+        _, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), mb, plen, seed=mb)
+        mism = measure_mismatch(cfg, params, {"float32": runners["jax"].run.params,
+                                              "bfloat16": runners["jax_bf16"].run.params}, prompts, n)
+        rep.emit()
+        rep.emit(f"What the bf16 copy costs: batch {mb} sampled at temperature 1, {n} new tokens, its "
+                 f"log-probs scored again by the float32 trainer (per completion token):")
+        rep.table(["sampler", "tokens", "mean abs Δ log p", "p99 abs Δ log p", "max abs Δ log p",
+                   "KL(sampler ‖ trainer)", "TIS weights > 2"],
+                  [[k, v["tokens"], f"{v['mean_abs']:.2e}", f"{v['p99_abs']:.2e}", f"{v['max_abs']:.2e}",
+                    f"{v['kl_k1']:.2e}", f"{v['tis_capped_fraction']:.2%}"] for k, v in mism.items()])
+        rep.details["bf16_logprob_mismatch"] = mism
+        for k, v in mism.items():
+            rep.results[f"logprob_mismatch_mean_abs_{k}"] = v["mean_abs"]
     main_batch = 32 if 32 in per_batch else batches[-1]
     rep.results["decode_tokens_per_s_ratio_vs_transformers"] = per_batch[main_batch]["ratio"]
     rep.results["decode_ratio_batch"] = main_batch

@@ -573,21 +573,21 @@ def _feature_major(mesh: Mesh | None, unroll: bool) -> bool:
 class _HeldWeights:
     """One policy's feature-major decode weights, kept while every array of its params lives."""
 
-    def __init__(self, cfg: ModelConfig, leaves: list, weights, table: dict):
+    def __init__(self, key: tuple, leaves: list, weights, table: dict):
         # The table is held here because the module's globals are already None when the
         # last arrays die at interpreter exit, and their callbacks still run then.
-        self.cfg, self.weights, self.table = cfg, weights, table
+        self.key, self.weights, self.table = key, weights, table
         self.refs = [weakref.ref(x, self._drop) for x in leaves]
 
     def holds(self, leaves: list) -> bool:
         return len(leaves) == len(self.refs) and all(r() is x for r, x in zip(self.refs, leaves))
 
     def _drop(self, _):
-        if self.table.get(self.cfg) is self:
-            del self.table[self.cfg]
+        if self.table.get(self.key) is self:
+            del self.table[self.key]
 
 
-_HELD_WEIGHTS: dict[ModelConfig, _HeldWeights] = {}
+_HELD_WEIGHTS: dict[tuple, _HeldWeights] = {}  # (cfg, dtype of the params) -> copy
 
 
 def _feature_major_weights(cfg: ModelConfig, params):
@@ -595,11 +595,13 @@ def _feature_major_weights(cfg: ModelConfig, params):
     SmolLM2-135M on a 2-core CPU) is reused while `params` holds the same array objects
     (evaluation samples each batch twice, `sample_to_host` calls once per chunk) and
     freed with the first of them: a new policy's params are new arrays, so never a stale
-    copy, and one model's copy at most."""
+    copy, and one copy per model and dtype at most (a float32 policy and its bfloat16
+    sampling copy, alternating, keep one each)."""
     leaves = jax.tree.leaves(params)
-    held = _HELD_WEIGHTS.get(cfg)
+    key = (cfg, params["embedding"].dtype.name)
+    held = _HELD_WEIGHTS.get(key)
     if held is None or not held.holds(leaves):
-        held = _HELD_WEIGHTS[cfg] = _HeldWeights(cfg, leaves, _weights_program(cfg)(params),
+        held = _HELD_WEIGHTS[key] = _HeldWeights(key, leaves, _weights_program(cfg)(params),
                                                   _HELD_WEIGHTS)
     return held.weights
 

@@ -104,9 +104,14 @@ def test_decode_weights_are_made_once_per_policy_and_freed_with_it():
     assert second is not first
     np.testing.assert_array_equal(np.asarray(second["layers"][0]["up"]),
                                   np.asarray(new["layers"]["mlp"]["up"][0]).T)
-    del new
+    low = sampling.sampling_copy(cfg, new, "bfloat16")  # another dtype: held beside it
+    third = sampling._feature_major_weights(cfg, low)
+    assert sampling._feature_major_weights(cfg, new) is second
+    assert sampling._feature_major_weights(cfg, low) is third
+    assert third["layers"][0]["up"].dtype == jnp.bfloat16
+    del new, low
     gc.collect()
-    assert cfg not in sampling._HELD_WEIGHTS
+    assert not [k for k in sampling._HELD_WEIGHTS if k[0] == cfg]
 
 
 def test_a_sampler_held_copy_dies_quietly_at_interpreter_exit(tmp_path):
