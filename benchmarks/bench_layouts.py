@@ -15,6 +15,9 @@ checked before trusting the sampler's choice (issue #20):
 
 Random float32 weights (the values do not matter to the timing); reps interleaved, median
 and range of the seconds per call after a warm-up. Speedup = row-major / feature-major.
+A third column runs the feature-major products from bfloat16 weights as the sampler's bf16
+copy does (`feature_major._dense`: bf16 operands, float32 sums): it tells whether
+`rl.sample_dtype=bfloat16` pays on this CPU.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import common
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from grpo_jax.feature_major import _dense
 
 EMBED, MLP, VOCAB, LAYERS = 576, 1536, 49152, 30
 
@@ -53,7 +58,13 @@ def mlp_programs(layers: int):
         for gate, up, down in ws:
             x = x + down @ (jax.nn.silu(gate @ x) * (up @ x))
         return x
-    return jax.jit(rows), jax.jit(features)
+
+    def features_bf16(x, ws):  # the same, from bf16 weights (feature_major._dense)
+        f32 = jnp.float32
+        for gate, up, down in ws:
+            x = x + _dense(down, jax.nn.silu(_dense(gate, x, f32)) * _dense(up, x, f32), f32)
+        return x
+    return jax.jit(rows), jax.jit(features), jax.jit(features_bf16)
 
 
 def unembed_programs():
@@ -61,8 +72,8 @@ def unembed_programs():
         logits = jnp.einsum("be,ve->bv", x, emb)
         return jnp.log(jnp.sum(jnp.exp(logits - jnp.max(logits, -1, keepdims=True)), -1))
 
-    def features(x, emb):  # x [E, B] -> [V, B]
-        logits = emb @ x
+    def features(x, emb):  # x [E, B] -> [V, B]; emb float32 or (the bf16 column) bfloat16
+        logits = _dense(emb, x, jnp.float32)
         return jnp.log(jnp.sum(jnp.exp(logits - jnp.max(logits, 0, keepdims=True)), 0))
     return jax.jit(rows), jax.jit(features)
 
@@ -75,15 +86,17 @@ def main(argv=None) -> int:
     batches = [8] if args.quick else [int(b) for b in args.batches.split(",")]
     layers = 4 if args.quick else LAYERS
     rep = common.Report("layouts", args)
-    rep.emit(f"## Decode-shaped matmuls, row-major vs feature-major (float32, {layers}-layer MLP "
+    rep.emit(f"## Decode-shaped matmuls, row-major vs feature-major (float32, and bf16 weights; {layers}-layer MLP "
              f"{EMBED}→{MLP}→{EMBED}, unembedding [{VOCAB}, {EMBED}]); median of {reps} interleaved reps")
     rep.emit()
     rng = np.random.default_rng(0)
     normal = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
     ws_rows = [(normal(EMBED, MLP), normal(EMBED, MLP), normal(MLP, EMBED)) for _ in range(layers)]
     ws_features = [tuple(w.T.copy() for w in layer) for layer in ws_rows]
+    ws_bf16 = [tuple(w.astype(jnp.bfloat16) for w in layer) for layer in ws_features]
     emb = normal(VOCAB, EMBED)
-    mlp_rows, mlp_features = mlp_programs(layers)
+    emb_bf16 = emb.astype(jnp.bfloat16)
+    mlp_rows, mlp_features, mlp_bf16 = mlp_programs(layers)
     un_rows, un_features = unembed_programs()
     table = []
     for b in batches:
@@ -95,15 +108,20 @@ def main(argv=None) -> int:
         np.testing.assert_allclose(np.asarray(un_rows(x, emb)), np.asarray(un_features(xt, emb)), rtol=1e-5)
         s = common.interleaved({
             "mlp_rows": _timer(mlp_rows, x, ws_rows), "mlp_features": _timer(mlp_features, xt, ws_features),
-            "unembed_rows": _timer(un_rows, x, emb), "unembed_features": _timer(un_features, xt, emb)}, reps)
+            "unembed_rows": _timer(un_rows, x, emb), "unembed_features": _timer(un_features, xt, emb),
+            "mlp_bf16": _timer(mlp_bf16, xt, ws_bf16), "unembed_bf16": _timer(un_features, xt, emb_bf16)},
+            reps)
         for part in ("mlp", "unembed"):
-            r, f = s[f"{part}_rows"], s[f"{part}_features"]
+            r, f, h = s[f"{part}_rows"], s[f"{part}_features"], s[f"{part}_bf16"]
             speedup = r["median"] / f["median"]
             rep.results[f"layout_{part}_speedup_b{b}"] = speedup
-            table.append([part, b, _ms(r), _ms(f), f"{speedup:.2f}×"])
+            rep.results[f"layout_{part}_bf16_speedup_b{b}"] = f["median"] / h["median"]
+            table.append([part, b, _ms(r), _ms(f), f"{speedup:.2f}×", _ms(h), f"{f['median'] / h['median']:.2f}×"])
         rep.details[f"b{b}"] = s
-    rep.table(["", "batch", "row-major ms", "feature-major ms", "speedup"], table)
-    rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/feature_major.py`) suits this CPU.")
+    rep.table(["", "batch", "row-major ms", "feature-major ms", "speedup", "feature-major bf16 ms",
+               "bf16 speedup"], table)
+    rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/feature_major.py`) suits this CPU. "
+             "bf16 speedup = feature-major float32 / bf16 (bf16 weights and operands, float32 sums).")
     rep.emit()
     return rep.finish()
 

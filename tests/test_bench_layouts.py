@@ -21,10 +21,22 @@ def test_row_and_feature_major_programs_agree_with_numpy(monkeypatch):
     for gate, up, down in layers:
         a = want @ gate
         want = want + (a / (1 + np.exp(-a)) * (want @ up)) @ down
-    rows, features = bench_layouts.mlp_programs(2)
+    rows, features, features_bf16 = bench_layouts.mlp_programs(2)
     np.testing.assert_allclose(np.asarray(rows(jnp.asarray(x), layers)), want, rtol=1e-5, atol=1e-5)
     transposed = [tuple(w.T.copy() for w in layer) for layer in layers]
     np.testing.assert_allclose(np.asarray(features(jnp.asarray(x.T), transposed)).T, want, rtol=1e-5, atol=1e-5)
+
+    def bf16(a):  # numpy float64 of a rounded to bfloat16
+        return np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64)
+
+    want16 = x.astype(np.float64).T  # the bf16 column: every dot operand rounded, sums exact
+    for gate, up, down in transposed:
+        a = bf16(gate) @ bf16(want16)
+        want16 = want16 + bf16(down) @ bf16(a / (1 + np.exp(-a)) * (bf16(up) @ bf16(want16)))
+    low = [tuple(jnp.asarray(w, jnp.bfloat16) for w in layer) for layer in transposed]
+    got16 = np.asarray(features_bf16(jnp.asarray(x.T), low))
+    np.testing.assert_allclose(got16, want16, rtol=1e-4, atol=1e-4)
+    assert np.abs(got16 - want.T).max() > 1e-3  # bf16 rounding is visible, so it is checked
 
     emb = rng.standard_normal((v, e)).astype(np.float32)
     logits = x.astype(np.float64) @ emb.T.astype(np.float64)
@@ -32,3 +44,7 @@ def test_row_and_feature_major_programs_agree_with_numpy(monkeypatch):
     un_rows, un_features = bench_layouts.unembed_programs()
     np.testing.assert_allclose(np.asarray(un_rows(jnp.asarray(x), jnp.asarray(emb))), lse, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(un_features(jnp.asarray(x.T), jnp.asarray(emb))), lse, rtol=1e-5)
+    logits16 = bf16(x) @ bf16(emb).T
+    lse16 = np.log(np.exp(logits16 - logits16.max(-1, keepdims=True)).sum(-1))
+    np.testing.assert_allclose(np.asarray(un_features(jnp.asarray(x.T), jnp.asarray(emb, jnp.bfloat16))), lse16,
+                               rtol=1e-5)
