@@ -163,6 +163,24 @@ def _attend_many_bwd(res, d_out):
 _attend_many.defvjp(_attend_many_fwd, _attend_many_bwd)
 
 
+def _product(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    """einsum(spec, x, w) with the weight w as the layer holds it (cast to x's dtype by the
+    caller, see `_operand`). A bfloat16 weight meeting float32 activations (the sampler's
+    ``rl.sample_dtype=bfloat16`` copy under float32 compute) is not upcast: the product
+    rounds x to bf16 and sums in float32, as a TPU's matmul unit does, which lets XLA's CPU
+    dot run its bf16 kernels. ``feature_major._dense`` applies the same rule in the decode
+    step, so every sampling path computes the same thing."""
+    if w.dtype == jnp.bfloat16 and x.dtype == jnp.float32:
+        return jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+    return jnp.einsum(spec, x, w)
+
+
+def _operand(w: jax.Array, dt) -> jax.Array:
+    """A weight as `_product` takes it: cast to the compute dtype dt, except a bfloat16
+    weight under float32 compute, which stays bf16."""
+    return w if w.dtype == jnp.bfloat16 and dt == jnp.float32 else w.astype(dt)
+
+
 class Attention(nn.Module):
     cfg: ModelConfig
 
@@ -175,9 +193,7 @@ class Attention(nn.Module):
         wk = _param(self, "k", (cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim), ("embed", "kv_heads", "head_dim"), init, cfg)
         wv = _param(self, "v", (cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim), ("embed", "kv_heads", "head_dim"), init, cfg)
         wo = _param(self, "o", (cfg.num_heads, cfg.head_dim, cfg.embed_dim), ("heads", "head_dim", "embed"), init, cfg)
-        q = jnp.einsum("bte,ehd->bthd", x, wq.astype(dt))
-        k = jnp.einsum("bte,ehd->bthd", x, wk.astype(dt))
-        v = jnp.einsum("bte,ehd->bthd", x, wv.astype(dt))
+        q, k, v = (_product("bte,ehd->bthd", x, _operand(w, dt)) for w in (wq, wk, wv))
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
             q = q + _param(self, "q_bias", (cfg.num_heads, cfg.head_dim), ("heads", "head_dim"), zeros, cfg).astype(dt)
@@ -199,7 +215,7 @@ class Attention(nn.Module):
         out = _attend(q.reshape(b, t, cfg.num_kv_heads, h // cfg.num_kv_heads, d), k.astype(dt), v.astype(dt),
                       allowed).reshape(b, t, h, d)
         # One contracting dim of h*d: with two (h, d) XLA transposed the weight at every call.
-        return out.reshape(b, t, h * d) @ wo.astype(dt).reshape(h * d, -1), new_kv
+        return _product("btf,fe->bte", out.reshape(b, t, h * d), _operand(wo, dt).reshape(h * d, -1)), new_kv
 
 
 @jax.custom_vjp
@@ -215,16 +231,16 @@ def swiglu(x, gate, up, down):
     recomputes the SiLU from them next to six matmuls.
     """
     a, b = _swiglu_preactivations(x, gate, up)
-    return (jax.nn.silu(a) * b) @ down
+    return _product("...f,fe->...e", jax.nn.silu(a) * b, down)
 
 
 def _swiglu_preactivations(x, gate, up):
-    return x @ gate, x @ up
+    return _product("...e,ef->...f", x, gate), _product("...e,ef->...f", x, up)
 
 
 def _swiglu_fwd(x, gate, up, down):
     a, b = _swiglu_preactivations(x, gate, up)
-    return (jax.nn.silu(a) * b) @ down, (x, a, b, gate, up, down)
+    return _product("...f,fe->...e", jax.nn.silu(a) * b, down), (x, a, b, gate, up, down)
 
 
 def _swiglu_bwd(res, dy):
@@ -240,7 +256,10 @@ def _swiglu_bwd(res, dy):
     d_gate = jnp.einsum("...e,...f->ef", x, da)
     d_up = jnp.einsum("...e,...f->ef", x, db)
     dx = jnp.einsum("...f,ef->...e", da, gate) + jnp.einsum("...f,ef->...e", db, up)
-    return dx, d_gate, d_up, d_down
+    # bf16 weights under float32 compute get float32 gradients; cotangents keep the
+    # primals' dtypes (a no-op otherwise).
+    return (dx.astype(x.dtype), d_gate.astype(gate.dtype), d_up.astype(up.dtype),
+            d_down.astype(down.dtype))
 
 
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
@@ -257,7 +276,7 @@ class MLP(nn.Module):
         gate = _param(self, "gate", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         up = _param(self, "up", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         down = _param(self, "down", (cfg.mlp_dim, cfg.embed_dim), ("mlp", "embed"), init, cfg)
-        return swiglu(x, gate.astype(dt), up.astype(dt), down.astype(dt))
+        return swiglu(x, _operand(gate, dt), _operand(up, dt), _operand(down, dt))
 
 
 class Block(nn.Module):
@@ -424,8 +443,8 @@ def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:
 def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
     """hidden [..., E] -> logits [..., vocab] float32 (the unembedding as `unembedding` gives it)."""
     w, vocab_major = unembedding(cfg, params)
-    return jnp.einsum("...e,ve->...v" if vocab_major else "...e,ev->...v",
-                      hidden.astype(jnp.float32), w.astype(jnp.float32))
+    return _product("...e,ve->...v" if vocab_major else "...e,ev->...v", hidden.astype(jnp.float32),
+                    _operand(w, jnp.float32))
 
 
 def forward_logits(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array | None = None) -> jax.Array:

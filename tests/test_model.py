@@ -138,6 +138,30 @@ def test_swiglu_backward_equals_autodiff_of_its_formula(dtype):
                                    np.asarray(ref, np.float32) / scale, atol=tol)
 
 
+def test_swiglu_with_bf16_weights_under_float32_compute():
+    """A bf16 weight meets float32 activations as a bf16 product summed in float32 (the
+    sampler's bf16 copy; `model._product`): the output equals the float64 formula on
+    bf16-rounded operands, and the gradients come back in each input's dtype, equal to
+    autodiff of that same rounded formula."""
+    ks = jax.random.split(jax.random.key(13), 5)
+    x = jax.random.normal(ks[0], (2, 5, 16))
+    gate, up = (jax.random.normal(k, (16, 24)).astype(jnp.bfloat16) for k in ks[1:3])
+    down = (jax.random.normal(ks[3], (24, 16)) * 0.5).astype(jnp.bfloat16)
+    r = lambda a: np.asarray(jnp.asarray(a).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+    a, b = r(x) @ r(gate), r(x) @ r(up)
+    want = r(a / (1 + np.exp(-a)) * b) @ r(down)
+    np.testing.assert_allclose(np.asarray(model.swiglu(x, gate, up, down)), want, rtol=1e-5, atol=1e-5)
+    rounded = lambda x, g, u, d: model.swiglu(x, g.astype(jnp.float32), u.astype(jnp.float32),
+                                              d.astype(jnp.float32))
+    cot = jax.random.normal(ks[4], (2, 5, 16))
+    grads = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a) * cot), argnums=(0, 1, 2, 3))(x, gate, up, down)
+    for ours, ref, primal in zip(grads(model.swiglu), grads(rounded), (x, gate, up, down)):
+        assert ours.dtype == primal.dtype
+        scale = float(jnp.max(jnp.abs(ref.astype(jnp.float32))))
+        np.testing.assert_allclose(np.asarray(ours, np.float32) / scale, np.asarray(ref, np.float32) / scale,
+                                   atol=2e-2)
+
+
 def test_attention_backward_equals_autodiff_including_fully_masked_rows():
     """The recomputing attention backward gives autodiff's gradients of masked softmax
     attention, also for a query with no allowed key (a left pad: uniform weights)."""
