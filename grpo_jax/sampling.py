@@ -615,9 +615,10 @@ def sampling_copy(cfg: ModelConfig, params, dtype: str, mesh: Mesh | None = None
     """The policy the sampler reads: float32 leaves cast to ``dtype``, placed on ``mesh``
     (the sampler's mesh, ``sharding.make_sample_mesh``) or, when None, where they are.
     float32 on the params' own placement returns ``params`` itself. A bfloat16 copy halves
-    the weights' memory and the bytes each decode step reads; with float32 master weights
-    and float32 compute its log-probs differ slightly from the trainer's (logged as
-    logprob_mismatch_*)."""
+    the weights' memory and the bytes each decode step reads, and under float32 compute its
+    matmuls round their activations to bf16 and sum in float32 (``model._product``), so its
+    log-probs differ slightly from the float32 trainer's (logged as logprob_mismatch_*;
+    ``benchmarks/bench_rollout.py --bf16`` measures it)."""
     if dtype == "float32" and (mesh is None or mesh == mesh_of(params)):
         return params
     return _copier(cfg, mesh, dtype)(params)
