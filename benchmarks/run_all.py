@@ -133,7 +133,7 @@ NOTES = {
         "not overlapped with the arithmetic (see 'What we know about each CPU' below). What "
         "would close it: a GEMM that overlaps the weight loads with the arithmetic. bfloat16 "
         "weights (`rl.sample_dtype=bfloat16`, bf16 dots since 2026-11-24 evening) halve the bytes "
-        "but measured 0.91× float32 at batch 8 and 1.24–1.30× at 32–64 (README's bf16 table)."),
+        "but measured 1.00× float32 at batch 8 and 1.26–1.28× at 32–64 (README's bf16 table)."),
     "grpo_step_speedup_vs_trl": (
         "Our sampling is 3.3× TRL's (with the feature-major decode) and the reference forward "
         "1.4×, but the update, more than half of our step, is only 1.6× TRL's (the same "
