@@ -63,13 +63,9 @@ def _norm(x, scale, eps):
 
 
 def _dense(w, x, dt):
-    """w [out, in] @ x [in, B] -> [out, B] in dt. A bfloat16 weight (``rl.sample_dtype=
-    bfloat16``) meets its activations in bfloat16 and accumulates in float32, as a TPU's
-    matmul unit does: XLA's CPU dot then runs its bf16 kernels (avx512_bf16), where
-    upcasting the weight would run a float32 dot over a float32 copy of it."""
-    if w.dtype == jnp.bfloat16:
-        return jnp.dot(w, x.astype(w.dtype), preferred_element_type=jnp.float32).astype(dt)
-    return w.astype(dt) @ x
+    """w [out, in] @ x [in, B] -> [out, B], by the model's rule (``model._product``): a
+    bfloat16 weight under float32 compute meets bf16-rounded activations and sums in float32."""
+    return model_lib._product("oi,ib->ob", model_lib._operand(w, dt), x)
 
 
 def _embed(table, tokens):

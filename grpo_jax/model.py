@@ -163,16 +163,16 @@ def _attend_many_bwd(res, d_out):
 _attend_many.defvjp(_attend_many_fwd, _attend_many_bwd)
 
 
-def _product(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """einsum(spec, x, w) with the weight w as the layer holds it (cast to x's dtype by the
-    caller, see `_operand`). A bfloat16 weight meeting float32 activations (the sampler's
-    ``rl.sample_dtype=bfloat16`` copy under float32 compute) is not upcast: the product
-    rounds x to bf16 and sums in float32, as a TPU's matmul unit does, which lets XLA's CPU
-    dot run its bf16 kernels. ``feature_major._dense`` applies the same rule in the decode
-    step, so every sampling path computes the same thing."""
-    if w.dtype == jnp.bfloat16 and x.dtype == jnp.float32:
-        return jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=jnp.float32)
-    return jnp.einsum(spec, x, w)
+def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """einsum(spec, a, b), one operand a weight as the layer holds it (see `_operand`). A
+    bfloat16 weight meeting float32 activations (the sampler's ``rl.sample_dtype=bfloat16``
+    copy under float32 compute) is not upcast: the product rounds the activations to bf16
+    and sums in float32, as a TPU's matmul unit does, which lets XLA's CPU dot run its bf16
+    kernels. ``feature_major`` uses it too, so every sampling path computes the same thing."""
+    if {a.dtype, b.dtype} == {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)}:
+        return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum(spec, a, b)
 
 
 def _operand(w: jax.Array, dt) -> jax.Array:
