@@ -59,6 +59,24 @@ def test_step_equals_the_models_cached_forward(cfg, atol):
                                        atol=atol, rtol=atol)
 
 
+@pytest.mark.parametrize("b", [3, feature_major._SUMMED_SCORES_FROM])
+def test_attention_of_one_token_equals_the_models_in_both_forms(b):
+    """Below _SUMMED_SCORES_FROM rows the step uses the model's attention (two dots); from
+    there on its scores are a summed product (one dot left): the same output either way,
+    masked slots included."""
+    kh, g, d, s = 2, 3, 8, 12
+    keys = jax.random.split(jax.random.key(4), 4)
+    q = jax.random.normal(keys[0], (b, kh, g, d))
+    k = jax.random.normal(keys[1], (b, kh, d, s))
+    v = jax.random.normal(keys[2], (b, kh, s, d))
+    allowed = (jax.random.uniform(keys[3], (b, 1, s)) < 0.6).at[:, :, 0].set(True)
+    got = feature_major._attend(q, k, v, allowed)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(model._attend(q[:, None], k, v, allowed)),
+                               atol=1e-5, rtol=1e-5)
+    dots = str(jax.make_jaxpr(feature_major._attend)(q, k, v, allowed)).count("dot_general")
+    assert dots == (2 if b < feature_major._SUMMED_SCORES_FROM else 1)
+
+
 def test_decode_weights_are_the_parameters_transposed():
     """[out, in] copies: q of layer 1 is its [E, H, D] kernel as [H·D, E]; an untied
     unembedding is lm_head [E, V] as [V, E]; a tied one is the embedding itself."""
