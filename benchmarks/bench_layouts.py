@@ -13,6 +13,12 @@ checked before trusting the sampler's choice (issue #20):
   exp and sum over the vocabulary that the token draw starts with; rows give [B, V]
   logits, feature-major [V, B].
 
+* **decode attention**: one new token per row against 30 layers' KV caches of 192 slots
+  (SmolLM2's 3 kv heads × 3 query heads × 64), in the two forms the feature-major step
+  picks between by batch size: the model's two small dots per (row, kv head), and the
+  scores as a summed product (`feature_major._attend_summed`, from
+  `feature_major._SUMMED_SCORES_FROM` rows on). Speedup = dots / summed.
+
 Random float32 weights (the values do not matter to the timing); reps interleaved, median
 and range of the seconds per call after a warm-up. Speedup = row-major / feature-major.
 A third column runs the feature-major products from bfloat16 weights as the sampler's bf16
@@ -30,9 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.feature_major import _dense
+from grpo_jax import model as model_lib
+from grpo_jax.feature_major import _SUMMED_SCORES_FROM, _attend_summed, _dense
 
 EMBED, MLP, VOCAB, LAYERS = 576, 1536, 49152, 30
+KV_HEADS, GROUP, HEAD_DIM, SLOTS = 3, 3, 64, 192
 
 
 def _timer(fn, *args):
@@ -78,6 +86,26 @@ def unembed_programs():
     return jax.jit(rows), jax.jit(features)
 
 
+def attention_programs():
+    def chain(attend):  # each layer's query depends on the last output, as in the decode loop
+        def run(q, ks, vs, allowed):  # q [B, K, G, D]; ks [B, K, D, S], vs [B, K, S, D] per layer
+            for k, v in zip(ks, vs):
+                q = q + attend(q, k, v, allowed)
+            return q
+        return jax.jit(run)
+    return chain(lambda q, k, v, a: model_lib._attend(q[:, None], k, v, a)[:, 0]), \
+        chain(lambda q, k, v, a: _attend_summed(q, k, v, a)[:, 0])
+
+
+def attention_inputs(rng, b: int, layers: int):
+    """Random q, per-layer caches and a mask with 2/3 of the slots allowed (slot 0 always)."""
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32))
+    ks = [normal(b, KV_HEADS, HEAD_DIM, SLOTS) for _ in range(layers)]
+    vs = [normal(b, KV_HEADS, SLOTS, HEAD_DIM) for _ in range(layers)]
+    allowed = jnp.asarray(rng.random((b, 1, SLOTS)) < 2 / 3).at[:, :, 0].set(True)
+    return normal(b, KV_HEADS, GROUP, HEAD_DIM), ks, vs, allowed
+
+
 def main(argv=None) -> int:
     ap = common.base_parser(__doc__)
     ap.add_argument("--batches", default="8,32,64", help="comma list of decode batch sizes")
@@ -98,7 +126,8 @@ def main(argv=None) -> int:
     emb_bf16 = emb.astype(jnp.bfloat16)
     mlp_rows, mlp_features, mlp_bf16 = mlp_programs(layers)
     un_rows, un_features = unembed_programs()
-    table = []
+    att_dots, att_summed = attention_programs()
+    table, att_table = [], []
     for b in batches:
         x = normal(b, EMBED)
         xt = x.T.copy()
@@ -111,6 +140,15 @@ def main(argv=None) -> int:
             "unembed_rows": _timer(un_rows, x, emb), "unembed_features": _timer(un_features, xt, emb),
             "mlp_bf16": _timer(mlp_bf16, xt, ws_bf16), "unembed_bf16": _timer(un_features, xt, emb_bf16)},
             reps)
+        att = attention_inputs(rng, b, layers)
+        np.testing.assert_allclose(np.asarray(att_dots(*att)), np.asarray(att_summed(*att)), rtol=1e-4, atol=1e-4)
+        a = common.interleaved({"attention_dots": _timer(att_dots, *att),
+                                "attention_summed": _timer(att_summed, *att)}, reps)
+        s.update(a)
+        d, m = a["attention_dots"], a["attention_summed"]
+        rep.results[f"layout_attention_summed_speedup_b{b}"] = d["median"] / m["median"]
+        used = "summed" if b >= _SUMMED_SCORES_FROM else "dots"
+        att_table.append([b, _ms(d), _ms(m), f"{d['median'] / m['median']:.2f}×", used])
         for part in ("mlp", "unembed"):
             r, f, h = s[f"{part}_rows"], s[f"{part}_features"], s[f"{part}_bf16"]
             speedup = r["median"] / f["median"]
@@ -122,6 +160,13 @@ def main(argv=None) -> int:
                "bf16 speedup"], table)
     rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/feature_major.py`) suits this CPU. "
              "bf16 speedup = feature-major float32 / bf16 (bf16 weights and operands, float32 sums).")
+    rep.emit()
+    rep.emit(f"### Decode attention, one new token, {layers} layers × {SLOTS} cache slots ({KV_HEADS} kv heads × "
+             f"{GROUP} query heads × {HEAD_DIM}), float32")
+    rep.emit()
+    rep.table(["batch", "two dots ms", "summed scores ms", "speedup", "the step uses"], att_table)
+    rep.emit(f"Speedup > 1: the summed scores are faster; the feature-major step uses them from "
+             f"{_SUMMED_SCORES_FROM} rows on (`feature_major._SUMMED_SCORES_FROM`).")
     rep.emit()
     return rep.finish()
 

@@ -131,14 +131,20 @@ def _attend(q, k, v, allowed):
     """``model._attend`` for one new token: q [B, K, G, D], caches as ``model.KVCache``,
     allowed [B, 1, S] -> [B, 1, K, G, D].
 
-    From _SUMMED_SCORES_FROM rows on, the scores are a product summed over the head
-    dimension instead of B·K small [G, D] x [D, S] dots: a fused loop over the cache as it
-    lies, where the dot kernel spends its time per small product (attention of 30 layers at
-    192 cache slots, 2-core AMD EPYC: 24 -> 18 ms at batch 32, 43 -> 32 ms at batch 64, but
-    6.9 -> 7.2 ms at batch 8; ``python benchmarks/bench_layouts.py``).
+    From _SUMMED_SCORES_FROM rows on, `_attend_summed`; below, the model's two dots.
     """
     if q.shape[0] < _SUMMED_SCORES_FROM:
         return model_lib._attend(q[:, None], k, v, allowed)
+    return _attend_summed(q, k, v, allowed)
+
+
+def _attend_summed(q, k, v, allowed):
+    """`_attend` with the scores as a product summed over the head dimension instead of
+    B·K small [G, D] x [D, S] dots: one fused loop over the cache as it lies, where the dot
+    kernel spends its time per small product. ``python benchmarks/bench_layouts.py`` times
+    both forms (30 layers at 192 cache slots, 2-core AMD EPYC, one-off script: 24 -> 18 ms
+    at batch 32, 43 -> 32 ms at batch 64, but 6.9 -> 7.2 ms at batch 8).
+    """
     scores = jnp.sum(q[..., None].astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=3)
     return model_lib._attend_scored(scores / jnp.sqrt(q.shape[-1]).astype(jnp.float32), v, allowed)
 

@@ -48,3 +48,23 @@ def test_row_and_feature_major_programs_agree_with_numpy(monkeypatch):
     lse16 = np.log(np.exp(logits16 - logits16.max(-1, keepdims=True)).sum(-1))
     np.testing.assert_allclose(np.asarray(un_features(jnp.asarray(x.T), jnp.asarray(emb, jnp.bfloat16))), lse16,
                                rtol=1e-5)
+
+
+def test_both_decode_attention_forms_agree_with_numpy(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_layouts
+
+    rng = np.random.default_rng(1)
+    b, kh, g, d, s = 2, 2, 3, 4, 5
+    q = rng.standard_normal((b, kh, g, d)).astype(np.float32)
+    ks = [rng.standard_normal((b, kh, d, s)).astype(np.float32) for _ in range(2)]
+    vs = [rng.standard_normal((b, kh, s, d)).astype(np.float32) for _ in range(2)]
+    allowed = np.array([[[True, False, True, True, False]], [[True, True, False, False, False]]])
+    want = q.astype(np.float64)
+    for k, v in zip(ks, vs):
+        scores = np.einsum("bkgd,bkds->bkgs", want, k) / np.sqrt(d)
+        p = np.exp(np.where(allowed[:, :, None, :], scores, -np.inf))
+        want = want + np.einsum("bkgs,bksd->bkgd", p / p.sum(-1, keepdims=True), v)
+    for program in bench_layouts.attention_programs():
+        got = program(jnp.asarray(q), [jnp.asarray(k) for k in ks], [jnp.asarray(v) for v in vs], jnp.asarray(allowed))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
