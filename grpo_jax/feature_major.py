@@ -142,8 +142,8 @@ def _attend_summed(q, k, v, allowed):
     """`_attend` with the scores as a product summed over the head dimension instead of
     B·K small [G, D] x [D, S] dots: one fused loop over the cache as it lies, where the dot
     kernel spends its time per small product. ``python benchmarks/bench_layouts.py`` times
-    both forms (30 layers at 192 cache slots, 2-core AMD EPYC, one-off script: 24 -> 18 ms
-    at batch 32, 43 -> 32 ms at batch 64, but 6.9 -> 7.2 ms at batch 8).
+    both forms (30 layers at 192 cache slots, 2-core AMD EPYC: 21.3 -> 19.1 ms at batch 32,
+    43.1 -> 31.3 ms at batch 64, but 5.64 -> 5.86 ms at batch 8).
     """
     scores = jnp.sum(q[..., None].astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=3)
     return model_lib._attend_scored(scores / jnp.sqrt(q.shape[-1]).astype(jnp.float32), v, allowed)
