@@ -103,17 +103,15 @@ def _attend(q, k, v, allowed):
     shape). For long T (training, prefill) the general form below is about 20% faster, so
     it stays there.
     """
-    b, t, kh, g, d = q.shape
-    scale = jnp.sqrt(d).astype(jnp.float32)
-    if t == 1:
-        scores = jnp.einsum("bkgd,bkds->bkgs", q[:, 0], k).astype(jnp.float32) / scale
-        return _attend_scored(scores, v, allowed)
+    if q.shape[1] == 1:
+        return _attend_scored(jnp.einsum("bkgd,bkds->bkgs", q[:, 0], k).astype(jnp.float32), v, allowed)
     return _attend_many(q, k, v, allowed)
 
 
 def _attend_scored(scores, v, allowed):
-    """The rest of a decode step's attention: scaled scores [B,K,G,S] float32, v [B,K,S,D],
-    allowed [B,1,S] -> [B,1,K,G,D] in v's dtype."""
+    """The rest of a decode step's attention: unscaled scores q·k [B,K,G,S] float32,
+    v [B,K,S,D], allowed [B,1,S] -> [B,1,K,G,D] in v's dtype."""
+    scores = scores / jnp.sqrt(v.shape[-1]).astype(jnp.float32)
     scores = jnp.where(allowed[:, :, None, :], scores, _NEG)  # [B,1,1,S]: same keys for all heads
     # Softmax with the division after the second matmul ([B,K,G,D] instead of
     # [B,K,G,S] values): 15% less attention time at 256 cache slots on a 2-core CPU.
