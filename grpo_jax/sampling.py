@@ -360,8 +360,8 @@ def _batch_constrain(x, mesh):
     return _constrain(x, mesh, lambda m, a: batch_sharding(m, a.ndim, a.shape[0]))
 
 
-def _prefill(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_mask, src_rows,
-             *, cache_len: int):
+def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, prompt_tokens, prompt_mask,
+             src_rows, *, cache_len: int):
     """Prompts [Pp,Tp] -> (cache with Bp rows, logits [Bp,V] for the first new token).
 
     The Pp prompts go through the model once; sample row r then gets a copy of prompt row
@@ -371,36 +371,87 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_
 
     The prompts run against a cache of their own Tp slots, padded to `cache_len` afterwards:
     attending over the empty completion slots too made the prefill attention 3x larger at
-    128 new tokens for nothing (they are masked out)."""
+    128 new tokens for nothing (they are masked out). On a single CPU device a long prefill
+    runs in row chunks, one after the other (`_prefill_chunks`).
+
+    With `per_layer` (the feature-major decode, which carries a buffer per layer) the
+    cache's k and v are lists of per-layer arrays ([Bp, K, D, S] / [Bp, K, S, D]): the pad
+    writes each layer's buffer directly, where slicing a stacked cache apart at the start of
+    decode (and stacking it again at its end) took 4% of a 1-token sample at batch 64."""
     TRACE_COUNTS["prefill"] += 1
-    tp = prompt_tokens.shape[1]
-    cache = _constrain(model_lib.init_cache(cfg, prompt_tokens.shape[0], tp), mesh, cache_sharding)
-    positions = model_lib.default_positions(prompt_mask)
-    hidden, cache = model_lib.forward_hidden(cfg, params, prompt_tokens, prompt_mask, positions,
-                                             cache=cache, unroll=False)
+    num_prompts, tp = prompt_tokens.shape
+    chunks = _prefill_chunks(num_prompts, tp, mesh)
+    if chunks == 1:
+        last, cache = _prompt_forward(cfg, mesh, params, prompt_tokens, prompt_mask)
+    else:
+        rows = -(-num_prompts // chunks)
+        split = lambda x: jnp.pad(x, ((0, chunks * rows - num_prompts), (0, 0))).reshape(chunks, rows, tp)
+        last, cache = jax.lax.map(lambda a: _prompt_forward(cfg, mesh, params, *a),
+                                  (split(prompt_tokens), split(prompt_mask)))
+        # [chunks, layers, rows, ...] -> [layers, chunks * rows, ...], without the padding rows
+        join = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], chunks * rows, *x.shape[3:])[:, :num_prompts]
+        cache = model_lib.KVCache(k=join(cache.k), v=join(cache.v),
+                                  mask=cache.mask.reshape(chunks * rows, tp)[:num_prompts], index=cache.index[0])
+        last = last.reshape(chunks * rows, -1)[:num_prompts]
+
     def pad(x, axis):  # the slot axis, from tp to cache_len
         widths = [(0, 0)] * x.ndim
         widths[axis] = (0, cache_len - tp)
         return jnp.pad(x, widths)
 
-    cache = model_lib.KVCache(k=pad(cache.k, -1), v=pad(cache.v, -2), mask=pad(cache.mask, -1),
-                              index=cache.index)
-    # Left padding: every row's last prompt token is in the last column.
-    logits = model_lib.logits_from_hidden(cfg, params, hidden[:, -1])
+    if per_layer:
+        layers = range(cfg.num_layers)
+        k, v = [pad(cache.k[i], -1) for i in layers], [pad(cache.v[i], -2) for i in layers]
+    else:
+        k, v = pad(cache.k, -1), pad(cache.v, -2)
+    cache = model_lib.KVCache(k=k, v=v, mask=pad(cache.mask, -1), index=cache.index)
+    logits = model_lib.logits_from_hidden(cfg, params, last)
     if src_rows is not None:  # None: one sample per prompt, rows already in place
         cache, logits = _copy_to_rows(cache, logits, src_rows, mesh)
     return _constrain(cache, mesh, cache_sharding), _batch_constrain(logits, mesh)
 
 
+# XLA's CPU dot runs [M, 576] x [576, 1536] at 207-211 GFLOP/s for M = 512-2048 rows but at 165
+# from 4096 on (2-core AMD EPYC, 2026-11-24), so SmolLM2's prefill of 64 x 64 tokens took 6%
+# longer per token than that of 32 x 64; in chunks of 1024 tokens the two are level.
+_PREFILL_CHUNK_TOKENS = 1024
+
+
+def _prefill_chunks(num_prompts: int, tp: int, mesh: Mesh | None) -> int:
+    """How many row chunks the prefill of num_prompts x tp tokens runs in, one after the other:
+    one on meshes and accelerators (their matmuls gain from size); on a single CPU device
+    enough that a chunk holds at most _PREFILL_CHUNK_TOKENS tokens (or one row)."""
+    if mesh is not None or jax.default_backend() != "cpu":
+        return 1
+    rows = max(1, _PREFILL_CHUNK_TOKENS // tp)
+    return -(-num_prompts // rows)
+
+
+def _prompt_forward(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_mask):
+    """Prompts [P, Tp] through the model against a cache of their own Tp slots -> (the last
+    column's hidden state [P, E], the cache)."""
+    cache = _constrain(model_lib.init_cache(cfg, prompt_tokens.shape[0], prompt_tokens.shape[1]),
+                       mesh, cache_sharding)
+    positions = model_lib.default_positions(prompt_mask)
+    hidden, cache = model_lib.forward_hidden(cfg, params, prompt_tokens, prompt_mask, positions,
+                                             cache=cache, unroll=False)
+    # Left padding: every row's last prompt token is in the last column.
+    return hidden[:, -1], cache
+
+
 def _copy_to_rows(cache: model_lib.KVCache, logits, src_rows, mesh: Mesh | None):
     """Sample row r gets prefill slot src_rows[r]'s cache and logits. `_prefill_layout`
     puts every row's slot in the row's own shard, so under a mesh each device copies from
-    its own block (a shard_map with block-local indices): no cache bytes cross devices."""
+    its own block (a shard_map with block-local indices): no cache bytes cross devices.
+    A per-layer cache (lists, see `_prefill`) is only made without a mesh."""
     def take(k, v, mask, logits, src):
         return (jnp.take(k, src, axis=1), jnp.take(v, src, axis=1), jnp.take(mask, src, axis=0),
                 jnp.take(logits, src, axis=0))
 
-    if mesh is None:
+    if isinstance(cache.k, list):
+        k, v = ([jnp.take(x, src_rows, axis=0) for x in xs] for xs in (cache.k, cache.v))
+        mask, logits = jnp.take(cache.mask, src_rows, axis=0), jnp.take(logits, src_rows, axis=0)
+    elif mesh is None:
         k, v, mask, logits = take(cache.k, cache.v, cache.mask, logits, src_rows)
     else:
         cs = cache_sharding(mesh, cache)
@@ -447,7 +498,8 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
     hoisting the (loop-invariant) weight stack out of the loop, which would bring the
     copies back. On a 2-core CPU this halves the time of a SmolLM2-135M decode step.
     With `feature_major` (a single CPU device, see `programs`) the step is
-    `feature_major.step` instead, and `params` are `_feature_major_weights(cfg, params)`.
+    `feature_major.step` instead, `params` are `_feature_major_weights(cfg, params)`, and
+    the cache comes per layer from the prefill and is returned so.
     """
     TRACE_COUNTS["decode"] += 1
     bsz = logits0.shape[0]
@@ -467,12 +519,14 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
         logps = jax.lax.dynamic_update_slice(logps, logp[:, None], (0, step))
         return token, active, done | stop, tokens, mask, logps, finished | stop
 
-    if unroll:
+    if feature_major:  # the prefill made the cache per layer
+        pack = lambda c: (c.k, c.v, c.mask, c.index)
+        unpack = lambda ks, vs, m, i: model_lib.KVCache(k=list(ks), v=list(vs), mask=m, index=i)
+    elif unroll:
         pack = lambda c: (_unstack(c.k, num_layers), _unstack(c.v, num_layers), c.mask, c.index)
         unpack = lambda ks, vs, m, i: model_lib.KVCache(k=_stack(ks), v=_stack(vs), mask=m, index=i)
-        if not feature_major:
-            layer_params = _unstack(params["layers"], num_layers)
-            step_params = lambda: dict(params, layers=_stack(jax.lax.optimization_barrier(layer_params)))
+        layer_params = _unstack(params["layers"], num_layers)
+        step_params = lambda: dict(params, layers=_stack(jax.lax.optimization_barrier(layer_params)))
     else:
         pack = lambda c: (c,)
         unpack = lambda c: c
@@ -545,7 +599,7 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, *static) -> _OnMesh:
     """One jit object per (kind, model shape, mesh, compile-time settings); jax's own cache
     then keys on array shapes."""
     if kind == "prefill":
-        jitted = jax.jit(functools.partial(_prefill, cfg, mesh), static_argnames=("cache_len",))
+        jitted = jax.jit(functools.partial(_prefill, cfg, mesh, *static), static_argnames=("cache_len",))
     else:
         jitted = jax.jit(functools.partial(_decode, cfg, mesh, *static), static_argnames=("num_cols",),
                          donate_argnums=(1,))  # the cache
@@ -559,11 +613,11 @@ def programs(cfg: ModelConfig, mesh: Mesh | None, *, unroll: bool = True,
     Forward only: remat changes training, not sampling, so every remat policy shares them.
     Unrolled on a single CPU device, decode runs `feature_major.step` (the layouts XLA's
     CPU dots are fastest in) and takes `_feature_major_weights(cfg, params)` instead of
-    the params; elsewhere the model's own forward."""
+    the params and a per-layer cache from the prefill; elsewhere the model's own forward."""
     forward_cfg = dataclasses.replace(cfg, remat="none")
-    return (_jitted("prefill", forward_cfg, mesh),
-            _jitted("decode", forward_cfg, mesh, bool(unroll), bool(filtered),
-                    _feature_major(mesh, unroll)))
+    feature_major = _feature_major(mesh, unroll)
+    return (_jitted("prefill", forward_cfg, mesh, feature_major),
+            _jitted("decode", forward_cfg, mesh, bool(unroll), bool(filtered), feature_major))
 
 
 def _feature_major(mesh: Mesh | None, unroll: bool) -> bool:

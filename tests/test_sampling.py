@@ -394,3 +394,46 @@ def test_bad_input_raises_clear_errors(params, prompts, kwargs, error, match):
     kwargs = {"key": jax.random.key(0), "max_new_tokens": 4, **kwargs}
     with pytest.raises(error, match=match):
         sampling.sample(CFG, params, prompts, **kwargs)
+
+
+def test_prefill_chunks_hold_at_most_the_chunk_tokens():
+    tokens = sampling._PREFILL_CHUNK_TOKENS
+    assert sampling._prefill_chunks(64, 64, None) == -(-64 * 64 // tokens) > 1
+    assert sampling._prefill_chunks(3, tokens, None) == 3  # one row each
+    assert sampling._prefill_chunks(3, 2 * tokens, None) == 3  # a row is never split
+    assert sampling._prefill_chunks(tokens // 16, 16, None) == 1
+    assert sampling._prefill_chunks(64, 64, mesh_from_shape((1, 1, 1))) == 1  # meshes: one
+
+
+def test_prefill_in_row_chunks_equals_one_pass(params, monkeypatch):
+    """3 prompts in chunks of 2 rows (the last one padded with a dummy row) sample what one
+    prefill pass samples."""
+    one = _sample(params, temperature=1.0)
+    monkeypatch.setattr(sampling, "_PREFILL_CHUNK_TOKENS", 2 * 16)  # 2 rows of the 16-token bucket
+    sampling._jitted.cache_clear()
+    try:
+        chunked, info = sampling.sample_with_info(CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
+                                                  max_new_tokens=12, temperature=1.0)
+        assert info.prompt_bucket == 16 and sampling._prefill_chunks(3, 16, None) == 2
+    finally:
+        sampling._jitted.cache_clear()
+    for name in ("prompt_tokens", "tokens", "mask", "finished"):
+        np.testing.assert_array_equal(np.asarray(getattr(one, name)), np.asarray(getattr(chunked, name)), err_msg=name)
+    np.testing.assert_allclose(np.asarray(one.logprobs), np.asarray(chunked.logprobs), atol=1e-5)
+
+
+def test_per_layer_prefill_cache_equals_the_stacked_one(params):
+    """The feature-major decode's cache comes from the prefill as one buffer per layer; it
+    holds what the stacked cache holds, row copies of the shared prefill included."""
+    host = sampling._host_batch(PROMPTS, G, 12, 0, None, 16, 0)
+    args = (params, host.prompt_tokens, host.prompt_mask, host.src_rows)
+    run = lambda per_layer: jax.jit(functools.partial(sampling._prefill, CFG, None, per_layer),
+                                    static_argnames="cache_len")(*args, cache_len=32)
+    (stacked, logits), (layers, logits_pl) = run(False), run(True)
+    assert isinstance(layers.k, list) and len(layers.k) == len(layers.v) == CFG.num_layers
+    for i in range(CFG.num_layers):
+        np.testing.assert_array_equal(np.asarray(layers.k[i]), np.asarray(stacked.k[i]))
+        np.testing.assert_array_equal(np.asarray(layers.v[i]), np.asarray(stacked.v[i]))
+    np.testing.assert_array_equal(np.asarray(layers.mask), np.asarray(stacked.mask))
+    np.testing.assert_array_equal(np.asarray(logits_pl), np.asarray(logits))
+    assert layers.k[0].shape == (len(PROMPTS) * G, CFG.num_kv_heads, CFG.head_dim, 32)
