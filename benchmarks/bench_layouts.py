@@ -18,6 +18,10 @@ checked before trusting the sampler's choice (issue #20):
   picks between by batch size: the model's two small dots per (row, kv head), and the
   scores as a summed product (`feature_major._attend_summed`, from
   `feature_major._SUMMED_SCORES_FROM` rows on). Speedup = dots / summed.
+* **prefill in row chunks**: the sampler's prefill (`sampling._prefill`, SmolLM2's shapes,
+  B prompts of 64 tokens) in one pass and, as it runs on a single CPU device, in chunks
+  of at most `sampling._PREFILL_CHUNK_TOKENS` tokens one after the other; tok/s. Where
+  one pass gets slower per token as the batch grows, the chunks keep it level.
 
 Random float32 weights (the values do not matter to the timing); reps interleaved, median
 and range of the seconds per call after a warm-up. Speedup = row-major / feature-major.
@@ -28,7 +32,10 @@ copy does (`feature_major._dense`: bf16 operands, float32 sums): it tells whethe
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
+from unittest import mock
 
 import common
 
@@ -37,10 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import model as model_lib
+from grpo_jax import sampling
+from grpo_jax.config import get_preset
 from grpo_jax.feature_major import _SUMMED_SCORES_FROM, _attend_summed, _dense
 
 EMBED, MLP, VOCAB, LAYERS = 576, 1536, 49152, 30
 KV_HEADS, GROUP, HEAD_DIM, SLOTS = 3, 3, 64, 192
+PROMPT = 64
 
 
 def _timer(fn, *args):
@@ -106,6 +116,17 @@ def attention_inputs(rng, b: int, layers: int):
     return normal(b, KV_HEADS, GROUP, HEAD_DIM), ks, vs, allowed
 
 
+def prefill_programs(cfg, params, prompt_tokens, prompt_mask, cache_len: int) -> dict:
+    """{"one_pass", "chunked"}: the sampler's prefill for these prompts, compiled with the
+    row chunks off and on (the chunk count is fixed when the program is traced)."""
+    progs = {}
+    for name, chunk in (("one_pass", prompt_tokens.size), ("chunked", sampling._PREFILL_CHUNK_TOKENS)):
+        with mock.patch.object(sampling, "_PREFILL_CHUNK_TOKENS", chunk):
+            progs[name] = jax.jit(functools.partial(sampling._prefill, cfg, None, True), static_argnames="cache_len") \
+                .lower(params, prompt_tokens, prompt_mask, None, cache_len=cache_len).compile()
+    return progs
+
+
 def main(argv=None) -> int:
     ap = common.base_parser(__doc__)
     ap.add_argument("--batches", default="8,32,64", help="comma list of decode batch sizes")
@@ -168,7 +189,33 @@ def main(argv=None) -> int:
     rep.emit(f"Speedup > 1: the summed scores are faster; the feature-major step uses them from "
              f"{_SUMMED_SCORES_FROM} rows on (`feature_major._SUMMED_SCORES_FROM`).")
     rep.emit()
+    prefill_table(rep, args, reps, rng)
     return rep.finish()
+
+
+def prefill_table(rep, args, reps: int, rng) -> None:
+    cfg = dataclasses.replace(get_preset("smollm2-135m").model, num_layers=4 if args.quick else LAYERS)
+    params = model_lib.init_params(cfg, jax.random.key(0))
+    table = []
+    for b in ([8] if args.quick else [16, 32, 64]):
+        tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (b, PROMPT)), jnp.int32)
+        mask = jnp.ones((b, PROMPT), bool)
+        progs = prefill_programs(cfg, params, tokens, mask, PROMPT + 128)
+        s = common.interleaved({n: _timer(p, params, tokens, mask, None) for n, p in progs.items()}, reps)
+        o, c = s["one_pass"], s["chunked"]
+        rate = lambda t: b * PROMPT / t
+        rep.results[f"layout_prefill_chunked_speedup_b{b}"] = o["median"] / c["median"]
+        table.append([b, sampling._prefill_chunks(b, PROMPT, None), f"{rate(o['median']):.0f} ({rate(o['max']):.0f}–{rate(o['min']):.0f})",
+                      f"{rate(c['median']):.0f} ({rate(c['max']):.0f}–{rate(c['min']):.0f})", f"{o['median'] / c['median']:.2f}×"])
+        rep.details[f"prefill_b{b}"] = s
+    rep.emit(f"### The sampler's prefill, {cfg.num_layers} layers of SmolLM2-135M (random weights), prompts of "
+             f"{PROMPT} tokens, float32; median (range) of {reps} interleaved reps")
+    rep.emit()
+    rep.table(["batch", "chunks", "one pass tok/s", f"chunks of ≤ {sampling._PREFILL_CHUNK_TOKENS} tokens tok/s",
+               "speedup"], table)
+    rep.emit("On a single CPU device the sampler's prefill runs in the chunks (`sampling._prefill_chunks`); "
+             "speedup > 1 where that pays.")
+    rep.emit()
 
 
 if __name__ == "__main__":

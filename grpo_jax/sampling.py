@@ -411,10 +411,10 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, promp
     return _constrain(cache, mesh, cache_sharding), _batch_constrain(logits, mesh)
 
 
-# XLA's CPU dot runs [M, 576] x [576, 1536] at 207-211 GFLOP/s for M = 512-2048 rows but at 165
-# from 4096 on (2-core AMD EPYC, 2026-11-24), so SmolLM2's prefill of 64 x 64 tokens took 6%
-# longer per token than that of 32 x 64; in chunks of 1024 tokens the two are level.
-_PREFILL_CHUNK_TOKENS = 1024
+# SmolLM2-135M's prefill of 64 prompts x 64 tokens ran ~4-6% slower per token in one pass than
+# in chunks of 1024-2048 tokens, where 32 x 64 gained nothing from chunks (2-core AMD EPYC,
+# 2026-11-24; `python benchmarks/bench_layouts.py` times both on a new CPU).
+_PREFILL_CHUNK_TOKENS = 2048
 
 
 def _prefill_chunks(num_prompts: int, tp: int, mesh: Mesh | None) -> int:

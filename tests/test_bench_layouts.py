@@ -68,3 +68,25 @@ def test_both_decode_attention_forms_agree_with_numpy(monkeypatch):
     for program in bench_layouts.attention_programs():
         got = program(jnp.asarray(q), [jnp.asarray(k) for k in ks], [jnp.asarray(v) for v in vs], jnp.asarray(allowed))
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_in_one_pass_and_in_chunks_agree(monkeypatch):
+    """The two programs the prefill table times: the same cache and logits (3 prompts, the
+    chunked one in chunks of 2 rows, the second padded)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_layouts
+    import jax
+
+    from grpo_jax import model, sampling
+    from grpo_jax.config import cpu_tiny
+
+    cfg = cpu_tiny().model
+    params = model.init_params(cfg, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(3, cfg.vocab_size, (3, 8)), jnp.int32)
+    mask = jnp.ones((3, 8), bool).at[0, :3].set(False)
+    monkeypatch.setattr(sampling, "_PREFILL_CHUNK_TOKENS", 16)
+    progs = bench_layouts.prefill_programs(cfg, params, tokens, mask, 12)
+    (one_cache, one_logits), (chunk_cache, chunk_logits) = (p(params, tokens, mask, None) for p in progs.values())
+    assert sampling._prefill_chunks(3, 8, None) == 2 and len(one_cache.k) == cfg.num_layers
+    for a, b in zip(jax.tree.leaves((one_cache, one_logits)), jax.tree.leaves((chunk_cache, chunk_logits))):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
