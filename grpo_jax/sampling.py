@@ -411,9 +411,9 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, promp
     return _constrain(cache, mesh, cache_sharding), _batch_constrain(logits, mesh)
 
 
-# SmolLM2-135M's prefill of 64 prompts x 64 tokens ran ~4-6% slower per token in one pass than
+# SmolLM2-135M's prefill of 64 prompts x 64 tokens ran 3-4% slower per token in one pass than
 # in chunks of 1024-2048 tokens, where 32 x 64 gained nothing from chunks (2-core AMD EPYC,
-# 2026-11-24; `python benchmarks/bench_layouts.py` times both on a new CPU).
+# 2026-11-24, benchmarks/NOTES.md; `python benchmarks/bench_layouts.py` times both on a new CPU).
 _PREFILL_CHUNK_TOKENS = 2048
 
 
