@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from unittest import mock
 
 import common
 
@@ -118,13 +117,12 @@ def attention_inputs(rng, b: int, layers: int):
 
 def prefill_programs(cfg, params, prompt_tokens, prompt_mask, cache_len: int) -> dict:
     """{"one_pass", "chunked"}: the sampler's prefill for these prompts, compiled with the
-    row chunks off and on (the chunk count is fixed when the program is traced)."""
-    progs = {}
-    for name, chunk in (("one_pass", prompt_tokens.size), ("chunked", sampling._PREFILL_CHUNK_TOKENS)):
-        with mock.patch.object(sampling, "_PREFILL_CHUNK_TOKENS", chunk):
-            progs[name] = jax.jit(functools.partial(sampling._prefill, cfg, None, True), static_argnames="cache_len") \
-                .lower(params, prompt_tokens, prompt_mask, None, cache_len=cache_len).compile()
-    return progs
+    row chunks off (one chunk as large as the batch) and on."""
+    prefill = jax.jit(functools.partial(sampling._prefill, cfg, None, True),
+                      static_argnames=("cache_len", "chunk_tokens"))
+    return {name: prefill.lower(params, prompt_tokens, prompt_mask, None, cache_len=cache_len,
+                                chunk_tokens=chunk).compile()
+            for name, chunk in (("one_pass", prompt_tokens.size), ("chunked", sampling._PREFILL_CHUNK_TOKENS))}
 
 
 def main(argv=None) -> int:

@@ -361,7 +361,7 @@ def _batch_constrain(x, mesh):
 
 
 def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, prompt_tokens, prompt_mask,
-             src_rows, *, cache_len: int):
+             src_rows, *, cache_len: int, chunk_tokens: int | None = None):
     """Prompts [Pp,Tp] -> (cache with Bp rows, logits [Bp,V] for the first new token).
 
     The Pp prompts go through the model once; sample row r then gets a copy of prompt row
@@ -372,7 +372,8 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, promp
     The prompts run against a cache of their own Tp slots, padded to `cache_len` afterwards:
     attending over the empty completion slots too made the prefill attention 3x larger at
     128 new tokens for nothing (they are masked out). On a single CPU device a long prefill
-    runs in row chunks, one after the other (`_prefill_chunks`).
+    runs in row chunks, one after the other (`_prefill_chunks`; `chunk_tokens` overrides
+    _PREFILL_CHUNK_TOKENS, for benchmarks).
 
     With `per_layer` (the feature-major decode, which carries a buffer per layer) the
     cache's k and v are lists of per-layer arrays ([Bp, K, D, S] / [Bp, K, S, D]): the pad
@@ -380,7 +381,7 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, promp
     decode (and stacking it again at its end) took ~3% of a 1-token sample at batch 64."""
     TRACE_COUNTS["prefill"] += 1
     num_prompts, tp = prompt_tokens.shape
-    chunks = _prefill_chunks(num_prompts, tp, mesh)
+    chunks = _prefill_chunks(num_prompts, tp, mesh, chunk_tokens)
     if chunks == 1:
         last, cache = _prompt_forward(cfg, mesh, params, prompt_tokens, prompt_mask)
     else:
@@ -417,13 +418,14 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, promp
 _PREFILL_CHUNK_TOKENS = 2048
 
 
-def _prefill_chunks(num_prompts: int, tp: int, mesh: Mesh | None) -> int:
+def _prefill_chunks(num_prompts: int, tp: int, mesh: Mesh | None, chunk_tokens: int | None = None) -> int:
     """How many row chunks the prefill of num_prompts x tp tokens runs in, one after the other:
     one on meshes and accelerators (their matmuls gain from size); on a single CPU device
-    enough that a chunk holds at most _PREFILL_CHUNK_TOKENS tokens (or one row)."""
+    enough that a chunk holds at most chunk_tokens (default _PREFILL_CHUNK_TOKENS) tokens, or
+    one row."""
     if mesh is not None or jax.default_backend() != "cpu":
         return 1
-    rows = max(1, _PREFILL_CHUNK_TOKENS // tp)
+    rows = max(1, (_PREFILL_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens) // tp)
     return -(-num_prompts // rows)
 
 
@@ -599,7 +601,7 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, *static) -> _OnMesh:
     """One jit object per (kind, model shape, mesh, compile-time settings); jax's own cache
     then keys on array shapes."""
     if kind == "prefill":
-        jitted = jax.jit(functools.partial(_prefill, cfg, mesh, *static), static_argnames=("cache_len",))
+        jitted = jax.jit(functools.partial(_prefill, cfg, mesh, *static), static_argnames=("cache_len", "chunk_tokens"))
     else:
         jitted = jax.jit(functools.partial(_decode, cfg, mesh, *static), static_argnames=("num_cols",),
                          donate_argnums=(1,))  # the cache
