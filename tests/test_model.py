@@ -188,6 +188,45 @@ def test_attention_backward_equals_autodiff_including_fully_masked_rows():
         np.testing.assert_allclose(a, r, atol=2e-6 * float(jnp.max(jnp.abs(r))))
 
 
+
+def test_causal_blocks_equal_one_pass_for_every_real_query():
+    """Query blocks over the keys up to their last row (a forward without a cache) give the
+    one-pass attention and its gradients for real queries; a left pad query averages its
+    block's values. T = 10 in 3 uneven blocks (rows 0-2, 3-6, 7-9)."""
+    b, t, kh, g, d = 2, 10, 2, 2, 4
+    ks = jax.random.split(jax.random.key(13), 4)
+    q = jax.random.normal(ks[0], (b, t, kh, g, d))
+    k = jax.random.normal(ks[1], (b, kh, d, t))
+    v = jax.random.normal(ks[2], (b, kh, t, d))
+    real = jnp.arange(t)[None, :] >= jnp.array([[2], [0]])  # row 0: two left pads
+    allowed = (jnp.arange(t)[None, None, :] <= jnp.arange(t)[None, :, None]) & real[:, None, :]
+    cot = jax.random.normal(ks[3], (b, t, kh, g, d)) * real[:, :, None, None, None]
+    one = lambda q, k, v: model._attend_many(q, k, v, allowed)
+    blocks = lambda q, k, v: model._attend_causal(q, k, v, allowed, 3)
+    got, want = blocks(q, k, v), one(q, k, v)
+    np.testing.assert_allclose(got[0, 2:], want[0, 2:], atol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], atol=1e-6)
+    np.testing.assert_allclose(got[0, 0], jnp.broadcast_to(v[0, :, :3].mean(1), (g, kh, d)).swapaxes(0, 1),
+                               atol=1e-6)  # uniform over block 0's three slots
+    grads = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a) * cot), (0, 1, 2))(q, k, v)
+    for a, r in zip(grads(blocks), grads(one)):
+        np.testing.assert_allclose(a, r, atol=2e-6 * float(jnp.max(jnp.abs(r))))
+    assert [model.causal_blocks(n) for n in (1, 63, 64, 100, 255, 4096)] == [1, 1, 2, 3, 4, 4]
+
+
+def test_cache_free_forward_in_blocks_equals_the_cached_forward():
+    """A 70-token forward without a cache takes the query blocks (2 of 35 rows); with a
+    cache (the prefill) it attends in one pass: the real tokens' hidden states agree."""
+    cfg = dataclasses.replace(TINY, max_seq_len=96)
+    params = _params(cfg)
+    tokens = jax.random.randint(jax.random.key(14), (2, 70), 0, cfg.vocab_size)
+    mask = jnp.arange(70)[None, :] >= jnp.array([[5], [0]])
+    assert model.causal_blocks(70) == 2
+    blocks, _ = model.forward_hidden(cfg, params, tokens, mask)
+    cached, _ = model.forward_hidden(cfg, params, tokens, mask, cache=model.init_cache(cfg, 2, 80))
+    np.testing.assert_allclose(blocks[0, 5:], cached[0, 5:], atol=2e-5)
+    np.testing.assert_allclose(blocks[1], cached[1], atol=2e-5)
+
 def test_value_head_and_bfloat16_compute():
     cfg = dataclasses.replace(TINY, dtype="bfloat16")
     params = _params(cfg, value_head=True)
