@@ -188,7 +188,6 @@ def test_attention_backward_equals_autodiff_including_fully_masked_rows():
         np.testing.assert_allclose(a, r, atol=2e-6 * float(jnp.max(jnp.abs(r))))
 
 
-
 def test_causal_blocks_equal_one_pass_for_every_real_query():
     """Query blocks over the keys up to their last row (a forward without a cache) give the
     one-pass attention and its gradients for real queries; a left pad query averages its
@@ -226,6 +225,7 @@ def test_cache_free_forward_in_blocks_equals_the_cached_forward():
     cached, _ = model.forward_hidden(cfg, params, tokens, mask, cache=model.init_cache(cfg, 2, 80))
     np.testing.assert_allclose(blocks[0, 5:], cached[0, 5:], atol=2e-5)
     np.testing.assert_allclose(blocks[1], cached[1], atol=2e-5)
+
 
 def test_value_head_and_bfloat16_compute():
     cfg = dataclasses.replace(TINY, dtype="bfloat16")
