@@ -242,8 +242,9 @@ class Attention(nn.Module):
         s = k.shape[3]
         allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
         q = q.reshape(b, t, cfg.num_kv_heads, h // cfg.num_kv_heads, d)
-        if kv is None and causal_blocks(t) > 1:
-            out = _attend_causal(q, k.astype(dt), v.astype(dt), allowed, causal_blocks(t))
+        blocks = causal_blocks(t) if kv is None else 1
+        if blocks > 1:
+            out = _attend_causal(q, k.astype(dt), v.astype(dt), allowed, blocks)
         else:
             out = _attend(q, k.astype(dt), v.astype(dt), allowed)
         out = out.reshape(b, t, h, d)
