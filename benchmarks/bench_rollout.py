@@ -11,7 +11,9 @@ stop token on our side, `min_new_tokens` for transformers), temperature 1, top-k
 top-p 1, float32, KV cache on both sides.
   * prefill throughput = B × 64 / t(1 new token)
   * decode throughput  = B × 127 / (t(128 new tokens) − t(1 new token))
-The spread is over reps of the per-rep decode throughput.
+The spread is over reps of the per-rep decode throughput. Every rep runs every batch size
+and every runner in turn (`common.rollout_rates_by_batch`), so the per-token comparison
+between batch sizes (larger never slower) is rep by rep, not minutes apart.
 
 `--bf16` adds a third runner, interleaved with the other two: ours sampling from a bfloat16
 copy of the weights, which is what the trainer does with `rl.sample_dtype=bfloat16` (on one
@@ -51,22 +53,6 @@ class SmolTorch(bench_sampler.TorchRunner):
         self.model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
 
 
-class Recorded:
-    """Wraps a runner (prompts, new_tokens) -> seconds and keeps every timing by new_tokens."""
-
-    def __init__(self, run):
-        self.run, self.times = run, {}
-
-    def __call__(self, prompts, new_tokens):
-        seconds = self.run(prompts, new_tokens)
-        self.times.setdefault(new_tokens, []).append(seconds)
-        return seconds
-
-    def decode_rates(self, batch: int, new_tokens: int, skip: int) -> list[float]:
-        t1, tn = self.times[1][skip:], self.times[new_tokens][skip:]
-        return [batch * (new_tokens - 1) / (b - a) for a, b in zip(t1, tn) if b > a]
-
-
 def mismatch_stats(sample_logp, trainer_logp, mask, cap: float = 2.0) -> dict:
     """Sampler vs trainer log-probs of the same tokens ([B, T] each, mask [B, T]): per real
     token mean / 99th percentile / max of |Δ log p|, the k1 estimate of KL(sampler ‖
@@ -98,6 +84,16 @@ def measure_mismatch(cfg, params, policies: dict, prompts, new_tokens: int) -> d
     return out
 
 
+def per_token_gains(by_batch: dict) -> dict:
+    """{(smaller, larger batch): {"<phase>_<runner>": summarize()}} for each pair of adjacent
+    batch sizes of `common.rollout_rates_by_batch`'s result, phases prefill and decode, the
+    runners "jax" and "torch" (`common.per_token_gain`)."""
+    sizes = sorted(by_batch)
+    return {(a, b): {f"{phase}_{runner}": common.per_token_gain(by_batch[a][runner], by_batch[b][runner], a, b, phase)
+                     for phase in ("prefill", "decode") for runner in ("jax", "torch")}
+            for a, b in zip(sizes, sizes[1:])}
+
+
 def main(argv=None) -> int:
     ap = common.base_parser(__doc__)
     ap.add_argument("--batches", default=None, help="comma list (default 8,32,64; quick 8)")
@@ -122,35 +118,37 @@ def main(argv=None) -> int:
     bandwidth = common.stream_bandwidth()["bytes_per_s_best"]
     cfg, params, tok = common.smollm2()
     hf_dir = common.smollm2_hf_dir()
-    runners = {"jax": Recorded(SmolJax(cfg, params)), "torch": Recorded(SmolTorch(hf_dir, args.threads))}
+    runners = {"jax": SmolJax(cfg, params), "torch": SmolTorch(hf_dir, args.threads)}
     if args.bf16:
         from grpo_jax.sampling import sampling_copy
 
-        runners["jax_bf16"] = Recorded(SmolJax(cfg, sampling_copy(cfg, params, "bfloat16")))
+        runners["jax_bf16"] = SmolJax(cfg, sampling_copy(cfg, params, "bfloat16"))
     bf16_rows = []
     from transformers import AutoTokenizer
 
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
     rows, per_batch = [], {}
     rng = lambda s: f"{common.fmt(s['min'])}–{common.fmt(s['max'])}"
+    prompts_by_batch, same = {}, {}
     for batch in batches:
-        texts, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), batch, plen, seed=batch)
-        same = all(hf_tok(t)["input_ids"] == p for t, p in zip(texts, prompts))
-        for r in runners.values():
-            r.times = {}
-        start = time.perf_counter()
-        res = common.rollout_rates(runners, prompts, n, reps)
+        texts, prompts_by_batch[batch] = common.fixed_length_prompts(lambda s: tok.encode(s), batch, plen, seed=batch)
+        same[batch] = all(hf_tok(t)["input_ids"] == p for t, p in zip(texts, prompts_by_batch[batch]))
+    start = time.perf_counter()
+    by_batch = common.rollout_rates_by_batch(runners, prompts_by_batch, n, reps)
+    for batch, res in by_batch.items():
         j, t = res["jax"], res["torch"]
-        rates = {k: common.summarize(r.decode_rates(batch, n, skip=1)) for k, r in runners.items()}
+        rates = {k: common.summarize([batch * (n - 1) / (tn - t1) for t1, tn in zip(r["t1_samples"], r["tn_samples"])
+                                      if tn > t1]) for k, r in res.items()}
         ratio = j["decode"] / t["decode"]
         per_batch[batch] = {"jax": j, "torch": t, "decode_rate_spread": rates, "ratio": ratio,
-                            "tokenizers_agree": same, "seconds": time.perf_counter() - start}
+                            "tokenizers_agree": same[batch]}
         if args.bf16:
             h = res["jax_bf16"]
             per_batch[batch]["jax_bf16"] = h
             bf16_rows.append([batch, common.fmt(h["prefill"]), f"{h['prefill'] / j['prefill']:.2f}×",
                               f"{common.fmt(h['decode'])} ({rng(rates['jax_bf16'])})",
                               f"**{h['decode'] / j['decode']:.2f}×**", f"{h['decode'] / t['decode']:.2f}×"])
+    seconds = time.perf_counter() - start
     peak = max(peak, common.matmul_peak_flops()["flops_per_s_best"])
     bandwidth = max(bandwidth, common.stream_bandwidth()["bytes_per_s_best"])
     rep.emit(f"Machine limits (jax, float32; the best of a measurement before and one after the "
@@ -173,9 +171,25 @@ def main(argv=None) -> int:
                "decode tok/s ours (range)", "decode tok/s transformers (range)", "decode ratio",
                "decode roofline tok/s", "ours / roofline",
                "end-to-end new tok/s ours", "end-to-end transformers"], rows)
-    if bf16_rows:
+    gains = per_token_gains(by_batch)
+    if gains:
+        rep.emit(f"Per token, each batch size against the next smaller one (every rep runs every batch "
+                 f"size in turn; median (range) over the {reps} reps of the per-rep ratio; ≥ 1.00× = "
+                 f"not slower per token):")
         rep.emit()
+        rep.table(["batches", "prefill ours", "prefill transformers", "decode ours", "decode transformers"],
+                  [[f"{large} / {small}"] + [f"{g[k]['median']:.2f}× ({g[k]['min']:.2f}–{g[k]['max']:.2f})"
+                                             for k in ("prefill_jax", "prefill_torch", "decode_jax", "decode_torch")]
+                   for (small, large), g in gains.items()])
+        for (small, large), g in gains.items():
+            for k, v in g.items():
+                phase, runner = k.split("_", 1)
+                who = {"jax": "ours", "torch": "transformers"}[runner]
+                rep.results[f"{phase}_per_token_gain_b{large}_over_b{small}_{who}"] = v["median"]
+    rep.details["reps_seconds"] = seconds
+    if bf16_rows:
         rep.emit("Ours in bfloat16 (same interleaved reps):")
+        rep.emit()
         rep.table(["batch", "prefill tok/s bf16", "vs ours f32", "decode tok/s bf16 (range)",
                    "vs ours f32", "vs transformers f32"], bf16_rows)
         mb = 32 if 32 in per_batch else batches[-1]

@@ -234,23 +234,54 @@ def rollout_rates(runners: dict, prompts, new_tokens: int, reps: int, *, prompt_
     Per runner: prefill / decode / end-to-end tokens/s from the medians, the median times
     and every rep's times (``t1_samples``, ``tn_samples``). ``prompt_len`` defaults to the
     length of the first prompt (token ids)."""
-    for run in runners.values():
-        run(prompts, 1)
-        run(prompts, new_tokens)
-    samples = {name: {"t1": [], "tn": []} for name in runners}
+    return rollout_rates_by_batch(runners, {len(prompts): prompts}, new_tokens, reps,
+                                  prompt_len=prompt_len)[len(prompts)]
+
+
+def rollout_rates_by_batch(runners: dict, prompts_by_batch: dict, new_tokens: int, reps: int, *,
+                           prompt_len: int | None = None) -> dict:
+    """`rollout_rates` for several batch sizes at once, {batch: its prompts} -> {batch:
+    {runner: rates}}: every rep runs every batch size and every runner in turn, so that a
+    comparison between batch sizes (per-token speed should not fall as the batch grows)
+    sees the same machine state as one between runners. Run one batch at a time, a 12-minute
+    benchmark put its largest batch minutes after the others, on a machine whose speed
+    drifts by a fifth within an hour."""
+    for prompts in prompts_by_batch.values():
+        for run in runners.values():
+            run(prompts, 1)
+            run(prompts, new_tokens)
+    samples = {b: {name: {"t1": [], "tn": []} for name in runners} for b in prompts_by_batch}
     for _ in range(reps):
-        for name, run in runners.items():
-            samples[name]["t1"].append(run(prompts, 1))
-            samples[name]["tn"].append(run(prompts, new_tokens))
-    batch, plen = len(prompts), prompt_len or len(prompts[0])
+        for b, prompts in prompts_by_batch.items():
+            for name, run in runners.items():
+                samples[b][name]["t1"].append(run(prompts, 1))
+                samples[b][name]["tn"].append(run(prompts, new_tokens))
     out = {}
-    for name, s in samples.items():
-        t1, tn = statistics.median(s["t1"]), statistics.median(s["tn"])
-        decode = statistics.median([b - a for a, b in zip(s["t1"], s["tn"])])
-        out[name] = {"prefill": batch * plen / t1, "decode": batch * (new_tokens - 1) / decode,
-                     "e2e": batch * new_tokens / tn, "t1": t1, "tn": tn,
-                     "t1_samples": s["t1"], "tn_samples": s["tn"]}
+    for b, prompts in prompts_by_batch.items():
+        batch, plen = len(prompts), prompt_len or len(prompts[0])
+        out[b] = {}
+        for name, s in samples[b].items():
+            t1, tn = statistics.median(s["t1"]), statistics.median(s["tn"])
+            decode = statistics.median([y - x for x, y in zip(s["t1"], s["tn"])])
+            out[b][name] = {"prefill": batch * plen / t1, "decode": batch * (new_tokens - 1) / decode,
+                            "e2e": batch * new_tokens / tn, "t1": t1, "tn": tn,
+                            "t1_samples": s["t1"], "tn_samples": s["tn"]}
     return out
+
+
+def per_token_gain(small: dict, large: dict, small_batch: int, large_batch: int, phase: str) -> dict:
+    """Per-token speed of the larger batch over the smaller one, rep by rep, for one runner's
+    rates dicts from `rollout_rates_by_batch` (its reps of the two batches are adjacent in
+    time, so their ratio cancels the machine's drift): summarize() over reps of
+    (large_batch / t_large) / (small_batch / t_small), t being t(1 new token) for phase
+    "prefill" and t(N) − t(1) for "decode"."""
+    def seconds(r):
+        if phase == "prefill":
+            return r["t1_samples"]
+        return [tn - t1 for t1, tn in zip(r["t1_samples"], r["tn_samples"])]
+
+    return summarize([(large_batch / tl) / (small_batch / ts)
+                      for ts, tl in zip(seconds(small), seconds(large))])
 
 
 def _timed_reps(f, *args, reps: int) -> tuple[list[float], list[float]]:

@@ -44,3 +44,51 @@ def test_bf16_copy_mismatch_is_measured_against_a_float32_control(bench_rollout)
     assert got["float32"]["tokens"] == got["bfloat16"]["tokens"] == 4 * 12  # no stop token
     assert got["float32"]["max_abs"] < 1e-5, got
     assert got["bfloat16"]["mean_abs"] > 100 * got["float32"]["mean_abs"], got
+
+
+class _FakeRunner:
+    """(prompts, new_tokens) -> seconds from a formula of batch size and length; logs calls."""
+
+    def __init__(self, name, log, per_row, fixed=0.5):
+        self.name, self.log, self.per_row, self.fixed = name, log, per_row, fixed
+
+    def __call__(self, prompts, new_tokens):
+        self.log.append((self.name, len(prompts), new_tokens))
+        return self.fixed + self.per_row * len(prompts) * new_tokens
+
+
+def test_rollout_rates_by_batch_interleaves_batches_within_every_rep(bench_rollout):
+    import common
+
+    log = []
+    runners = {"a": _FakeRunner("a", log, 0.01), "b": _FakeRunner("b", log, 0.02)}
+    prompts = {2: [[1] * 4] * 2, 8: [[1] * 4] * 8}
+    got = common.rollout_rates_by_batch(runners, prompts, new_tokens=5, reps=3)
+    warmup = [(r, b, n) for b in (2, 8) for r in ("a", "b") for n in (1, 5)]
+    one_rep = [(r, b, n) for b in (2, 8) for r in ("a", "b") for n in (1, 5)]
+    assert log == warmup + one_rep * 3
+    t1, tn = 0.5 + 0.02 * 8, 0.5 + 0.02 * 8 * 5  # runner b at batch 8
+    assert got[8]["b"]["t1_samples"] == [pytest.approx(t1)] * 3
+    assert got[8]["b"]["prefill"] == pytest.approx(8 * 4 / t1)
+    assert got[8]["b"]["decode"] == pytest.approx(8 * 4 / (tn - t1))
+    assert got[8]["b"]["e2e"] == pytest.approx(8 * 5 / tn)
+    # the single-batch form is the same computation
+    single = common.rollout_rates(runners, prompts[2], new_tokens=5, reps=2)
+    assert single["a"]["prefill"] == pytest.approx(got[2]["a"]["prefill"])
+
+
+def test_per_token_gains_pair_each_rep_of_adjacent_batch_sizes(bench_rollout):
+    rates = lambda t1, tn: {"t1_samples": t1, "tn_samples": tn}
+    by_batch = {
+        8: {"jax": rates([1.0, 2.0], [3.0, 6.0]), "torch": rates([1.0, 1.0], [2.0, 2.0])},
+        32: {"jax": rates([2.0, 8.0], [4.0, 16.0]), "torch": rates([8.0, 8.0], [10.0, 10.0])},
+    }
+    gains = bench_rollout.per_token_gains(by_batch)
+    assert list(gains) == [(8, 32)]
+    g = gains[(8, 32)]
+    # prefill per rep, (32 / t1_large) / (8 / t1_small): 4 * 1/2 = 2 and 4 * 2/8 = 1 (sorted)
+    assert g["prefill_jax"]["samples"] == [pytest.approx(1.0), pytest.approx(2.0)]
+    # decode per rep, on t(N) - t(1): 4 * 2/2 = 4 and 4 * 4/8 = 2 (sorted)
+    assert g["decode_jax"]["samples"] == [pytest.approx(2.0), pytest.approx(4.0)]
+    assert g["prefill_torch"]["median"] == pytest.approx(0.5)  # 4 * 1/8
+    assert g["decode_torch"]["median"] == pytest.approx(2.0)  # 4 * 1/2

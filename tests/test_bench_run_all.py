@@ -85,3 +85,17 @@ def test_merge_needs_only_and_an_existing_file(run_all, tmp_path):
         run_all.main(["--merge", str(tmp_path / "results.json")])
     with pytest.raises(run_all.ConfigError, match="does not exist"):
         run_all.main(["--only", "memory", "--merge", str(tmp_path / "missing.json"), "--out-dir", str(tmp_path)])
+
+
+def test_summary_takes_the_worst_per_token_gain_of_ours_only(run_all):
+    results = {"prefill_per_token_gain_b32_over_b8_ours": 1.04, "decode_per_token_gain_b32_over_b8_ours": 1.9,
+               "prefill_per_token_gain_b64_over_b32_ours": 0.98, "decode_per_token_gain_b64_over_b32_ours": 1.1,
+               "prefill_per_token_gain_b64_over_b32_transformers": 0.7}
+    rows, targets = run_all.summary_rows(results)
+    assert results["per_token_gain_worst_ours"] == 0.98
+    assert targets["per_token_gain_worst_ours"] == {"target": ">= 1.0", "value": 0.98, "met": False}
+    row = next(r for r in rows if r[0].startswith("Rollout per-token speed"))
+    assert row[3] == "0.98×" and row[-1] == "**MISSED**"
+    results["prefill_per_token_gain_b64_over_b32_ours"] = 1.01
+    _, targets = run_all.summary_rows(results)
+    assert targets["per_token_gain_worst_ours"]["met"] and targets["per_token_gain_worst_ours"]["value"] == 1.01
