@@ -189,17 +189,32 @@ def _version(module: str) -> str | None:
         return None
 
 
+# The CPU features that decide which kernels XLA's CPU backend and torch pick for our dots.
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_description(cpuinfo: str, fallback: str) -> tuple[str, str]:
+    """(CPU model, its flags among CPU_FLAGS) from /proc/cpuinfo's text. The model is the
+    "model name" with its family and model numbers: a virtual machine's "AMD EPYC" has been
+    a Zen 4 with a 210 GFLOP/s float32 matmul peak on 2 cores one day and a Zen 5 (family 26)
+    with 500 the next, and the two must not be merged or compared as one machine."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:  # the first processor's entry
+            fields[key.strip()] = value.strip()
+    name = fields.get("model name") or fallback
+    if "cpu family" in fields and "model" in fields:
+        name = f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    have = set(fields.get("flags", "").split())
+    return name, ",".join(f for f in CPU_FLAGS if f in have)
+
+
 def machine_info() -> dict:
     """CPU, cores, memory, library versions, git commit, date and load average."""
-    cpu = platform.processor() or platform.machine()
-    flags = ""
+    cpu, flags = platform.processor() or platform.machine(), ""
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu in ("", platform.machine(), "x86_64"):
-                cpu = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                have = set(line.split(":", 1)[1].split())
-                flags = ",".join(f for f in ("avx2", "fma", "avx512f") if f in have)
+        cpu, flags = cpu_description(Path("/proc/cpuinfo").read_text(), cpu)
     mem = None
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -1,0 +1,49 @@
+"""benchmarks/common.py: how a machine is named in every benchmark report."""
+
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+ZEN5 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
+flags\t\t: fpu avx2 fma avx512f avx512_bf16 avx512_vp2intersect
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: other
+flags\t\t: fpu
+"""
+
+XEON = """processor\t: 0
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+
+
+@pytest.fixture
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common
+
+    return common
+
+
+def test_cpu_description_names_family_and_model_of_the_first_processor(common):
+    assert common.cpu_description(ZEN5, "x86_64") == ("AMD EPYC (family 26, model 2)", "avx2,fma,avx512f,avx512_bf16")
+    name, flags = common.cpu_description(XEON, "x86_64")
+    assert name == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz (family 6, model 143)"
+    assert flags == "avx2,fma,avx512f,avx512_bf16,amx_tile,amx_bf16"
+
+
+def test_cpu_description_falls_back_without_cpuinfo_fields(common):
+    assert common.cpu_description("", "aarch64") == ("aarch64", "")
+    assert common.cpu_description("model name\t: Some CPU\n", "x86_64") == ("Some CPU", "")
