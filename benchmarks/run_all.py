@@ -109,10 +109,12 @@ NOTES = {
     "train_mfu_vs_cpu_peak": (
         "The headline MFU times the update without rematerialisation (`model.remat=none`, like "
         "the torch reference; model FLOPs only, recomputation not credited). On the 2-core AMD "
-        "EPYC of 2026-11-24 it reached 65% of the measured peak, with the MLP and vocabulary "
-        "matmuls at the peak and about a fifth of the update in softmax, RMSNorm, RoPE and "
-        "elementwise passes (`profile_ops.py --update`); where it is missed, that profile on "
-        "the machine at hand says which part lags."),
+        "EPYC of 2026-11-24 (a ~210 GFLOP/s matmul peak) it reached 65–68%, with the MLP and "
+        "vocabulary matmuls at the peak; on the Zen 5 of 2026-11-25 (family 26, a 500 GFLOP/s "
+        "peak) 53–54%, where `model.remat=full` was as fast or faster (its row in the train-step "
+        "table): the same update is bound less by the matmuls there and more by the passes that "
+        "store and re-read activations. `profile_ops.py --update` on the machine at hand says "
+        "which part lags."),
     "grpo_vs_ppo_peak_bytes_ratio": "",
     "fsdp8_per_device_bytes_ratio": (
         "Parameters and optimiser state shard 8 ways, but activations only shard with the "
@@ -128,19 +130,22 @@ NOTES = {
         "after the rollout benchmark rather than interleaved with it: a load change between "
         "the two moves this ratio; see the load average of both runs. Both are JAX on the same "
         "XLA CPU kernels (YNNPACK dots). Ours runs the dense matmuls, most of a decode step "
-        "(`profile_ops.py`), in the orientation those kernels are fastest in "
-        "(`feature_major.py`, `bench_layouts.py`: 1.2–1.6× on this CPU), Tunix in the row-major "
-        "one; the rest of the gap would have to come from the parts that are not dense "
-        "matmuls: at batch 32 the per-head attention over the cache is the largest of them "
-        "(`profile_ops.py`)."),
+        "(`profile_ops.py`), in the orientation those kernels are fastest in (`feature_major.py`); "
+        "how much that orientation gains depends on the CPU (`bench_layouts.py`, batch-32 MLP: "
+        "1.22× on the ~210 GFLOP/s AMD EPYC of 2026-11-24, where ours reached 2.22× Tunix; 1.10× "
+        "on the Zen 5 of 2026-11-25, where it reached 1.78–1.81×). The rest would have to come "
+        "from the dots themselves (about half the 2048² peak at 32 columns) or the attention "
+        "over the cache, the largest other part (`profile_ops.py`)."),
     "decode_fraction_of_roofline_b{b}": (
-        "At batch 32 and 64 the roofline is the matmul peak; at batch 8 it is the memory "
-        "bandwidth (one read of every weight per token), which the small-batch matmuls do not "
-        "reach on this CPU: they stream each layer's weights at about half the measured rate, "
-        "not overlapped with the arithmetic (see 'What we know about each CPU' below). What "
-        "would close it: a GEMM that overlaps the weight loads with the arithmetic. bfloat16 "
-        "weights (`rl.sample_dtype=bfloat16`, bf16 dots since 2026-11-24 evening) halve the bytes "
-        "but measured 1.00× float32 at batch 8 and 1.26–1.28× at 32–64 (README's bf16 table)."),
+        "At batch 32 and 64 the roofline is the matmul peak of a 2048² product; the decode's "
+        "products have only the batch as columns and reach about half of it: on the Zen 5 of "
+        "2026-11-25 (500 GFLOP/s peak) the dense products of a batch-32 step ran at ~258 GFLOP/s "
+        "together, with attention ~19% and the rest ~8% of the step (`profile_ops.py --batch 32`), "
+        "so 38–43% of the roofline at batch 32 and 48–50% at 64. On the ~210 GFLOP/s machine of "
+        "2026-11-24 the same code reached 54% at 32 and 50% at 8 (memory-bound there). Tried on "
+        "the Zen 5 and not kept: q/k/v and gate/up as one product each, other attention layouts, "
+        "XLA's CPU flags (NOTES.md). bfloat16 sampling (`rl.sample_dtype=bfloat16`) runs the "
+        "MLP 1.5× faster there (`bench_layouts.py`), but this row compares float32 with float32."),
     "grpo_step_speedup_vs_trl": (
         "Our sampling is 3.3× TRL's (with the feature-major decode) and the reference forward "
         "1.4×, but the update, more than half of our step, is only 1.6× TRL's (the same "
