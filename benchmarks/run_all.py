@@ -454,8 +454,8 @@ def main(argv=None) -> int:
         for name in names:
             script, env = suite[name]
             runs.append(run_one(name, script, env, args, Path(tmp)))
-            if saved is None:
-                write_outputs(runs, args, dict(machine, date=machine["date"]), started, out_dir)
+            if saved is None:  # after each benchmark, so a run cut short keeps what it measured
+                write_outputs(runs, args, dict(machine, wall_seconds=time.time() - started), started, out_dir)
     if saved is not None:
         all_runs, record = merged(saved, runs, machine)
         write_outputs(all_runs, args, record, time.time() - record.get("wall_seconds", 0), out_dir,
