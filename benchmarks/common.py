@@ -195,9 +195,9 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 def cpu_description(cpuinfo: str, fallback: str) -> tuple[str, str]:
     """(CPU model, its flags among CPU_FLAGS) from /proc/cpuinfo's text. The model is the
-    "model name" with its family and model numbers: a virtual machine's "AMD EPYC" has been
-    a Zen 4 with a 210 GFLOP/s float32 matmul peak on 2 cores one day and a Zen 5 (family 26)
-    with 500 the next, and the two must not be merged or compared as one machine."""
+    "model name" with its family and model numbers: this project's 2-core "AMD EPYC" measured
+    a ~210 GFLOP/s float32 matmul peak one day (family not recorded) and 500 the next, as a
+    Zen 5 (family 26), and the two must not be merged or compared as one machine."""
     fields = {}
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
