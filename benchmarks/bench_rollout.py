@@ -137,8 +137,7 @@ def main(argv=None) -> int:
     by_batch = common.rollout_rates_by_batch(runners, prompts_by_batch, n, reps)
     for batch, res in by_batch.items():
         j, t = res["jax"], res["torch"]
-        rates = {k: common.summarize([batch * (n - 1) / (tn - t1) for t1, tn in zip(r["t1_samples"], r["tn_samples"])
-                                      if tn > t1]) for k, r in res.items()}
+        rates = {k: common.decode_rate_spread(r, batch, n) for k, r in res.items()}
         ratio = j["decode"] / t["decode"]
         per_batch[batch] = {"jax": j, "torch": t, "decode_rate_spread": rates, "ratio": ratio,
                             "tokenizers_agree": same[batch]}

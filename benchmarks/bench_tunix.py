@@ -443,8 +443,7 @@ def main(argv=None) -> int:
         res = common.rollout_rates({"tunix": run}, texts, n, reps, prompt_len=plen)["tunix"]
         res["seconds"] = time.perf_counter() - start
         t1, tn = res["t1_samples"], res["tn_samples"]
-        rates = [b * (n - 1) / (y - x) for x, y in zip(t1, tn) if y > x]
-        res["decode_rates"] = dr = common.summarize(rates) if rates else None
+        res["decode_rates"] = dr = common.decode_rate_spread(res, b, n)
         per_batch[b] = res
         rows.append([b, common.fmt(res["prefill"]),
                      common.fmt(res["decode"]) + (f" ({common.fmt(dr['min'])}–{common.fmt(dr['max'])})" if dr else ""),

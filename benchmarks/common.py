@@ -276,12 +276,27 @@ def rollout_rates_by_batch(runners: dict, prompts_by_batch: dict, new_tokens: in
         batch, plen = len(prompts), prompt_len or len(prompts[0])
         out[b] = {}
         for name, s in samples[b].items():
+            r = {"t1_samples": s["t1"], "tn_samples": s["tn"]}
             t1, tn = statistics.median(s["t1"]), statistics.median(s["tn"])
-            decode = statistics.median([y - x for x, y in zip(s["t1"], s["tn"])])
-            out[b][name] = {"prefill": batch * plen / t1, "decode": batch * (new_tokens - 1) / decode,
-                            "e2e": batch * new_tokens / tn, "t1": t1, "tn": tn,
-                            "t1_samples": s["t1"], "tn_samples": s["tn"]}
+            r.update(prefill=batch * plen / t1, e2e=batch * new_tokens / tn, t1=t1, tn=tn,
+                     decode=batch * (new_tokens - 1) / statistics.median(rep_seconds(r, "decode")))
+            out[b][name] = r
     return out
+
+
+def rep_seconds(rates: dict, phase: str) -> list[float]:
+    """Every rep's seconds of one phase, from a runner's `rollout_rates` dict: t(1 new token)
+    for "prefill", t(N) − t(1) for "decode"."""
+    if phase == "prefill":
+        return rates["t1_samples"]
+    return [tn - t1 for t1, tn in zip(rates["t1_samples"], rates["tn_samples"])]
+
+
+def decode_rate_spread(rates: dict, batch: int, new_tokens: int) -> dict | None:
+    """summarize() of every rep's decode tokens/s, batch × (N − 1) / (t(N) − t(1)), from a
+    runner's `rollout_rates` dict (None when no rep had t(N) > t(1))."""
+    per_rep = [batch * (new_tokens - 1) / t for t in rep_seconds(rates, "decode") if t > 0]
+    return summarize(per_rep) if per_rep else None
 
 
 def per_token_gain(small: dict, large: dict, small_batch: int, large_batch: int, phase: str) -> dict:
@@ -290,13 +305,8 @@ def per_token_gain(small: dict, large: dict, small_batch: int, large_batch: int,
     time, so their ratio cancels the machine's drift): summarize() over reps of
     (large_batch / t_large) / (small_batch / t_small), t being t(1 new token) for phase
     "prefill" and t(N) − t(1) for "decode"."""
-    def seconds(r):
-        if phase == "prefill":
-            return r["t1_samples"]
-        return [tn - t1 for t1, tn in zip(r["t1_samples"], r["tn_samples"])]
-
     return summarize([(large_batch / tl) / (small_batch / ts)
-                      for ts, tl in zip(seconds(small), seconds(large))])
+                      for ts, tl in zip(rep_seconds(small, phase), rep_seconds(large, phase))])
 
 
 def _timed_reps(f, *args, reps: int) -> tuple[list[float], list[float]]:

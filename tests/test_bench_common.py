@@ -47,3 +47,10 @@ def test_cpu_description_names_family_and_model_of_the_first_processor(common):
 def test_cpu_description_falls_back_without_cpuinfo_fields(common):
     assert common.cpu_description("", "aarch64") == ("aarch64", "")
     assert common.cpu_description("model name\t: Some CPU\n", "x86_64") == ("Some CPU", "")
+
+
+def test_decode_rate_spread_is_per_rep_and_skips_reps_without_decode_time(common):
+    rates = {"t1_samples": [1.0, 1.0, 2.0], "tn_samples": [3.0, 5.0, 2.0]}
+    got = common.decode_rate_spread(rates, batch=4, new_tokens=9)
+    assert got["samples"] == [pytest.approx(4 * 8 / 4), pytest.approx(4 * 8 / 2)]  # sorted; rep 3 dropped
+    assert common.decode_rate_spread({"t1_samples": [2.0], "tn_samples": [1.0]}, 4, 9) is None
