@@ -3,6 +3,7 @@
 import copy
 import dataclasses
 import time
+import zlib
 
 import jax
 import numpy as np
@@ -24,7 +25,9 @@ class SevensTask(Task):
     name = "sevens"
 
     def examples(self, split, n, seed):
-        rng = np.random.default_rng([hash(split) % 1000, seed])
+        # crc32, not hash(): str hashes change with every interpreter (PYTHONHASHSEED), which
+        # gave each test process other questions and so another training run.
+        rng = np.random.default_rng([zlib.crc32(split.encode()) % 1000, seed])
         return [Example(prompt=f"Q: {int(x)}\n", answer="7") for x in rng.integers(0, 100, n)]
 
     def reward(self, completion, example):
