@@ -12,11 +12,13 @@ The module has three parts, kept apart on purpose:
    filling the KV cache, and copies each prompt's cache rows to its G samples (the prefill
    is shared by the group); `_decode` samples the first token from the prefill logits and
    then runs a `lax.while_loop`, one token per iteration, that stops as soon as every row
-   has hit a stop token (or after `max_new_tokens`). The cache is donated to `_decode`
-   and returned by it, so the loop updates it in place instead of copying it. On a single
-   CPU device a decode step is `feature_major.step` (the same layer, in the orientation
-   XLA's CPU dots run fastest); on meshes and accelerators, the model's own forward. Both
-   hand the token draw vocab-major logits, [V, B].
+   has hit a stop token (or after `max_new_tokens`). On meshes and accelerators a decode
+   step is the model's own forward, and the cache is donated to `_decode` and returned by
+   it, so the loop updates it in place instead of copying it. On a single CPU device a
+   step is `feature_major.step` (the same layer, in the orientation XLA's CPU dots run
+   fastest), and the loop runs in phases whose cache holds only the slots filled by the
+   phase's end (`decode_windows`), since attention's cost grows with the slots it reads.
+   Both hand the token draw vocab-major logits, [V, B].
 3. **Glue**: `sample` / `sample_with_info` call 1, then 2, then 1 again; `sample_to_host`
    does that for a few prompts at a time and concatenates the results on the host, so a
    step's KV cache holds one call's rows, not the whole batch's.
@@ -485,10 +487,40 @@ def _stack(parts: list):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
 
 
+# Decode phases (feature-major decode): attention reads every cache slot at every step, though
+# at step t only the prompt's and t completion slots are filled. So the loop runs in up to
+# DECODE_PHASES phases, each over a cache that ends one phase's share of the completion
+# bucket further on. Each phase is one more traced and compiled copy of the step, and
+# 8 phases measured no faster than 4 (2-core Zen 5, SmolLM2 at batch 32, 128 new tokens);
+# short completions, where attention is a small share, keep one phase.
+DECODE_PHASES = 4
+_MIN_PHASE_SLOTS = 32
+
+
+def decode_windows(prompt_slots: int, num_cols: int) -> tuple[int, ...]:
+    """The cache windows of the decode phases for a prompt bucket and a completion bucket:
+    increasing slot counts, the last one the whole cache (prompt_slots + num_cols)."""
+    phases = max(1, min(DECODE_PHASES, num_cols // _MIN_PHASE_SLOTS))
+    return tuple(prompt_slots + num_cols * (i + 1) // phases for i in range(phases))
+
+
+def _resize_slots(buffers: tuple, slots: int) -> tuple:
+    """The feature-major decode's cache buffers (ks [B,K,D,S], vs [B,K,S,D], mask [B,S],
+    index) with S padded by empty slots to `slots`."""
+    ks, vs, mask, index = buffers
+    grow = lambda x, axis: jnp.pad(x, [(0, slots - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
+    return ([grow(k, 3) for k in ks], [grow(v, 2) for v in vs], grow(mask, 1), index)
+
+
 def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, feature_major: bool,
             params, cache, logits0, prompt_lens, row_ids, row_valid, key, temperature, top_k,
-            top_p, max_new_tokens, stop_mask, pad_id, *, num_cols: int):
+            top_p, max_new_tokens, stop_mask, pad_id, *, num_cols: int,
+            windows: tuple[int, ...] | None = None):
     """Sample up to max_new_tokens (<= num_cols) tokens per row; stop when all rows are done.
+
+    `windows` (feature-major only): the cache slots of each decode phase (`decode_windows`),
+    the cache coming from the prefill with the first window's slots; None: one phase over
+    the cache as it comes.
 
     Returns (tokens, mask, logprobs [Bp,num_cols], finished [Bp], steps, cache).
 
@@ -546,9 +578,13 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
     # carry = (step, *cache buffers, last token, last token real, done, tokens, mask, logps, finished)
     carry = (jnp.ones((), jnp.int32),) + pack(cache) + state
 
-    def cond(c):
+    windows = windows or (cache.mask.shape[1],)
+    tp = windows[-1] - num_cols
+
+    def cond(window, c):
+        # Step `step` writes slot tp + step - 1, which must lie inside the phase's window.
         step, done = c[0], c[num_cache + 3]
-        return (step < max_new_tokens) & ~jnp.all(done)
+        return (step < max_new_tokens) & ~jnp.all(done) & (step < window - tp + 1)
 
     def body(c):
         step, buffers = c[0], c[1:1 + num_cache]
@@ -569,7 +605,13 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
             logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0]).T  # [V, B]
         return (step + 1,) + tuple(buffers) + emit(step, logits, done, tokens, mask, logps, finished)
 
-    out = jax.lax.while_loop(cond, body, carry)
+    for window in windows:
+        if feature_major:
+            # The cache grows to the phase's window between phases (one copy each), never
+            # inside one: XLA copies a slice of it that a step reads, at every step.
+            carry = carry[:1] + _resize_slots(carry[1:1 + num_cache], window) + carry[1 + num_cache:]
+        carry = jax.lax.while_loop(functools.partial(cond, window), body, carry)
+    out = carry
     steps, cache = out[0], unpack(*out[1:1 + num_cache])
     tokens, mask, logps, finished = out[-4:]
     return tokens, mask, logps, finished, steps, cache
@@ -603,8 +645,11 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, *static) -> _OnMesh:
     if kind == "prefill":
         jitted = jax.jit(functools.partial(_prefill, cfg, mesh, *static), static_argnames=("cache_len", "chunk_tokens"))
     else:
-        jitted = jax.jit(functools.partial(_decode, cfg, mesh, *static), static_argnames=("num_cols",),
-                         donate_argnums=(1,))  # the cache
+        feature_major = static[2]  # (unroll, filtered, feature_major)
+        # The cache is donated so that the loop updates it in place; the feature-major decode
+        # grows it between phases instead, so its output cache is not the input's shape.
+        jitted = jax.jit(functools.partial(_decode, cfg, mesh, *static), static_argnames=("num_cols", "windows"),
+                         donate_argnums=() if feature_major else (1,))
     return _OnMesh(jitted, mesh)
 
 
@@ -787,12 +832,14 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     tp, tc = host.prompt_tokens.shape[1], host.completion_bucket
     prefill, decode = programs(cfg, mesh, unroll=unroll, filtered=top_k > 0 or top_p < 1.0)
     shared = src_rows if group_size > 1 else None
-    cache, logits0 = prefill(params, *prompt_arrays, shared, cache_len=tp + tc)
-    decode_params = _feature_major_weights(cfg, params) if _feature_major(mesh, unroll) else params
+    feature_major = _feature_major(mesh, unroll)
+    windows = decode_windows(tp, tc) if feature_major else (tp + tc,)
+    cache, logits0 = prefill(params, *prompt_arrays, shared, cache_len=windows[0])
+    decode_params = _feature_major_weights(cfg, params) if feature_major else params
     tokens, mask, logps, finished, steps, _ = decode(
         decode_params, cache, logits0, prompt_lens, row_ids, row_valid, key,
         np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(max_new_tokens), stop_mask,
-        np.int32(pad_id), num_cols=tc)
+        np.int32(pad_id), num_cols=tc, windows=windows)
 
     # -- host: strip dummy rows and the unused columns of the completion bucket
     rows = len(prompts) * group_size

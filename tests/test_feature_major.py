@@ -108,6 +108,34 @@ def test_sampler_uses_it_only_unrolled_on_one_cpu_device(monkeypatch):
     np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(unrolled.tokens))
 
 
+def test_decode_windows_split_the_completion_into_equal_phases():
+    """Up to four phases, each a share of the completion bucket, the last the whole cache;
+    a phase never shorter than 32 slots."""
+    assert sampling.decode_windows(64, 128) == (96, 128, 160, 192)
+    assert sampling.decode_windows(16, 64) == (48, 80)
+    assert sampling.decode_windows(256, 512) == (384, 512, 640, 768)
+    assert sampling.decode_windows(32, 16) == (48,)
+    assert sampling.decode_windows(32, 32) == (64,)
+
+
+def test_phased_decode_draws_what_one_phase_over_the_whole_cache_draws():
+    """Prompts of different lengths, 100 new tokens (a 128-column bucket: four phases of 32
+    slots): the same tokens and log-probs as the rolled sampler, whose model forward attends
+    over all slots in one loop. A step that wrote past its phase's cache would have its slot
+    clamped onto the last one, and the draws would part."""
+    cfg = dataclasses.replace(TINY, vocab_size=83, max_seq_len=256)  # compiled by no other test
+    params = model.init_params(cfg, jax.random.key(6))
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16]]
+    kw = dict(key=jax.random.key(7), group_size=2, max_new_tokens=100, temperature=1.0)
+    rolled, info = sampling.sample_with_info(cfg, params, prompts, unroll=False, **kw)
+    phased, _ = sampling.sample_with_info(cfg, params, prompts, unroll=True, **kw)
+    assert info.completion_bucket == 128 and info.decode_steps == 100
+    assert len(sampling.decode_windows(info.prompt_bucket, info.completion_bucket)) == 4
+    np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(phased.tokens))
+    np.testing.assert_allclose(np.asarray(phased.logprobs), np.asarray(rolled.logprobs), atol=2e-5)
+    assert int(phased.lengths.min()) == 100  # no stop token: every row ran through every phase
+
+
 def test_decode_weights_are_made_once_per_policy_and_freed_with_it():
     """The sampler reuses one policy's copy while its params are the same arrays, makes a new
     one for new params (never a stale copy), and drops it when the params are freed."""
