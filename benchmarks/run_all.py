@@ -133,9 +133,10 @@ NOTES = {
         "(`profile_ops.py`), in the orientation those kernels are fastest in (`feature_major.py`); "
         "how much that orientation gains depends on the CPU (`bench_layouts.py`, batch-32 MLP: "
         "1.22× on the ~210 GFLOP/s AMD EPYC of 2026-11-24, where ours reached 2.22× Tunix; 1.10× "
-        "on the Zen 5 of 2026-11-25, where it reached 1.78–1.81×). The rest would have to come "
-        "from the dots themselves (about half the 2048² peak at 32 columns) or the attention "
-        "over the cache, the largest other part (`profile_ops.py`)."),
+        "on the Zen 5 of 2026-11-25, where it reached 1.78–1.81×, and 1.94× once decode ran in "
+        "phases over a growing cache). The rest would have to come from the dots themselves "
+        "(about half the 2048² peak at 32 columns) or the attention over the cache, the largest "
+        "other part (`profile_ops.py`)."),
     "decode_fraction_of_roofline_b{b}": (
         "At batch 32 and 64 the roofline is the matmul peak of a 2048² product; the decode's "
         "products have only the batch as columns and reach about half of it: on the Zen 5 of "
@@ -144,7 +145,8 @@ NOTES = {
         "so 38–43% of the roofline at batch 32 and 48–50% at 64. On the ~210 GFLOP/s machine of "
         "2026-11-24 the same code reached 54% at 32 and 50% at 8 (memory-bound there). Tried on "
         "the Zen 5 and not kept: q/k/v and gate/up as one product each, other attention layouts, "
-        "XLA's CPU flags (NOTES.md). bfloat16 sampling (`rl.sample_dtype=bfloat16`) runs the "
+        "XLA's CPU flags (NOTES.md); decoding in phases over a growing cache (kept) cut "
+        "attention from 8.8 to 7.4 ms of a 46 ms step at 128 new tokens. bfloat16 sampling (`rl.sample_dtype=bfloat16`) runs the "
         "MLP 1.5× faster there (`bench_layouts.py`), but this row compares float32 with float32."),
     "grpo_step_speedup_vs_trl": (
         "Our sampling is 3.3× TRL's (with the feature-major decode) and the reference forward "

@@ -118,22 +118,31 @@ def test_decode_windows_split_the_completion_into_equal_phases():
     assert sampling.decode_windows(32, 32) == (64,)
 
 
-def test_phased_decode_draws_what_one_phase_over_the_whole_cache_draws():
+@pytest.mark.parametrize("stops", [(), tuple(range(20, 30))])
+def test_phased_decode_draws_what_one_phase_over_the_whole_cache_draws(stops):
     """Prompts of different lengths, 100 new tokens (a 128-column bucket: four phases of 32
-    slots): the same tokens and log-probs as the rolled sampler, whose model forward attends
-    over all slots in one loop. A step that wrote past its phase's cache would have its slot
-    clamped onto the last one, and the draws would part."""
+    slots): the same tokens, log-probs and steps as the rolled sampler, whose model forward
+    attends over all slots in one loop. A step that wrote past its phase's cache would have
+    its slot clamped onto the last one, and the draws would part. Without stop tokens every
+    row runs through every phase; with ten of them, every row stops before the third phase,
+    whose loop then runs no step."""
     cfg = dataclasses.replace(TINY, vocab_size=83, max_seq_len=256)  # compiled by no other test
     params = model.init_params(cfg, jax.random.key(6))
     prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16]]
-    kw = dict(key=jax.random.key(7), group_size=2, max_new_tokens=100, temperature=1.0)
+    kw = dict(key=jax.random.key(7), group_size=2, max_new_tokens=100, temperature=1.0, stop_tokens=stops)
     rolled, info = sampling.sample_with_info(cfg, params, prompts, unroll=False, **kw)
-    phased, _ = sampling.sample_with_info(cfg, params, prompts, unroll=True, **kw)
-    assert info.completion_bucket == 128 and info.decode_steps == 100
-    assert len(sampling.decode_windows(info.prompt_bucket, info.completion_bucket)) == 4
+    phased, phased_info = sampling.sample_with_info(cfg, params, prompts, unroll=True, **kw)
+    assert info.completion_bucket == 128
+    windows = sampling.decode_windows(info.prompt_bucket, info.completion_bucket)
+    assert len(windows) == 4
     np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(phased.tokens))
+    np.testing.assert_array_equal(np.asarray(rolled.mask), np.asarray(phased.mask))
     np.testing.assert_allclose(np.asarray(phased.logprobs), np.asarray(rolled.logprobs), atol=2e-5)
-    assert int(phased.lengths.min()) == 100  # no stop token: every row ran through every phase
+    assert phased_info.decode_steps == info.decode_steps
+    if stops:
+        assert info.decode_steps < windows[2] - info.prompt_bucket and bool(phased.finished.all())
+    else:
+        assert info.decode_steps == 100 and int(phased.lengths.min()) == 100
 
 
 def test_decode_weights_are_made_once_per_policy_and_freed_with_it():
