@@ -193,8 +193,8 @@ def main(argv=None) -> int:
                    "vs ours f32", "vs transformers f32"], bf16_rows)
         mb = 32 if 32 in per_batch else batches[-1]
         _, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), mb, plen, seed=mb)
-        mism = measure_mismatch(cfg, params, {"float32": runners["jax"].run.params,
-                                              "bfloat16": runners["jax_bf16"].run.params}, prompts, n)
+        mism = measure_mismatch(cfg, params, {"float32": runners["jax"].params,
+                                              "bfloat16": runners["jax_bf16"].params}, prompts, n)
         rep.emit()
         rep.emit(f"What the bf16 copy costs: batch {mb} sampled at temperature 1, {n} new tokens, its "
                  f"log-probs scored again by the float32 trainer (per completion token):")
