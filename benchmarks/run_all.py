@@ -146,8 +146,9 @@ NOTES = {
         "2026-11-24 the same code reached 54% at 32 and 50% at 8 (memory-bound there). Tried on "
         "the Zen 5 and not kept: q/k/v and gate/up as one product each, other attention layouts, "
         "XLA's CPU flags (NOTES.md); decoding in phases over a growing cache (kept) cut "
-        "attention from 8.8 to 7.4 ms of a 46 ms step at 128 new tokens. bfloat16 sampling (`rl.sample_dtype=bfloat16`) runs the "
-        "MLP 1.5× faster there (`bench_layouts.py`), but this row compares float32 with float32."),
+        "attention from 8.8 to 7.4 ms of a 46 ms step at 128 new tokens. bfloat16 sampling "
+        "(`rl.sample_dtype=bfloat16`) runs the MLP 1.5× faster there (`bench_layouts.py`), but "
+        "this row compares float32 with float32."),
     "grpo_step_speedup_vs_trl": (
         "Our sampling is 3.3× TRL's (with the feature-major decode) and the reference forward "
         "1.4×, but the update, more than half of our step, is only 1.6× TRL's (the same "
