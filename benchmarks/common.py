@@ -357,7 +357,12 @@ def decode_roofline(cfg, batch: int, context: int, *, flops_per_s: float, bytes_
                     weight_bytes: int = 4, cache_bytes: int = 4) -> dict:
     """Best-case decode tokens/s of ``batch`` rows at ``context`` tokens of KV cache: each
     step reads every weight once and the whole cache, and does 2 FLOPs per weight per row
-    plus attention; the step takes the larger of bytes / bandwidth and FLOPs / peak."""
+    plus attention; the step takes the larger of bytes / bandwidth and FLOPs / peak.
+
+    ``serial_tokens_per_s``: the same step when reading and arithmetic do not overlap at all
+    (bytes / bandwidth + FLOPs / peak), as XLA's CPU dots run a decode-shaped product whose
+    weights come from memory (NOTES.md, Zen 5): what a step of nothing but those products
+    could reach."""
     import jax
     from grpo_jax import model as model_lib
 
@@ -366,8 +371,10 @@ def decode_roofline(cfg, batch: int, context: int, *, flops_per_s: float, bytes_
     # The embedding lookup reads one row per token, but the unembedding reads the whole table.
     step_bytes = params * weight_bytes + cache * cache_bytes
     step_flops = batch * (2 * params + cfg.num_layers * 4 * cfg.num_heads * cfg.head_dim * context)
-    seconds = max(step_bytes / bytes_per_s, step_flops / flops_per_s)
-    return {"tokens_per_s": batch / seconds, "bound": "memory" if step_bytes / bytes_per_s >= step_flops / flops_per_s else "compute",
+    reading, computing = step_bytes / bytes_per_s, step_flops / flops_per_s
+    return {"tokens_per_s": batch / max(reading, computing),
+            "bound": "memory" if reading >= computing else "compute",
+            "serial_tokens_per_s": batch / (reading + computing),
             "step_bytes": step_bytes, "step_flops": step_flops}
 
 

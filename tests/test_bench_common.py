@@ -54,3 +54,27 @@ def test_decode_rate_spread_is_per_rep_and_skips_reps_without_decode_time(common
     got = common.decode_rate_spread(rates, batch=4, new_tokens=9)
     assert got["samples"] == [pytest.approx(4 * 8 / 4), pytest.approx(4 * 8 / 2)]  # sorted; rep 3 dropped
     assert common.decode_rate_spread({"t1_samples": [2.0], "tn_samples": [1.0]}, 4, 9) is None
+
+
+def test_decode_roofline_takes_the_larger_bound_and_the_serial_sum(common):
+    from grpo_jax.config import get_preset
+
+    cfg = get_preset("cpu-tiny").model  # tied embeddings, no attention bias
+    e, f, h, kv, d, layers = 128, 384, 4, 2, 32, 2
+    params = 512 * e + e + layers * (e * h * d + 2 * e * kv * d + h * d * e + 2 * e + 3 * e * f)
+    batch, context = 4, 10
+    step_bytes = 4 * params + 4 * batch * context * layers * 2 * kv * d
+    step_flops = batch * (2 * params + layers * 4 * h * d * context)
+
+    # Bandwidth 10x the FLOP rate in bytes: the arithmetic takes longer -> compute-bound.
+    r = common.decode_roofline(cfg, batch, context, flops_per_s=1e9, bytes_per_s=1e10)
+    assert (r["step_bytes"], r["step_flops"]) == (step_bytes, step_flops)
+    assert r["bound"] == "compute"
+    assert r["tokens_per_s"] == pytest.approx(batch / (step_flops / 1e9), rel=1e-12)
+    assert r["serial_tokens_per_s"] == pytest.approx(batch / (step_flops / 1e9 + step_bytes / 1e10), rel=1e-12)
+
+    r = common.decode_roofline(cfg, batch, context, flops_per_s=1e12, bytes_per_s=1e9)
+    assert r["bound"] == "memory"
+    assert r["tokens_per_s"] == pytest.approx(batch / (step_bytes / 1e9), rel=1e-12)
+    # Never overlapped, the step is slower than either bound alone, and at most twice the larger.
+    assert r["tokens_per_s"] / 2 <= r["serial_tokens_per_s"] < r["tokens_per_s"]
