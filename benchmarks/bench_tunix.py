@@ -32,6 +32,9 @@ pays for detokenisation.
   * decode throughput  = B × 127 / (t(128 new tokens) − t(1 new token))
   * end to end         = B × 128 / t(128 new tokens)
 Warm-up (compilation) excluded, reps interleaved t(1), t(128); medians.
+Ours is timed in this same process (our package from the checkout, on our own import of the
+weights, as `bench_rollout.py` runs it) on the same token ids, its reps interleaved with
+Tunix's: the ratio is of runs seconds apart, not of two benchmarks minutes apart.
 
 Whole GRPO step (`GRPOLearner`, the setting of `bench_grpo_step.py`): P = 2 prompts of 64
 tokens (the same texts, seed 7) × G = 4 samples, 128 new tokens forced to full length,
@@ -193,6 +196,24 @@ def run_reference(python: str, batches: list[int], plen: int, out_dir: Path) -> 
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=common.ROOT)
     if proc.returncode != 0:
         raise SystemExit("reference step failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
+
+
+def paired_decode_ratios(ours: dict, tunix: dict) -> dict:
+    """summarize() of ours / Tunix decode tokens/s, rep by rep (each pair ran back to back),
+    from two runners' `common.rollout_rates` dicts of the same prompts and token counts."""
+    o, t = (common.rep_seconds(r, "decode") for r in (ours, tunix))
+    return common.summarize([ts / os_ for os_, ts in zip(o, t) if os_ > 0 and ts > 0])
+
+
+def load_ours():
+    """Our sampler on our import of SmolLM2, as `bench_rollout.py` times it, in this (Tunix's)
+    process: the project's package from the checkout (not installed in this venv; chex and
+    toolz are in its pins for it)."""
+    sys.path.insert(0, str(common.ROOT))
+    import bench_rollout
+
+    cfg, params, _ = common.smollm2()
+    return bench_rollout.SmolJax(cfg, params)
 
 
 # ============================================================================ Tunix side
@@ -433,30 +454,35 @@ def main(argv=None) -> int:
         rep.finish()
         return 1
 
+    ours = load_ours()
     rows, per_batch = [], {}
     for b in batches:
         texts, ids = prompts[str(b)]["texts"], prompts[str(b)]["ids"]
         if any(EOS_ID in p for p in ids) or {len(p) for p in ids} != {plen}:
             raise SystemExit(f"batch {b}: the prompts must be {plen} tokens without id {EOS_ID}")
-        run = TunixRunner(model, cfg, FixedIdsTokenizer(texts, ids), plen, n)
+        tunix_run = TunixRunner(model, cfg, FixedIdsTokenizer(texts, ids), plen, n)
+        # Both are handed the token ids; Tunix's lookup tokenizer gets them back from the texts.
+        runners = {"tunix": lambda _ids, k: tunix_run(texts, k), "ours": ours}
         start = time.perf_counter()
-        res = common.rollout_rates({"tunix": run}, texts, n, reps, prompt_len=plen)["tunix"]
-        res["seconds"] = time.perf_counter() - start
-        t1, tn = res["t1_samples"], res["tn_samples"]
-        res["decode_rates"] = dr = common.decode_rate_spread(res, b, n)
-        per_batch[b] = res
-        rows.append([b, common.fmt(res["prefill"]),
-                     common.fmt(res["decode"]) + (f" ({common.fmt(dr['min'])}–{common.fmt(dr['max'])})" if dr else ""),
-                     common.fmt(res["e2e"]), common.spread(common.summarize(t1)), common.spread(common.summarize(tn))])
-        rep.results[f"tunix_decode_tokens_per_s_b{b}"] = res["decode"]
-        rep.results[f"tunix_prefill_tokens_per_s_b{b}"] = res["prefill"]
-        rep.results[f"tunix_e2e_tokens_per_s_b{b}"] = res["e2e"]
-    rep.table(["batch", "prefill tok/s", "decode tok/s (range)", "end-to-end new tok/s",
-               "t(1 new token) s", f"t({n}) s"], rows)
+        res = common.rollout_rates(runners, ids, n, reps, prompt_len=plen)
+        per_batch[b] = {"seconds": time.perf_counter() - start, **res}
+        cells = [b]
+        for name, r in res.items():
+            r["decode_rates"] = dr = common.decode_rate_spread(r, b, n)
+            cells += [common.fmt(r["prefill"]),
+                      common.fmt(r["decode"]) + (f" ({common.fmt(dr['min'])}–{common.fmt(dr['max'])})" if dr else "")]
+            key = "tunix" if name == "tunix" else "tunix_ours"
+            for kind in ("decode", "prefill", "e2e"):
+                rep.results[f"{key}_{kind}_tokens_per_s_b{b}"] = r[kind]
+        paired = paired_decode_ratios(res["ours"], res["tunix"])
+        rows.append(cells + [f"**{res['ours']['decode'] / res['tunix']['decode']:.2f}×** "
+                             f"({paired['min']:.2f}–{paired['max']:.2f})"])
+    rep.table(["batch", "Tunix prefill tok/s", "Tunix decode tok/s (range)", "ours prefill tok/s",
+               "ours decode tok/s (range)", "decode ours / Tunix (rep by rep)"], rows)
     rep.details["per_batch"] = per_batch
-    rep.emit("Tunix runs in its own process and venv, not interleaved with ours: compare with "
-             "the rollout benchmark's numbers from the same `make bench` run (same machine, "
-             "minutes apart).")
+    rep.emit("Ours is our sampler run in this same process and venv (the same jax and jaxlib as "
+             "the project's), its reps interleaved with Tunix's, so a change of machine load "
+             "between the two runs cannot move the ratio.")
     rep.emit()
     if not args.no_grpo:
         grpo_section(rep, meta["hf_dir"], prompts["grpo"], n, reps, plen)

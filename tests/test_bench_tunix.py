@@ -61,18 +61,22 @@ def test_lookup_tokenizer_adds_no_bos_and_knows_only_its_prompts(bench):
 
 def test_run_all_compares_with_tunix_and_skips_without_its_venv(bench, monkeypatch, tmp_path):
     _, run_all = bench
-    results = {"decode_ratio_batch": 32, "decode_tokens_per_s_ours_b32": 400.0,
-               "tunix_decode_tokens_per_s_b32": 150.0, "prefill_tokens_per_s_ours_b32": 900.0,
-               "tunix_prefill_tokens_per_s_b32": 1000.0}
+    # The ratio is of the two sides timed in the Tunix benchmark's process, not of the
+    # rollout benchmark's ours (another process, minutes earlier).
+    results = {"decode_ratio_batch": 32, "decode_tokens_per_s_ours_b32": 1000.0,
+               "tunix_ours_decode_tokens_per_s_b32": 400.0, "tunix_decode_tokens_per_s_b32": 150.0,
+               "tunix_ours_prefill_tokens_per_s_b32": 900.0, "tunix_prefill_tokens_per_s_b32": 1000.0}
     rows, targets = run_all.summary_rows(results)
     row = next(r for r in rows if "vs Tunix" in r[0] and "decode" in r[0])
     assert row[3] == "2.67×" and row[5] == "**met**"
+    assert row[1].startswith("400") and row[2].startswith("150")
     assert targets["decode_ratio_vs_tunix_b{b}"]["met"]
     assert results["prefill_ratio_vs_tunix_b32"] == pytest.approx(0.9)
     results = {"grpo_step_seconds_ours": 10.0, "grpo_step_seconds_tunix": 25.0}
     run_all.summary_rows(results)
     assert results["grpo_step_speedup_vs_tunix"] == pytest.approx(2.5)  # Tunix seconds / ours
-    rows, _ = run_all.summary_rows({"decode_ratio_batch": 32, "decode_tokens_per_s_ours_b32": 400.0})
+    rows, _ = run_all.summary_rows({"decode_ratio_batch": 32, "decode_tokens_per_s_ours_b32": 400.0,
+                                    "tunix_decode_tokens_per_s_b32": 150.0})
     assert next(r for r in rows if "vs Tunix" in r[0] and "decode" in r[0])[5] == "not measured"
 
     missing = tmp_path / "no-venv" / "bin" / "python"
@@ -81,3 +85,12 @@ def test_run_all_compares_with_tunix_and_skips_without_its_venv(bench, monkeypat
     run = run_all.run_one("tunix", "bench_tunix.py", {}, args, tmp_path)
     assert run["ok"] and run["returncode"] == "skipped" and "make tunix-env" in run["skipped"]
     assert run_all._status(run) == "skipped (venv missing)"
+
+
+def test_paired_decode_ratios_are_rep_by_rep(bench):
+    bt, _ = bench
+    # decode seconds per rep: ours 1, 2, 4; Tunix 3, 3, 3 -> ratios 3, 1.5, 0.75.
+    ours = {"t1_samples": [1.0, 1.0, 1.0], "tn_samples": [2.0, 3.0, 5.0]}
+    tunix = {"t1_samples": [2.0, 2.0, 2.0], "tn_samples": [5.0, 5.0, 5.0]}
+    r = bt.paired_decode_ratios(ours, tunix)
+    assert (r["min"], r["median"], r["max"]) == pytest.approx((0.75, 1.5, 3.0))
