@@ -137,17 +137,20 @@ NOTES = {
         "the products take their in-cache arithmetic time plus the time to stream their weights, "
         "never overlapped, and the attention fusions run on one core (NOTES.md)."),
     "decode_fraction_of_roofline_b{b}": (
-        "At batch 32 and 64 the roofline is the matmul peak of a 2048² product; the decode's "
-        "products have only the batch as columns and reach about half of it: on the Zen 5 of "
-        "2026-11-25 (500 GFLOP/s peak) the dense products of a batch-32 step ran at ~258 GFLOP/s "
-        "together, with attention ~19% and the rest ~8% of the step (`profile_ops.py --batch 32`), "
-        "so 38–43% of the roofline at batch 32 and 48–50% at 64. On the ~210 GFLOP/s machine of "
-        "2026-11-24 the same code reached 54% at 32 and 50% at 8 (memory-bound there). Tried on "
-        "the Zen 5 and not kept: q/k/v and gate/up as one product each, other attention layouts, "
-        "XLA's CPU flags (NOTES.md); decoding in phases over a growing cache (kept) cut "
-        "attention from 8.8 to 7.4 ms of a 46 ms step at 128 new tokens. bfloat16 sampling "
-        "(`rl.sample_dtype=bfloat16`) runs the MLP 1.5× faster there (`bench_layouts.py`), but "
-        "this row compares float32 with float32."),
+        "At batch 32 and 64 the roofline is the matmul peak of a 2048² product. XLA's CPU dots "
+        "do not overlap reading a weight with the arithmetic on it: on the Zen 5 of 2026-11-25 "
+        "a batch-32 product of a [1536, 576] weight took 0.13 ms with the weight in cache and "
+        "0.20 ms from memory, the in-cache time plus the weight's bytes at the streaming rate "
+        "(one-off script, NOTES.md); torch's kernels take 0.43 ms. A step of nothing but such "
+        "products reaches the serial bound the rollout table prints (bytes / bandwidth + FLOPs "
+        "/ peak): about 53% of the roofline at batch 32 there, so 50% would leave 2 ms per step "
+        "for the attention (8 ms, its fusions on one core) and everything else. 38–43% measured "
+        "at batch 32, 44–50% at 64; 54% at 32 on the ~210 GFLOP/s machine of 2026-11-24, "
+        "memory-bound there. Tried and not kept: q/k/v and gate/up as one product each, other "
+        "attention layouts, XLA's CPU flags, oneDNN dots (NOTES.md); decoding in phases over a "
+        "growing cache (kept) cut attention from 8.8 to 7.4 ms of a 46 ms step at 128 new "
+        "tokens. bfloat16 sampling (`rl.sample_dtype=bfloat16`) halves the bytes (decode 1.38× "
+        "at batch 32), but this row compares float32 with float32."),
     "grpo_step_speedup_vs_trl": (
         "Our sampling is 3.3× TRL's (with the feature-major decode) and the reference forward "
         "1.4×, but the update, more than half of our step, is only 1.6× TRL's (the same "
