@@ -94,3 +94,17 @@ def test_paired_decode_ratios_are_rep_by_rep(bench):
     tunix = {"t1_samples": [2.0, 2.0, 2.0], "tn_samples": [5.0, 5.0, 5.0]}
     r = bt.paired_decode_ratios(ours, tunix)
     assert (r["min"], r["median"], r["max"]) == pytest.approx((0.75, 1.5, 3.0))
+
+
+def _pins(path: Path) -> dict:
+    lines = (ln.split("#")[0].strip() for ln in path.read_text().splitlines())
+    return dict(ln.lower().split("==", 1) for ln in lines if "==" in ln)
+
+
+def test_tunix_venv_pins_what_our_sampler_needs_at_our_versions():
+    # bench_tunix times our sampler inside Tunix's venv: the compiler and the libraries our
+    # package imports must be the project's own, or the paired ratio compares other code.
+    ours, tunix = _pins(BENCH.parent / "requirements.txt"), _pins(BENCH / "requirements-tunix.txt")
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex"):
+        assert tunix.get(name) == ours[name], name
+    assert "toolz" in tunix  # chex's one dependency Tunix does not bring
