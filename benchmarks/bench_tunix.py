@@ -207,9 +207,8 @@ def paired_decode_ratios(ours: dict, tunix: dict) -> dict:
 
 def load_ours():
     """Our sampler on our import of SmolLM2, as `bench_rollout.py` times it, in this (Tunix's)
-    process: the project's package from the checkout (not installed in this venv; chex and
-    toolz are in its pins for it)."""
-    sys.path.insert(0, str(common.ROOT))
+    process: `tunix_env.sh` installs the project into this venv (editable, no dependencies;
+    chex and toolz are in its pins for it)."""
     import bench_rollout
 
     cfg, params, _ = common.smollm2()

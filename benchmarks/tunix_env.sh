@@ -17,5 +17,8 @@ fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" install -q -r "$REQ"
-"$VENV/bin/python" -c "import tunix, jax; print('tunix ok, jax', jax.__version__)"
+# Our package too, editable and without dependencies (the pins above hold the ones it needs):
+# bench_tunix.py times our sampler in Tunix's process.
+"$VENV/bin/pip" install -q --no-deps -e .
+"$VENV/bin/python" -c "import tunix, jax, grpo_jax.sampling; print('tunix ok, jax', jax.__version__)"
 touch "$STAMP"
