@@ -12,7 +12,8 @@ Tunix's pins conflict with the project's, so the work is split over two environm
    (`common.smollm2_hf_dir`), the prompts of `bench_rollout.py` (B texts of exactly 64
    tokens, our tokenizer, seed = B) and transformers' float32 logits on some of them;
 2. Tunix (this process): Tunix's Llama built from that safetensors export with Tunix's
-   own loader (`tunix.models.llama3.params.create_model_from_safe_tensors`).
+   own loader (`tunix.models.llama3.params.create_model_from_safe_tensors`), and our
+   sampler beside it for the paired decode ratio.
 
 Tunix's Llama calls `apply_rope` without passing the configured `rope_theta`, so it always
 rotates with theta 1e6; SmolLM2 uses 1e5. The script replaces the module's `apply_rope`
@@ -32,9 +33,10 @@ pays for detokenisation.
   * decode throughput  = B × 127 / (t(128 new tokens) − t(1 new token))
   * end to end         = B × 128 / t(128 new tokens)
 Warm-up (compilation) excluded, reps interleaved t(1), t(128); medians.
-Ours is timed in this same process (our package from the checkout, on our own import of the
-weights, as `bench_rollout.py` runs it) on the same token ids, its reps interleaved with
-Tunix's: the ratio is of runs seconds apart, not of two benchmarks minutes apart.
+Ours is timed in this same process (the project, installed editable into this venv by
+`tunix_env.sh`, on our own import of the weights, as `bench_rollout.py` runs it) on the same
+token ids, its reps interleaved with Tunix's: the ratio is of runs seconds apart, not of two
+benchmarks minutes apart.
 
 Whole GRPO step (`GRPOLearner`, the setting of `bench_grpo_step.py`): P = 2 prompts of 64
 tokens (the same texts, seed 7) × G = 4 samples, 128 new tokens forced to full length,
