@@ -13,6 +13,10 @@ checked before trusting the sampler's choice (issue #20):
   exp and sum over the vocabulary that the token draw starts with; rows give [B, V]
   logits, feature-major [V, B].
 
+* **MLP from memory and in cache**: the feature-major MLP of 30 distinct layers against the
+  same chain with the first layer's weights in every layer (10.6 MB, kept in cache); the
+  difference, read as the time to read 30 layers' weights, tells whether the dots overlap
+  reading with arithmetic (a read rate near the streaming bandwidth: they do not).
 * **decode attention**: one new token per row against 30 layers' KV caches of 192 slots
   (SmolLM2's 3 kv heads × 3 query heads × 64), in the two forms the feature-major step
   picks between by batch size: the model's two small dots per (row, kv head), and the
@@ -63,6 +67,16 @@ def _timer(fn, *args):
 def _ms(s: dict) -> str:
     """`common.spread` of a summarize() dict of seconds, in milliseconds."""
     return common.spread({k: s[k] * 1e3 for k in ("median", "min", "max")})
+
+
+def read_split(from_memory_s: float, in_cache_s: float, weight_bytes: int, flops: int) -> dict:
+    """What a product chain's time from memory adds to the same chain with its weights in
+    cache: the extra seconds, the rate at which it read its weights if that extra is all
+    reading, and the in-cache arithmetic rate. Extra ≈ bytes / streaming rate means the
+    kernel reads and computes one after the other, not overlapped."""
+    extra = from_memory_s - in_cache_s
+    return {"extra_s": extra, "read_bytes_per_s": weight_bytes / extra if extra > 0 else None,
+            "in_cache_flops_per_s": flops / in_cache_s}
 
 
 def mlp_programs(layers: int):
@@ -146,7 +160,7 @@ def main(argv=None) -> int:
     mlp_rows, mlp_features, mlp_bf16 = mlp_programs(layers)
     un_rows, un_features = unembed_programs()
     att_dots, att_summed = attention_programs()
-    table, att_table = [], []
+    table, att_table, cache_table = [], [], []
     for b in batches:
         x = normal(b, EMBED)
         xt = x.T.copy()
@@ -157,8 +171,18 @@ def main(argv=None) -> int:
         s = common.interleaved({
             "mlp_rows": _timer(mlp_rows, x, ws_rows), "mlp_features": _timer(mlp_features, xt, ws_features),
             "unembed_rows": _timer(un_rows, x, emb), "unembed_features": _timer(un_features, xt, emb),
-            "mlp_bf16": _timer(mlp_bf16, xt, ws_bf16), "unembed_bf16": _timer(un_features, xt, emb_bf16)},
+            "mlp_bf16": _timer(mlp_bf16, xt, ws_bf16), "unembed_bf16": _timer(un_features, xt, emb_bf16),
+            # The first layer's weights in every layer: 10.6 MB, which stay in cache between layers.
+            "mlp_in_cache": _timer(mlp_features, xt, [ws_features[0]] * layers)},
             reps)
+        split = read_split(s["mlp_features"]["median"], s["mlp_in_cache"]["median"],
+                           weight_bytes=layers * 3 * EMBED * MLP * 4, flops=layers * 3 * 2 * EMBED * MLP * b)
+        rep.results[f"layout_mlp_read_bytes_per_s_b{b}"] = split["read_bytes_per_s"]
+        rep.results[f"layout_mlp_in_cache_flops_per_s_b{b}"] = split["in_cache_flops_per_s"]
+        read = split["read_bytes_per_s"]
+        cache_table.append([b, _ms(s["mlp_features"]), _ms(s["mlp_in_cache"]), f"{split['extra_s'] * 1e3:.2f}",
+                            "–" if read is None else f"{read / 1e9:.1f}",
+                            f"{split['in_cache_flops_per_s'] / 1e9:.0f}"])
         att = attention_inputs(rng, b, layers)
         np.testing.assert_allclose(np.asarray(att_dots(*att)), np.asarray(att_summed(*att)), rtol=1e-4, atol=1e-4)
         a = common.interleaved({"attention_dots": _timer(att_dots, *att),
@@ -179,6 +203,14 @@ def main(argv=None) -> int:
                "bf16 speedup"], table)
     rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/feature_major.py`) suits this CPU. "
              "bf16 speedup = feature-major float32 / bf16 (bf16 weights and operands, float32 sums).")
+    rep.emit()
+    rep.emit(f"### The feature-major MLP from memory and with its weights in cache ({layers} layers; in "
+             f"cache = the first layer's weights in every layer), float32")
+    rep.emit()
+    rep.table(["batch", "from memory ms", "in cache ms", "difference ms", "weights read at GB/s if the "
+               "difference is reading", "in cache GFLOP/s"], cache_table)
+    rep.emit("A read rate near the streaming bandwidth (`bench_rollout.py` prints it) means the dots read "
+             "their weights and compute one after the other: decode's serial bound.")
     rep.emit()
     rep.emit(f"### Decode attention, one new token, {layers} layers × {SLOTS} cache slots ({KV_HEADS} kv heads × "
              f"{GROUP} query heads × {HEAD_DIM}), float32")

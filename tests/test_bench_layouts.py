@@ -4,6 +4,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -90,3 +91,16 @@ def test_prefill_in_one_pass_and_in_chunks_agree(monkeypatch):
     assert sampling._prefill_chunks(3, 8, None) == 2 and len(one_cache.k) == cfg.num_layers
     for a, b in zip(jax.tree.leaves((one_cache, one_logits)), jax.tree.leaves((chunk_cache, chunk_logits))):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
+
+
+def test_read_split_attributes_the_extra_time_to_reading(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_layouts
+
+    # 0.020 s from memory, 0.012 s in cache: 8 ms extra for 400 MB -> 50 GB/s; 6 GFLOP / 0.012 s.
+    r = bench_layouts.read_split(0.020, 0.012, weight_bytes=400_000_000, flops=6_000_000_000)
+    assert r["extra_s"] == pytest.approx(0.008)
+    assert r["read_bytes_per_s"] == pytest.approx(5e10)
+    assert r["in_cache_flops_per_s"] == pytest.approx(5e11)
+    # No extra time: nothing attributable to reading, and no rate is invented.
+    assert bench_layouts.read_split(0.010, 0.011, weight_bytes=1, flops=1)["read_bytes_per_s"] is None
