@@ -53,12 +53,12 @@ class JaxRunner:
         self.params = model_lib.init_params(cfg, jax.random.key(0))
         self.calls = 0
 
-    def __call__(self, prompts, new_tokens, *, group_size=1, unroll=True) -> float:
+    def __call__(self, prompts, new_tokens, *, group_size=1, engine="auto") -> float:
         self.calls += 1
         start = time.perf_counter()
         rollout, info = sampling.sample_with_info(
             self.cfg, self.params, prompts, key=jax.random.key(self.calls), group_size=group_size,
-            max_new_tokens=new_tokens, temperature=1.0, unroll=unroll)
+            max_new_tokens=new_tokens, temperature=1.0, engine=engine)
         jax.block_until_ready(rollout)
         elapsed = time.perf_counter() - start
         assert info.decode_steps == new_tokens and bool(rollout.mask.all()), "not full length"
@@ -190,8 +190,8 @@ def unroll(args, emit, jax_run, name, batches, reps):
     emit("|---|---|---|---|")
     for batch in batches:
         prompts = _prompts(cfg, batch, plen)
-        rolled = {"unrolled": lambda p, k: jax_run(p, k, unroll=True),
-                  "rolled": lambda p, k: jax_run(p, k, unroll=False)}
+        rolled = {"unrolled": lambda p, k: jax_run(p, k, engine="auto"),
+                  "rolled": lambda p, k: jax_run(p, k, engine="scan")}
         r = common.rollout_rates(rolled, prompts, n, reps)
         emit(f"| {batch} | {fmt(r['unrolled']['decode'])} | {fmt(r['rolled']['decode'])} | "
              f"{r['unrolled']['decode'] / r['rolled']['decode']:.2f}× |")

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from grpo_jax import loops
 from grpo_jax.losses import as_float
 
 __all__ = [
@@ -254,7 +255,7 @@ def gae(
         return carry, jnp.where(m_t, adv, 0.0)
 
     zeros = jnp.zeros(r.shape[0], r.dtype)
-    _, adv_t = lax.scan(step, (zeros, zeros), (r.T, v.T, m.T), reverse=True)
+    _, adv_t = loops.scan(step, (zeros, zeros), (r.T, v.T, m.T), reverse=True)
     advantages = adv_t.T
     returns = jnp.where(m, advantages + v, 0.0)
     chex.assert_equal_shape([advantages, returns, rewards])

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import advantages as adv_lib
+from grpo_jax import loops
 from grpo_jax import losses
 from grpo_jax.config import Config, RLConfig
 from grpo_jax.logprobs import sequence_logprobs, sequence_values
@@ -117,7 +118,7 @@ def map_micro_batches(fn: Callable[[Any], Any], tree: Any, num: int, unit: int =
     results put back in row order: bounds the memory of a forward pass over a big batch."""
     if num == 1:
         return fn(tree)
-    return merge_micro_batches(jax.lax.map(fn, split_micro_batches(tree, num, unit)), unit)
+    return merge_micro_batches(loops.map(fn, split_micro_batches(tree, num, unit)), unit)
 
 
 # ----------------------------------------------------------------- hyperparameters

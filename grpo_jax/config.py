@@ -27,6 +27,10 @@ SUPERVISIONS = ("outcome", "process")
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
 POLICY_LOSSES = ("clipped", "gspo", "cispo")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+# The sampler's decode engines (grpo_jax.sampling): the model's forward with its layers in a
+# `lax.scan` or written out one by one, or the single-CPU-device feature-major step; `auto`
+# picks one from the sampling mesh's devices (`sampling.resolve_engine`).
+DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major")
 
 
 
@@ -55,7 +59,7 @@ RL_READERS: dict[str, tuple[str, ...]] = {
     "advantage_estimator": ("grpo",),
     "policy_loss": ("ppo", "grpo"),
     "tis_cap": ("ppo", "grpo"),
-    "sample_prompts": _SAMPLED, "sample_dtype": _SAMPLED,
+    "sample_prompts": _SAMPLED, "sample_dtype": _SAMPLED, "decode": _SAMPLED,
 }
 
 
@@ -195,6 +199,8 @@ class RLConfig:
     # (model._product; on a CPU with avx512_bf16, faster from ~32 rows). Its log-probs then
     # differ slightly from the trainer's: logged as logprob_mismatch_*, corrected by rl.tis_cap.
     sample_dtype: str = "float32"
+    # Which decode program samples (DECODE_ENGINES); the run prints the one it resolved to.
+    decode: str = "auto"
 
     def validate(self) -> None:
         _choice(self, "algorithm", ALGORITHM_NAMES)
@@ -204,6 +210,7 @@ class RLConfig:
         _choice(self, "advantage_estimator", ADVANTAGE_ESTIMATORS)
         _choice(self, "policy_loss", POLICY_LOSSES)
         _choice(self, "sample_dtype", ("float32", "bfloat16"))
+        _choice(self, "decode", DECODE_ENGINES)
         if self.sample_prompts < 0:
             raise ConfigError(f"rl.sample_prompts must be >= 0 (0 = one call), got {self.sample_prompts}")
         if self.tis_cap < 0:

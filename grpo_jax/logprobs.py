@@ -28,6 +28,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import loops
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
 
@@ -177,7 +178,7 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
         with jax.named_scope("logprobs"):  # names the chunk's ops in profiles (profile_ops.py)
             return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major, keep_probs)
 
-    _, (logp, entropy) = jax.lax.scan(body, None, (hs, ts))
+    _, (logp, entropy) = loops.scan(body, None, (hs, ts))
     unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * c)[:, :t]
     logp = unchunk(logp)
     chex.assert_shape(logp, (b, t))

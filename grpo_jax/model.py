@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from grpo_jax import loops
 from grpo_jax.config import ModelConfig
 from grpo_jax.sharding import DTYPES, constrain, logical_to_sharding
 
@@ -351,7 +352,7 @@ class Transformer(nn.Module):
         block = Block
         if cfg.remat != "none":
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[cfg.remat])
-        unroll = (not cfg.scan_layers) if self.unroll is None else self.unroll
+        unroll = ((not cfg.scan_layers) if self.unroll is None else self.unroll) or loops.unrolling()
         self.layers = nn.scan(
             block, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast), length=cfg.num_layers,

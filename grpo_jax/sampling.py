@@ -12,13 +12,15 @@ The module has three parts, kept apart on purpose:
    filling the KV cache, and copies each prompt's cache rows to its G samples (the prefill
    is shared by the group); `_decode` samples the first token from the prefill logits and
    then runs a `lax.while_loop`, one token per iteration, that stops as soon as every row
-   has hit a stop token (or after `max_new_tokens`). On meshes and accelerators a decode
-   step is the model's own forward, and the cache is donated to `_decode` and returned by
-   it, so the loop updates it in place instead of copying it. On a single CPU device a
-   step is `feature_major.step` (the same layer, in the orientation XLA's CPU dots run
-   fastest), and the loop runs in phases whose cache holds only the slots filled by the
-   phase's end (`decode_windows`), since attention's cost grows with the slots it reads.
-   Both hand the token draw vocab-major logits, [V, B].
+   has hit a stop token (or after `max_new_tokens`). A step is one of three decode
+   engines, chosen by `rl.decode` and resolved once (`resolve_engine`): the model's own
+   forward with its layers scanned (`scan`, the accelerator default) or written out
+   (`unrolled`, the CPU-mesh default), whose cache is donated to `_decode` and returned by
+   it so the loop updates it in place; or, on one CPU device, `feature_major.step` (the
+   same layer, in the orientation XLA's CPU dots run fastest), whose loop runs in phases
+   over a cache that holds only the slots filled by the phase's end (`decode_windows`),
+   since attention's cost grows with the slots it reads.
+   Every engine hands the token draw vocab-major logits, [V, B].
 3. **Glue**: `sample` / `sample_with_info` call 1, then 2, then 1 again; `sample_to_host`
    does that for a few prompts at a time and concatenates the results on the host, so a
    step's KV cache holds one call's rows, not the whole batch's.
@@ -59,7 +61,8 @@ Static shapes and compilation
 -----------------------------
 Compiled shapes are: the number of prompts (padded to a multiple of the batch-sharding
 degree) and G, the prompt bucket and the completion bucket (powers of two, at least 16),
-plus two compile-time switches: `unroll`, and whether top-k/top-p filtering is on at all
+plus two compile-time switches: the decode engine (`rl.decode`, resolved once by
+`resolve_engine`), and whether top-k/top-p filtering is on at all
 (a sort over the vocabulary each step, skipped when top_k = 0 and top_p = 1). Everything
 else — temperature, the values of top_k and top_p, max_new_tokens within its bucket, the
 stop tokens, pad_id, the key — is traced, so a run compiles `_prefill` and `_decode` once
@@ -88,6 +91,7 @@ reads them through `sharding.to_host`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import weakref
@@ -100,8 +104,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 from grpo_jax import feature_major as feature_major_lib
+from grpo_jax import loops
 from grpo_jax import model as model_lib
-from grpo_jax.config import ModelConfig
+from grpo_jax.config import DECODE_ENGINES, ModelConfig
 from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, on_mesh, replicated, to_global, to_host
 
 MIN_BUCKET = 16
@@ -362,7 +367,7 @@ def _batch_constrain(x, mesh):
     return _constrain(x, mesh, lambda m, a: batch_sharding(m, a.ndim, a.shape[0]))
 
 
-def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, prompt_tokens, prompt_mask,
+def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_tokens, prompt_mask,
              src_rows, *, cache_len: int, chunk_tokens: int | None = None):
     """Prompts [Pp,Tp] -> (cache with Bp rows, logits [Bp,V] for the first new token).
 
@@ -373,23 +378,23 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, promp
 
     The prompts run against a cache of their own Tp slots, padded to `cache_len` afterwards:
     attending over the empty completion slots too made the prefill attention 3x larger at
-    128 new tokens for nothing (they are masked out). On a single CPU device a long prefill
-    runs in row chunks, one after the other (`_prefill_chunks`; `chunk_tokens` overrides
+    128 new tokens for nothing (they are masked out). A long prefill
+    runs in row chunks with the feature-major engine, one after the other (`_prefill_chunks`; `chunk_tokens` overrides
     _PREFILL_CHUNK_TOKENS, for benchmarks).
 
-    With `per_layer` (the feature-major decode, which carries a buffer per layer) the
+    For the feature-major engine (whose decode carries a buffer per layer) the
     cache's k and v are lists of per-layer arrays ([Bp, K, D, S] / [Bp, K, S, D]): the pad
     writes each layer's buffer directly, where slicing a stacked cache apart at the start of
     decode (and stacking it again at its end) took ~3% of a 1-token sample at batch 64."""
     TRACE_COUNTS["prefill"] += 1
     num_prompts, tp = prompt_tokens.shape
-    chunks = _prefill_chunks(num_prompts, tp, mesh, chunk_tokens)
+    chunks = _prefill_chunks(num_prompts, tp, engine, chunk_tokens)
     if chunks == 1:
         last, cache = _prompt_forward(cfg, mesh, params, prompt_tokens, prompt_mask)
     else:
         rows = -(-num_prompts // chunks)
         split = lambda x: jnp.pad(x, ((0, chunks * rows - num_prompts), (0, 0))).reshape(chunks, rows, tp)
-        last, cache = jax.lax.map(lambda a: _prompt_forward(cfg, mesh, params, *a),
+        last, cache = loops.map(lambda a: _prompt_forward(cfg, mesh, params, *a),
                                   (split(prompt_tokens), split(prompt_mask)))
         # [chunks, layers, rows, ...] -> [layers, chunks * rows, ...], without the padding rows
         join = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], chunks * rows, *x.shape[3:])[:, :num_prompts]
@@ -402,7 +407,7 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, promp
         widths[axis] = (0, cache_len - tp)
         return jnp.pad(x, widths)
 
-    if per_layer:
+    if engine == "feature_major":
         layers = range(cfg.num_layers)
         k, v = [pad(cache.k[i], -1) for i in layers], [pad(cache.v[i], -2) for i in layers]
     else:
@@ -414,18 +419,18 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, per_layer: bool, params, promp
     return _constrain(cache, mesh, cache_sharding), _batch_constrain(logits, mesh)
 
 
-# SmolLM2-135M's prefill of 64 prompts x 64 tokens ran 3-4% slower per token in one pass than
-# in chunks of 1024-2048 tokens, where 32 x 64 gained nothing from chunks (2-core AMD EPYC,
-# 2026-11-24, benchmarks/NOTES.md; `python benchmarks/bench_layouts.py` times both on a new CPU).
+# Prefill chunk size of the feature-major engine (one CPU device): XLA's CPU backend ran a
+# long prefill slower in one pass than in row chunks of this many tokens (benchmarks/NOTES.md,
+# "Prefill chunks"; `python benchmarks/bench_layouts.py` times both).
 _PREFILL_CHUNK_TOKENS = 2048
 
 
-def _prefill_chunks(num_prompts: int, tp: int, mesh: Mesh | None, chunk_tokens: int | None = None) -> int:
+def _prefill_chunks(num_prompts: int, tp: int, engine: str, chunk_tokens: int | None = None) -> int:
     """How many row chunks the prefill of num_prompts x tp tokens runs in, one after the other:
-    one on meshes and accelerators (their matmuls gain from size); on a single CPU device
-    enough that a chunk holds at most chunk_tokens (default _PREFILL_CHUNK_TOKENS) tokens, or
-    one row."""
-    if mesh is not None or jax.default_backend() != "cpu":
+    one except for the feature-major engine (one CPU device), where a chunk holds at most
+    chunk_tokens (default _PREFILL_CHUNK_TOKENS) tokens, or one row; meshes and accelerators
+    gain from large matmuls."""
+    if engine != "feature_major":
         return 1
     rows = max(1, (_PREFILL_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens) // tp)
     return -(-num_prompts // rows)
@@ -504,36 +509,62 @@ def decode_windows(prompt_slots: int, num_cols: int) -> tuple[int, ...]:
     return tuple(prompt_slots + num_cols * (i + 1) // phases for i in range(phases))
 
 
-def _resize_slots(buffers: tuple, slots: int) -> tuple:
-    """The feature-major decode's cache buffers (ks [B,K,D,S], vs [B,K,S,D], mask [B,S],
-    index) with S padded by empty slots to `slots`."""
-    ks, vs, mask, index = buffers
+def _resize_slots(cache: model_lib.KVCache, slots: int) -> model_lib.KVCache:
+    """The feature-major decode's per-layer cache (k [B,K,D,S], v [B,K,S,D] per layer, mask
+    [B,S]) with S padded by empty slots to `slots`."""
     grow = lambda x, axis: jnp.pad(x, [(0, slots - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
-    return ([grow(k, 3) for k in ks], [grow(v, 2) for v in vs], grow(mask, 1), index)
+    return cache.replace(k=[grow(k, 3) for k in cache.k], v=[grow(v, 2) for v in cache.v],
+                         mask=grow(cache.mask, 1))
 
 
-def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, feature_major: bool,
+@flax.struct.dataclass
+class _DecodeState:
+    """The decode loop's carry: B rows, Tc = num_cols completion columns."""
+
+    step: jax.Array  # [] int32: the column the next iteration samples
+    cache: model_lib.KVCache  # the engine's cache (`_engine_cache`)
+    last: jax.Array  # [B] int32: the token sampled last (the next step's input)
+    last_real: jax.Array  # [B] bool: that token is a real one (not a done row's pad)
+    done: jax.Array  # [B] bool: stop token seen (or a dummy row)
+    tokens: jax.Array  # [B, Tc] int32
+    mask: jax.Array  # [B, Tc] bool
+    logps: jax.Array  # [B, Tc] float32
+    finished: jax.Array  # [B] bool: stopped on a stop token
+
+
+def _engine_cache(engine: str, cache: model_lib.KVCache, num_layers: int) -> model_lib.KVCache:
+    """The prefill's cache as the engine carries it: per-layer lists of k and v for
+    `unrolled` (so a step writes one slot of one layer's buffer, never the stack) and
+    `feature_major` (the prefill makes them per layer already), stacked for `scan`."""
+    if engine == "unrolled":
+        return cache.replace(k=_unstack(cache.k, num_layers), v=_unstack(cache.v, num_layers))
+    return cache
+
+
+def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
             params, cache, logits0, prompt_lens, row_ids, row_valid, key, temperature, top_k,
             top_p, max_new_tokens, stop_mask, pad_id, *, num_cols: int,
-            windows: tuple[int, ...] | None = None):
+            windows: tuple[int, ...] | None = None, cost_steps: int | None = None):
     """Sample up to max_new_tokens (<= num_cols) tokens per row; stop when all rows are done.
 
-    `windows` (feature-major only): the cache slots of each decode phase (`decode_windows`),
-    the cache coming from the prefill with the first window's slots; None: one phase over
-    the cache as it comes.
+    One step per loop iteration, by `engine` (`resolve_engine`):
+    * `scan`: the model's forward (`forward_hidden`), its layers a `lax.scan` over the
+      stacked weights and cache;
+    * `unrolled`: the same forward with the layers written out, the weights and cache
+      carried per layer and restacked inside the step: XLA folds each layer's
+      slice(stack(...)) back to the buffer itself, so a step neither copies a layer's
+      weights out of the stack nor rewrites the whole cache (one in-place slot write per
+      layer). The optimization barrier keeps XLA from hoisting the loop-invariant weight
+      stack out of the loop, which would bring the copies back;
+    * `feature_major` (one CPU device): `feature_major.step`, with `params` from
+      `_feature_major_weights(cfg, params)` and the cache per layer from the prefill.
+
+    `windows` (feature_major): the cache slots of each decode phase (`decode_windows`), the
+    cache coming from the prefill with the first window's slots; None: one phase over the
+    cache as it comes. `cost_steps` (static; the cost count of `grpo_jax.aot` only): run
+    exactly that many steps, written out, in place of the loop.
 
     Returns (tokens, mask, logprobs [Bp,num_cols], finished [Bp], steps, cache).
-
-    With `unroll`, the loop carries the weights and the cache as per-layer buffers and
-    restacks them for `forward_hidden` inside the body: XLA folds each layer's
-    slice(stack(...)) back to the buffer itself, so a step neither copies a layer's weights
-    out of the stacked [layers, ...] arrays nor rewrites the whole cache (the cache update
-    becomes one in-place slot write per layer). The optimization barrier keeps XLA from
-    hoisting the (loop-invariant) weight stack out of the loop, which would bring the
-    copies back. On a 2-core CPU this halves the time of a SmolLM2-135M decode step.
-    With `feature_major` (a single CPU device, see `programs`) the step is
-    `feature_major.step` instead, `params` are `_feature_major_weights(cfg, params)`, and
-    the cache comes per layer from the prefill and is returned so.
     """
     TRACE_COUNTS["decode"] += 1
     bsz = logits0.shape[0]
@@ -541,134 +572,156 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, unroll: bool, filtered: bool, f
     pick = functools.partial(_next_token, temperature=temperature, top_k=top_k, top_p=top_p,
                              filtered=filtered)
 
-    def emit(step, logits, done, tokens, mask, logps, finished):
-        """Sample column `step` for the rows still running (done rows emit pad)."""
+    def emit(state: _DecodeState, logits) -> _DecodeState:
+        """Sample column `state.step` for the rows still running (done rows emit pad)."""
+        step = state.step
         token, logp = pick(logits, _uniforms(key, step, row_ids))
-        active = ~done
+        active = ~state.done
         token = jnp.where(active, token, pad_id)
         logp = jnp.where(active, logp, 0.0)
         stop = active & stop_mask[token]
-        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, step))
-        mask = jax.lax.dynamic_update_slice(mask, active[:, None], (0, step))
-        logps = jax.lax.dynamic_update_slice(logps, logp[:, None], (0, step))
-        return token, active, done | stop, tokens, mask, logps, finished | stop
+        put = lambda buf, col: jax.lax.dynamic_update_slice(buf, col[:, None], (0, step))
+        return state.replace(step=step + 1, last=token, last_real=active, done=state.done | stop,
+                             tokens=put(state.tokens, token), mask=put(state.mask, active),
+                             logps=put(state.logps, logp), finished=state.finished | stop)
 
-    if feature_major:  # the prefill made the cache per layer
-        pack = lambda c: (c.k, c.v, c.mask, c.index)
-        unpack = lambda ks, vs, m, i: model_lib.KVCache(k=list(ks), v=list(vs), mask=m, index=i)
-    elif unroll:
-        pack = lambda c: (_unstack(c.k, num_layers), _unstack(c.v, num_layers), c.mask, c.index)
-        unpack = lambda ks, vs, m, i: model_lib.KVCache(k=_stack(ks), v=_stack(vs), mask=m, index=i)
+    if engine == "unrolled":
         layer_params = _unstack(params["layers"], num_layers)
         step_params = lambda: dict(params, layers=_stack(jax.lax.optimization_barrier(layer_params)))
     else:
-        pack = lambda c: (c,)
-        unpack = lambda c: c
         step_params = lambda: params
-    num_cache = len(pack(cache))
 
     # RoPE tables of every step's position, made once ([Bp, num_cols, 1, D/2] each).
     tables = model_lib.rope_tables(prompt_lens[:, None] + jnp.arange(num_cols), cfg.head_dim,
                                    cfg.rope_theta, cfg.rope_scaling_factor)
-    tokens = _batch_constrain(jnp.full((bsz, num_cols), pad_id, jnp.int32), mesh)
-    mask = _batch_constrain(jnp.zeros((bsz, num_cols), bool), mesh)
-    logps = _batch_constrain(jnp.zeros((bsz, num_cols), jnp.float32), mesh)
-    finished = jnp.zeros((bsz,), bool)
-    state = emit(0, logits0.T, ~row_valid, tokens, mask, logps, finished)
-    # carry = (step, *cache buffers, last token, last token real, done, tokens, mask, logps, finished)
-    carry = (jnp.ones((), jnp.int32),) + pack(cache) + state
+    state = _DecodeState(
+        step=jnp.zeros((), jnp.int32), cache=_engine_cache(engine, cache, num_layers),
+        last=jnp.zeros((bsz,), jnp.int32), last_real=jnp.zeros((bsz,), bool), done=~row_valid,
+        tokens=_batch_constrain(jnp.full((bsz, num_cols), pad_id, jnp.int32), mesh),
+        mask=_batch_constrain(jnp.zeros((bsz, num_cols), bool), mesh),
+        logps=_batch_constrain(jnp.zeros((bsz, num_cols), jnp.float32), mesh),
+        finished=jnp.zeros((bsz,), bool))
+    state = emit(state, logits0.T)
 
     windows = windows or (cache.mask.shape[1],)
     tp = windows[-1] - num_cols
 
-    def cond(window, c):
+    def cond(window, s: _DecodeState):
         # Step `step` writes slot tp + step - 1, which must lie inside the phase's window.
-        step, done = c[0], c[num_cache + 3]
-        return (step < max_new_tokens) & ~jnp.all(done) & (step < window - tp + 1)
+        return (s.step < max_new_tokens) & ~jnp.all(s.done) & (s.step < window - tp + 1)
 
-    def body(c):
-        step, buffers = c[0], c[1:1 + num_cache]
-        last, last_real, done, tokens, mask, logps, finished = c[1 + num_cache:]
-        rope_cs = tuple(jax.lax.dynamic_slice_in_dim(t, step - 1, 1, axis=1) for t in tables)
-        if feature_major:  # works on the per-layer buffers themselves
-            ks, vs, cache_mask, index = buffers
-            logits, ks, vs, cache_mask = feature_major_lib.step(cfg, params, ks, vs, cache_mask, index,
-                                                                last, last_real, rope_cs)
-            buffers = (ks, vs, cache_mask, index + 1)
+    def body(s: _DecodeState) -> _DecodeState:
+        rope_cs = tuple(jax.lax.dynamic_slice_in_dim(t, s.step - 1, 1, axis=1) for t in tables)
+        c = s.cache
+        if engine == "feature_major":
+            logits, ks, vs, cache_mask = feature_major_lib.step(cfg, params, c.k, c.v, c.mask, c.index,
+                                                                s.last, s.last_real, rope_cs)
+            c = model_lib.KVCache(k=ks, v=vs, mask=cache_mask, index=c.index + 1)
         else:
+            if engine == "unrolled":
+                c = c.replace(k=_stack(c.k), v=_stack(c.v))
             # Token `step-1` (slot Tp+step-1) sits at position n + step - 1 (default_positions).
-            positions = (prompt_lens + step - 1)[:, None]
-            hidden, cache = model_lib.forward_hidden(cfg, step_params(), last[:, None], last_real[:, None],
-                                                     positions, cache=unpack(*buffers), unroll=unroll,
-                                                     rope_cs=rope_cs)
-            buffers = pack(_constrain(cache, mesh, cache_sharding))
+            positions = (prompt_lens + s.step - 1)[:, None]
+            hidden, c = model_lib.forward_hidden(cfg, step_params(), s.last[:, None], s.last_real[:, None],
+                                                 positions, cache=c, unroll=engine == "unrolled",
+                                                 rope_cs=rope_cs)
+            c = _engine_cache(engine, _constrain(c, mesh, cache_sharding), num_layers)
             logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0]).T  # [V, B]
-        return (step + 1,) + tuple(buffers) + emit(step, logits, done, tokens, mask, logps, finished)
+        return emit(s.replace(cache=c), logits)
 
-    for window in windows:
-        if feature_major:
-            # The cache grows to the phase's window between phases (one copy each), never
-            # inside one: XLA copies a slice of it that a step reads, at every step.
-            carry = carry[:1] + _resize_slots(carry[1:1 + num_cache], window) + carry[1 + num_cache:]
-        carry = jax.lax.while_loop(functools.partial(cond, window), body, carry)
-    out = carry
-    steps, cache = out[0], unpack(*out[1:1 + num_cache])
-    tokens, mask, logps, finished = out[-4:]
-    return tokens, mask, logps, finished, steps, cache
+    if cost_steps is not None:
+        for _ in range(cost_steps):
+            state = body(state)
+    else:
+        for window in windows:
+            if engine == "feature_major":
+                # The cache grows to the phase's window between phases (one copy each), never
+                # inside one: XLA copies a slice of it that a step reads, at every step.
+                state = state.replace(cache=_resize_slots(state.cache, window))
+            state = jax.lax.while_loop(functools.partial(cond, window), body, state)
+    cache = state.cache
+    if engine == "unrolled":
+        cache = cache.replace(k=_stack(cache.k), v=_stack(cache.v))
+    return state.tokens, state.mask, state.logps, state.finished, state.step, cache
 
 
 class _OnMesh:
     """A jitted program that is traced, lowered and run on its mesh (``sharding.on_mesh``), so
     the model's activation constraints apply; the mesh is entered outside the trace, as jax
-    requires."""
+    requires. ``unrolled``: traced inside ``loops.unrolled()`` (the cost twin of ``aot``)."""
 
-    def __init__(self, jitted: Any, mesh: Mesh | None):
-        self.jitted, self.mesh = jitted, mesh
+    def __init__(self, jitted: Any, mesh: Mesh | None, unrolled: bool = False):
+        self.jitted, self.mesh, self.unrolled = jitted, mesh, unrolled
+
+    def _context(self):
+        stack = contextlib.ExitStack()
+        stack.enter_context(on_mesh(self.mesh))
+        if self.unrolled:
+            stack.enter_context(loops.unrolled())
+        return stack
 
     def __call__(self, *args, **kwargs):
-        with on_mesh(self.mesh):
+        with self._context():
             return self.jitted(*args, **kwargs)
 
     def lower(self, *args, **kwargs):
-        with on_mesh(self.mesh):
+        with self._context():
             return self.jitted.lower(*args, **kwargs)
 
     def eval_shape(self, *args, **kwargs):
-        with on_mesh(self.mesh):
+        with self._context():
             return jax.eval_shape(functools.partial(self.jitted, **kwargs), *args)
 
 
 @functools.lru_cache(maxsize=32)
-def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, *static) -> _OnMesh:
-    """One jit object per (kind, model shape, mesh, compile-time settings); jax's own cache
-    then keys on array shapes."""
+def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static, unrolled: bool = False) -> _OnMesh:
+    """One jit object per (kind, model shape, mesh, engine, compile-time settings); jax's own
+    cache then keys on array shapes. ``unrolled`` programs are separate jit objects, so their
+    traces never mix with the run's."""
     if kind == "prefill":
-        jitted = jax.jit(functools.partial(_prefill, cfg, mesh, *static), static_argnames=("cache_len", "chunk_tokens"))
+        jitted = jax.jit(functools.partial(_prefill, cfg, mesh, engine), static_argnames=("cache_len", "chunk_tokens"))
     else:
-        feature_major = static[2]  # (unroll, filtered, feature_major)
         # The cache is donated so that the loop updates it in place; the feature-major decode
         # grows it between phases instead, so its output cache is not the input's shape.
-        jitted = jax.jit(functools.partial(_decode, cfg, mesh, *static), static_argnames=("num_cols", "windows"),
-                         donate_argnums=() if feature_major else (1,))
-    return _OnMesh(jitted, mesh)
+        jitted = jax.jit(functools.partial(_decode, cfg, mesh, engine, *static),
+                         static_argnames=("num_cols", "windows", "cost_steps"),
+                         donate_argnums=() if engine == "feature_major" else (1,))
+    return _OnMesh(jitted, mesh, unrolled)
 
 
-def programs(cfg: ModelConfig, mesh: Mesh | None, *, unroll: bool = True,
-             filtered: bool = False) -> tuple[_OnMesh, _OnMesh]:
-    """(prefill, decode): the sampler's two jitted programs for a model on a mesh (``filtered``:
-    top-k / top-p on), for callers that lower them without running (``grpo_jax.aot``).
+def resolve_engine(engine: str, mesh: Mesh | None) -> str:
+    """The decode engine that runs for ``rl.decode = engine`` on the sampling ``mesh`` (None:
+    one device). ``auto``: ``feature_major`` on one CPU device (the layouts XLA's CPU dots
+    are fastest in), ``unrolled`` on a CPU mesh, ``scan`` on accelerators (the layer loop
+    compiles once, as MaxText's ``scan_layers``). ValueError for ``feature_major`` on a mesh
+    or an accelerator, where it has no sharding."""
+    if engine not in DECODE_ENGINES:
+        raise ValueError(f"decode engine {engine!r} is not one of {list(DECODE_ENGINES)}")
+    platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+    if engine == "auto":
+        if platform != "cpu":
+            return "scan"
+        return "feature_major" if mesh is None else "unrolled"
+    if engine == "feature_major" and (mesh is not None or platform != "cpu"):
+        where = f"a mesh of {mesh.size} devices" if mesh is not None else f"a {platform} device"
+        raise ValueError(f"rl.decode=feature_major runs on one CPU device; this sampler has {where}: "
+                         "use rl.decode=scan or unrolled")
+    return engine
+
+
+def programs(cfg: ModelConfig, mesh: Mesh | None, *, engine: str, filtered: bool,
+             unrolled: bool = False) -> tuple[_OnMesh, _OnMesh]:
+    """(prefill, decode): the sampler's two jitted programs for a model on a mesh with a
+    resolved decode ``engine`` (``resolve_engine``), ``filtered``: top-k / top-p on. The
+    sampler runs these; ``grpo_jax.aot`` lowers the same ones (``unrolled``: its cost twin).
     Forward only: remat changes training, not sampling, so every remat policy shares them.
-    Unrolled on a single CPU device, decode runs `feature_major.step` (the layouts XLA's
-    CPU dots are fastest in) and takes `_feature_major_weights(cfg, params)` instead of
-    the params and a per-layer cache from the prefill; elsewhere the model's own forward."""
+    The feature-major decode takes `_feature_major_weights(cfg, params)` instead of the
+    params and a per-layer cache from the prefill."""
+    if engine not in DECODE_ENGINES[1:]:
+        raise ValueError(f"programs needs a resolved decode engine (resolve_engine), got {engine!r}")
     forward_cfg = dataclasses.replace(cfg, remat="none")
-    feature_major = _feature_major(mesh, unroll)
-    return (_jitted("prefill", forward_cfg, mesh, feature_major),
-            _jitted("decode", forward_cfg, mesh, bool(unroll), bool(filtered), feature_major))
-
-
-def _feature_major(mesh: Mesh | None, unroll: bool) -> bool:
-    return bool(unroll) and mesh is None and jax.default_backend() == "cpu"
+    return (_jitted("prefill", forward_cfg, mesh, engine, unrolled=unrolled),
+            _jitted("decode", forward_cfg, mesh, engine, bool(filtered), unrolled=unrolled))
 
 
 class _HeldWeights:
@@ -738,26 +791,27 @@ def _copier(cfg: ModelConfig, mesh: Mesh | None, dtype: str):
 def sample(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key, group_size: int = 1,
            max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            stop_tokens: Sequence[int] = (), pad_id: int = 0, mesh: Mesh | None = None,
-           unroll: bool = True) -> Rollout:
+           engine: str = "auto") -> Rollout:
     """G = group_size completions for each prompt (token-id lists of any lengths).
 
     key: a jax PRNG key (typed or raw); temperature 0 = greedy; top_k 0 = off; top_p 1 = off;
     stop_tokens: ids that end a completion (kept in it); pad_id fills prompts and completions;
     mesh: shard over this mesh (default: the params' mesh, if they live on one);
-    unroll: unroll the layer loop in decode (faster on CPU; False = `lax.scan` over layers).
+    engine: the decode engine (`rl.decode`: auto, scan, unrolled, feature_major; see
+    `resolve_engine`, which turns auto into one of the others for the sampling mesh).
     Conventions (positions, temperature, randomness, padding): see the module docstring.
     """
     return sample_with_info(cfg, params, prompts, key=key, group_size=group_size,
                             max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh,
-                            unroll=unroll)[0]
+                            engine=engine)[0]
 
 
 def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key,
                      group_size: int = 1, max_new_tokens: int, temperature: float = 1.0,
                      top_k: int = 0, top_p: float = 1.0, stop_tokens: Sequence[int] = (),
                      pad_id: int = 0, mesh: Mesh | None = None,
-                     unroll: bool = True) -> tuple[Rollout, SampleInfo]:
+                     engine: str = "auto") -> tuple[Rollout, SampleInfo]:
     """`sample`, plus a `SampleInfo` describing the shapes used and the decode steps run."""
     prompts = _validate(cfg, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_k=top_k, top_p=top_p,
@@ -766,14 +820,15 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     return _sample_call(cfg, params, prompts, key=key, group_size=group_size,
                         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh,
-                        unroll=unroll, prompt_bucket=bucket_length(max(len(p) for p in prompts)))
+                        engine=resolve_engine(engine, mesh),
+                        prompt_bucket=bucket_length(max(len(p) for p in prompts)))
 
 
 def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key,
                    prompts_per_call: int = 0, group_size: int = 1, max_new_tokens: int,
                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                    stop_tokens: Sequence[int] = (), pad_id: int = 0, mesh: Mesh | None = None,
-                   unroll: bool = True) -> Rollout:
+                   engine: str = "auto") -> Rollout:
     """`sample`'s Rollout as host numpy arrays (on every process), sampled
     `prompts_per_call` prompts at a time (0 = all in one call).
 
@@ -789,6 +844,7 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *
     if not isinstance(prompts_per_call, (int, np.integer)) or prompts_per_call < 0:
         raise ValueError(f"prompts_per_call must be an int >= 0 (0 = one call), got {prompts_per_call!r}")
     mesh = _sampling_mesh(params, mesh)
+    engine = resolve_engine(engine, mesh)
     per_call = prompts_per_call or len(prompts)
     tp = bucket_length(max(len(p) for p in prompts))
     parts = []
@@ -796,7 +852,7 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *
         rollout, _ = _sample_call(cfg, params, prompts[start:start + per_call], key=key,
                                   group_size=group_size, max_new_tokens=max_new_tokens,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
-                                  stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh, unroll=unroll,
+                                  stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh, engine=engine,
                                   prompt_bucket=tp, row_offset=start * group_size)
         parts.append(jax.tree.map(to_host, rollout))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
@@ -810,7 +866,7 @@ def _sampling_mesh(params, mesh: Mesh | None) -> Mesh | None:
 
 def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, group_size: int,
                  max_new_tokens: int, temperature: float, top_k: int, top_p: float,
-                 stop_tokens: Sequence[int], pad_id: int, mesh: Mesh | None, unroll: bool,
+                 stop_tokens: Sequence[int], pad_id: int, mesh: Mesh | None, engine: str,
                  prompt_bucket: int, row_offset: int = 0) -> tuple[Rollout, SampleInfo]:
     """One prefill + decode for validated prompts, left-padded to `prompt_bucket`; sample
     row r draws its randomness as row `row_offset + r`."""
@@ -830,9 +886,9 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
 
     # -- device: prefill once per prompt, then the decode loop
     tp, tc = host.prompt_tokens.shape[1], host.completion_bucket
-    prefill, decode = programs(cfg, mesh, unroll=unroll, filtered=top_k > 0 or top_p < 1.0)
+    prefill, decode = programs(cfg, mesh, engine=engine, filtered=top_k > 0 or top_p < 1.0)
     shared = src_rows if group_size > 1 else None
-    feature_major = _feature_major(mesh, unroll)
+    feature_major = engine == "feature_major"
     windows = decode_windows(tp, tc) if feature_major else (tp + tc,)
     cache, logits0 = prefill(params, *prompt_arrays, shared, cache_len=windows[0])
     decode_params = _feature_major_weights(cfg, params) if feature_major else params

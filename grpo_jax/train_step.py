@@ -41,7 +41,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from grpo_jax import losses
+from grpo_jax import loops, losses
 from grpo_jax import model as model_lib
 from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorithm,
                                  split_micro_batches)
@@ -198,7 +198,7 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
             return (jax.tree.map(jnp.add, a_grads, grads), a_num + num, a_den + den,
                     _combine(a_metrics, metrics)), None
 
-        acc, _ = jax.lax.scan(body, zeros, micro)
+        acc, _ = loops.scan(body, zeros, micro)
         return acc
 
     def apply(tx_, params, opt_state, grads, ok):
@@ -228,7 +228,7 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
         if rl.num_updates == 1:
             carry, metrics = update(carry, batch, extras, hp)
         else:
-            carry, per_update = jax.lax.scan(lambda c, _: update(c, batch, extras, hp), carry,
+            carry, per_update = loops.scan(lambda c, _: update(c, batch, extras, hp), carry,
                                              None, length=rl.num_updates)
             metrics = {k: v[0] if k in MAX_METRICS else jnp.mean(v) for k, v in per_update.items()}
         params, opt_state, value_params, value_opt_state = carry

@@ -92,18 +92,18 @@ def test_decode_weights_are_the_parameters_transposed():
     assert feature_major.decode_weights(TINY, tied)["unembedding"] is tied["embedding"]
 
 
-def test_sampler_uses_it_only_unrolled_on_one_cpu_device(monkeypatch):
-    """Traced by the default (unrolled) single-device sampler on this CPU, not by the rolled
-    layer loop, which runs the model's own forward; both draw the same tokens."""
+def test_sampler_uses_it_only_as_the_feature_major_engine(monkeypatch):
+    """Traced by the feature_major engine (what auto resolves to on one CPU device), not by
+    the scan engine, which runs the model's own forward; both draw the same tokens."""
     cfg = dataclasses.replace(TINY, vocab_size=89)  # a config no other test has compiled
     calls = []
     real_step = feature_major.step
     monkeypatch.setattr(feature_major, "step", lambda *a: calls.append(1) or real_step(*a))
     params = model.init_params(cfg, jax.random.key(4))
     kw = dict(key=jax.random.key(5), group_size=2, max_new_tokens=5, temperature=1.0)
-    rolled = sampling.sample(cfg, params, [[3, 4, 5]], unroll=False, **kw)
+    rolled = sampling.sample(cfg, params, [[3, 4, 5]], engine="scan", **kw)
     assert not calls
-    unrolled = sampling.sample(cfg, params, [[3, 4, 5]], unroll=True, **kw)
+    unrolled = sampling.sample(cfg, params, [[3, 4, 5]], engine="auto", **kw)
     assert calls
     np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(unrolled.tokens))
 
@@ -130,8 +130,8 @@ def test_phased_decode_draws_what_one_phase_over_the_whole_cache_draws(stops):
     params = model.init_params(cfg, jax.random.key(6))
     prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16]]
     kw = dict(key=jax.random.key(7), group_size=2, max_new_tokens=100, temperature=1.0, stop_tokens=stops)
-    rolled, info = sampling.sample_with_info(cfg, params, prompts, unroll=False, **kw)
-    phased, phased_info = sampling.sample_with_info(cfg, params, prompts, unroll=True, **kw)
+    rolled, info = sampling.sample_with_info(cfg, params, prompts, engine="scan", **kw)
+    phased, phased_info = sampling.sample_with_info(cfg, params, prompts, engine="feature_major", **kw)
     assert info.completion_bucket == 128
     windows = sampling.decode_windows(info.prompt_bucket, info.completion_bucket)
     assert len(windows) == 4

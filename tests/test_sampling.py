@@ -288,9 +288,10 @@ def test_calls_of_one_prompt_equal_one_call(params):
         sampling.sample_to_host(CFG, params, PROMPTS, prompts_per_call=-1, **kw)
 
 
-def test_rolled_layers_equal_unrolled(params):
-    a = _sample(params, temperature=1.0, unroll=True)
-    b = _sample(params, temperature=1.0, unroll=False)
+@pytest.mark.parametrize("engine", ["unrolled", "feature_major"])
+def test_every_decode_engine_draws_what_the_scan_engine_draws(params, engine):
+    a = _sample(params, temperature=1.0, engine=engine)
+    b = _sample(params, temperature=1.0, engine="scan")
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
 
@@ -321,7 +322,7 @@ def test_prefill_moves_no_cache_between_devices():
     mesh = mesh_from_shape((8, 1, 1))
     p8 = model.init_params(CFG, jax.random.key(0), mesh)
     host = sampling._host_batch([[1, 2, 3], [4, 5]], 16, 16, 0, mesh, 16)
-    prefill, _ = sampling.programs(CFG, mesh)
+    prefill, _ = sampling.programs(CFG, mesh, engine="unrolled", filtered=False)
     put = lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim, x.shape[0]))
     lowered = prefill.lower(p8, put(host.prompt_tokens), put(host.prompt_mask), put(host.src_rows),
                             cache_len=32)
@@ -398,11 +399,13 @@ def test_bad_input_raises_clear_errors(params, prompts, kwargs, error, match):
 
 def test_prefill_chunks_hold_at_most_the_chunk_tokens():
     tokens = sampling._PREFILL_CHUNK_TOKENS
-    assert sampling._prefill_chunks(64, 64, None) == -(-64 * 64 // tokens) > 1
-    assert sampling._prefill_chunks(3, tokens, None) == 3  # one row each
-    assert sampling._prefill_chunks(3, 2 * tokens, None) == 3  # a row is never split
-    assert sampling._prefill_chunks(tokens // 16, 16, None) == 1
-    assert sampling._prefill_chunks(64, 64, mesh_from_shape((1, 1, 1))) == 1  # meshes: one
+    fm = "feature_major"
+    assert sampling._prefill_chunks(64, 64, fm) == -(-64 * 64 // tokens) > 1
+    assert sampling._prefill_chunks(3, tokens, fm) == 3  # one row each
+    assert sampling._prefill_chunks(3, 2 * tokens, fm) == 3  # a row is never split
+    assert sampling._prefill_chunks(tokens // 16, 16, fm) == 1
+    for engine in ("scan", "unrolled"):  # the model's forward: one pass
+        assert sampling._prefill_chunks(64, 64, engine) == 1
 
 
 def test_prefill_in_row_chunks_equals_one_pass(params, monkeypatch):
@@ -414,7 +417,7 @@ def test_prefill_in_row_chunks_equals_one_pass(params, monkeypatch):
     try:
         chunked, info = sampling.sample_with_info(CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
                                                   max_new_tokens=12, temperature=1.0)
-        assert info.prompt_bucket == 16 and sampling._prefill_chunks(3, 16, None) == 2
+        assert info.prompt_bucket == 16 and sampling._prefill_chunks(3, 16, "feature_major") == 2
     finally:
         sampling._jitted.cache_clear()
     for name in ("prompt_tokens", "tokens", "mask", "finished"):
@@ -427,9 +430,9 @@ def test_per_layer_prefill_cache_equals_the_stacked_one(params):
     holds what the stacked cache holds, row copies of the shared prefill included."""
     host = sampling._host_batch(PROMPTS, G, 12, 0, None, 16, 0)
     args = (params, host.prompt_tokens, host.prompt_mask, host.src_rows)
-    run = lambda per_layer: jax.jit(functools.partial(sampling._prefill, CFG, None, per_layer),
+    run = lambda engine: jax.jit(functools.partial(sampling._prefill, CFG, None, engine),
                                     static_argnames="cache_len")(*args, cache_len=32)
-    (stacked, logits), (layers, logits_pl) = run(False), run(True)
+    (stacked, logits), (layers, logits_pl) = run("scan"), run("feature_major")
     assert isinstance(layers.k, list) and len(layers.k) == len(layers.v) == CFG.num_layers
     for i in range(CFG.num_layers):
         np.testing.assert_array_equal(np.asarray(layers.k[i]), np.asarray(stacked.k[i]))

@@ -133,7 +133,7 @@ def test_sampler_is_traced_on_its_mesh(reference):
     ref = sampling.sample(CFG, params, [[1, 2, 3]] * 4, key=jax.random.key(0), group_size=2,
                           max_new_tokens=4, temperature=0.0)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-    prefill, _ = sampling.programs(CFG, mesh)
+    prefill, _ = sampling.programs(CFG, mesh, engine="unrolled", filtered=False)
     assert "sdy.sharding_constraint" in prefill.lower(
         sharded, *[sharding.shard_batch(x, mesh) for x in (np.ones((8, 4), np.int32), np.ones((8, 4), bool))],
         None, cache_len=8).as_text()
