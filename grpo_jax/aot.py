@@ -20,13 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
+from grpo_jax import loops, programs
 from grpo_jax import model as model_lib
 from grpo_jax import train_step as ts
-from grpo_jax.algorithms import RLHParams, get_algorithm
+from grpo_jax.algorithms import get_algorithm
 from grpo_jax.config import Config
 from grpo_jax.batching import Batch
-from grpo_jax.optimizer import make_optimizer, value_optimizer_config
-from grpo_jax.sharding import batch_sharding, make_mesh, make_sample_mesh, on_mesh, replicated
+from grpo_jax.sharding import batch_sharding, make_mesh, replicated
 from grpo_jax.slices import get_slice
 from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of
 
@@ -90,22 +90,18 @@ def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh) -> Bat
 
 
 def train_state(cfg: Config, mesh):
-    """(TrainStep, abstract TrainState): the train step as a run builds it and its state as
-    ShapeDtypeStructs sharded like a real run's (policy, optimizer, reference, value model)."""
-    tx, _ = make_optimizer(cfg.optimizer, cfg.run.steps, updates_per_step=cfg.rl.num_updates)
-    value_tx = None
-    if get_algorithm(cfg.rl.algorithm).needs_value_model:
-        value_tx, _ = make_optimizer(value_optimizer_config(cfg.optimizer), cfg.run.steps,
-                                     updates_per_step=cfg.rl.num_updates)
-    step = ts.make_train_step(cfg, tx, mesh, value_tx=value_tx)
+    """(TrainStep, abstract TrainState): the run's train step (``programs.train_step``) and
+    its state as ShapeDtypeStructs sharded like a real run's (policy, optimizer, reference,
+    value model)."""
+    step = programs.train_step(cfg, mesh)
     params = model_lib.param_shapes(cfg.model)
     shapes = ts.TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-        opt_state=jax.eval_shape(tx.init, params),
+        opt_state=jax.eval_shape(step.tx.init, params),
         ref_params=params if step.state_shardings.ref_params is not None else None)
-    if value_tx is not None:
+    if step.value_tx is not None:
         vparams = model_lib.param_shapes(cfg.model, value_head=True)
-        shapes = shapes.replace(value_params=vparams, value_opt_state=jax.eval_shape(value_tx.init, vparams))
+        shapes = shapes.replace(value_params=vparams, value_opt_state=jax.eval_shape(step.value_tx.init, vparams))
     return step, _abstract(shapes, step.state_shardings)
 
 
@@ -116,19 +112,16 @@ def bytes_per_chip(tree) -> int:
                for x in jax.tree.leaves(tree))
 
 
-def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
-    """(compiled train step, seconds) for a batch of ``rows`` x (prompt_len +
-    rl.max_new_tokens) tokens; the state is abstract and sharded like a real run's."""
+def lower_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
+    """The run's train step lowered for a batch of ``rows`` x (prompt_len +
+    rl.max_new_tokens) tokens, on abstract state and batch sharded like a real run's."""
     step, state = train_state(cfg, mesh)
-    batch = abstract_batch(rows, prompt_len, cfg.rl.max_new_tokens, mesh)
-    hp = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x),
-                                                     sharding=replicated(mesh)),
-                      RLHParams.from_config(cfg.rl))
-    jitted = jax.jit(step.fn, in_shardings=(step.state_shardings, step.batch_shardings(batch),
-                                            replicated(mesh)),
-                     out_shardings=(step.state_shardings, replicated(mesh)), donate_argnums=(0,))
-    with on_mesh(mesh):  # the model's activation constraints, as in a real run
-        return compile_lowered("train_step", jitted.lower(state, batch, hp))
+    return step.lower(state, abstract_batch(rows, prompt_len, cfg.rl.max_new_tokens, mesh))
+
+
+def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
+    """(compiled train step, seconds); see ``lower_train_step``."""
+    return compile_lowered("train_step", lower_train_step(cfg, mesh, rows, prompt_len))
 
 
 def memory(compiled) -> dict:
@@ -216,44 +209,73 @@ def check_fit(name: str, rep: dict) -> None:
 
 
 def sample_mesh(cfg: Config, slice_name: str):
-    """The sampler's mesh as the trainer builds it (``sharding.make_sample_mesh``): the
-    slice preset's ``sample_mesh`` (replicas x tensor), or the train mesh for a raw
-    topology name."""
+    """The sampler's mesh as the trainer builds it (``programs.sample_mesh``): the slice
+    preset's ``sample_mesh`` (replicas x tensor), or the train mesh for a raw topology."""
+    train, _ = topology_mesh(cfg, slice_name)
     if ":" in slice_name:
-        return topology_mesh(cfg, slice_name)[0]
-    preset = get_slice(slice_name)
-    return make_sample_mesh(dataclasses.replace(cfg.mesh, slice=preset.name),
-                            topology_devices(TOPOLOGIES[preset.name]))
+        return train
+    return programs.sample_mesh(dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, slice=get_slice(slice_name).name)), train)
 
 
-def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
-    """{"prefill": (compiled, s), "decode": (compiled, s)} for one sampler call of
-    ``prompts`` x ``group_size`` rows (padded to the mesh as the sampler pads them),
-    ``prompt_len`` prompt tokens and rl.max_new_tokens new ones, reading the
-    rl.sample_dtype copy of the policy (``sampling.sampling_copy``). FitError names the
-    program the compiler finds too big for HBM."""
+def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, *,
+                  unrolled: bool = False, cost_steps: int | None = None) -> dict:
+    """{"prefill" | "decode": (program, args, kwargs)}: the sampler's two programs
+    (``programs.sampler``) and abstract arguments shaped and sharded as ``sampling``'s
+    ``_sample_call`` passes them, for one call of ``prompts`` x ``group_size`` rows (padded
+    to the mesh as the sampler pads them), a prompt bucket of ``prompt_len`` and
+    rl.max_new_tokens new tokens, reading the rl.sample_dtype copy of the policy
+    (``sampling.sampling_copy``). ``mesh`` None: one device. ``unrolled`` / ``cost_steps``:
+    the cost twin (every loop written out, ``cost_steps`` decode steps)."""
     from grpo_jax import sampling
 
     m = cfg.model
-    prompts, rows = sampling.padded_rows(prompts, group_size, mesh)
+    smesh = programs.sampler_mesh(mesh)
+    engine = programs.decode_engine(cfg, smesh)
+    prefill, decode = programs.sampler(cfg, smesh, unrolled=unrolled)
+    num_prompts, rows = sampling.padded_rows(prompts, group_size, smesh)
     tc = sampling.bucket_length(cfg.rl.max_new_tokens)
+    feature_major = engine == "feature_major"
+    windows = sampling.decode_windows(prompt_len, tc) if feature_major and cost_steps is None else (prompt_len + tc,)
+
+    def sharded(shape, dtype, sharding):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=None if smesh is None else sharding(smesh))
+
+    bs = lambda shape, dt: sharded(shape, dt, lambda mm: batch_sharding(mm, len(shape), shape[0]))
+    rep = lambda shape, dt: sharded(shape, dt, replicated)
+    host = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)  # numpy scalars: no sharding
     params = jax.eval_shape(lambda p: sampling.sampling_copy(m, p, cfg.rl.sample_dtype), model_lib.param_shapes(m))
-    params = _abstract(params, model_lib.param_shardings(m, mesh))
-    bs = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sharding(mesh, len(shape), shape[0]))
-    rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))
-    prefill, decode = sampling.programs(m, mesh, unroll=False)
+    if smesh is not None:
+        params = _abstract(params, model_lib.param_shardings(m, smesh))
     shared = bs((rows,), jnp.int32) if group_size > 1 else None
-    args = (params, bs((prompts, prompt_len), jnp.int32), bs((prompts, prompt_len), bool), shared)
-    pre, pre_s = compile_lowered("sample_prefill", prefill.lower(*args, cache_len=prompt_len + tc))
-    cache, logits0 = prefill.eval_shape(*args, cache_len=prompt_len + tc)
-    cache = _abstract(cache, sampling.cache_sharding(mesh, cache))
-    logits0 = bs(logits0.shape, logits0.dtype)
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
-    dec, dec_s = compile_lowered("sample_decode", decode.lower(
-        params, cache, logits0, bs((rows,), jnp.int32), bs((rows,), jnp.int32), bs((rows,), bool), key,
-        rep((), jnp.float32), rep((), jnp.int32), rep((), jnp.float32), rep((), jnp.int32),
-        rep((m.vocab_size,), bool), rep((), jnp.int32), num_cols=tc))
-    return {"prefill": (pre, pre_s), "decode": (dec, dec_s)}
+    pre_args = (params, bs((num_prompts, prompt_len), jnp.int32), bs((num_prompts, prompt_len), bool), shared)
+    pre_kwargs = {"cache_len": windows[0]}
+    cache, logits0 = prefill.eval_shape(*pre_args, **pre_kwargs)
+    if smesh is not None:
+        cache = _abstract(cache, sampling.cache_sharding(smesh, cache))
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=None if smesh is None else replicated(smesh))
+    decode_params = jax.eval_shape(sampling._weights_program(m), params) if feature_major else params
+    dec_args = (decode_params, cache, bs(logits0.shape, logits0.dtype), bs((rows,), jnp.int32),
+                bs((rows,), jnp.int32), bs((rows,), bool), key, host((), np.float32), host((), np.int32),
+                host((), np.float32), host((), np.int32), rep((m.vocab_size,), bool), host((), np.int32))
+    dec_kwargs = {"num_cols": tc, "windows": windows}
+    if cost_steps is not None:
+        dec_kwargs["cost_steps"] = cost_steps
+    return {"prefill": (prefill, pre_args, pre_kwargs), "decode": (decode, dec_args, dec_kwargs)}
+
+
+def lower_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, **twin) -> dict:
+    """{"prefill": lowered, "decode": lowered}; see ``sampler_calls``."""
+    return {name: program.lower(*args, **kwargs)
+            for name, (program, args, kwargs) in sampler_calls(cfg, mesh, prompts, group_size, prompt_len,
+                                                               **twin).items()}
+
+
+def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
+    """{"prefill": (compiled, s), "decode": (compiled, s)}: the run's sampler programs for
+    one call (``sampler_calls``). FitError names the program the compiler finds too big."""
+    return {name: compile_lowered(f"sample_{name}", lowered)
+            for name, lowered in lower_sampler(cfg, mesh, prompts, group_size, prompt_len).items()}
 
 
 def compile_lowered(name: str, lowered) -> tuple[Any, float]:

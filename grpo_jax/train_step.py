@@ -294,17 +294,25 @@ class TrainStep:
         return (jax.device_put(state, self.state_shardings),
                 jax.device_put(batch, self.batch_shardings(batch)))
 
+    def hparams_shapes(self) -> RLHParams:
+        """``hparams()`` as ShapeDtypeStructs, for lowering without devices."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=replicated(self.mesh)),
+                            RLHParams.from_config(self.cfg.rl))
+
+    def lower(self, state: TrainState, batch: Batch):
+        """The step lowered for this state and batch (arrays, or ShapeDtypeStructs with
+        shardings: ``grpo_jax.aot`` lowers the same program without devices)."""
+        jitted = jax.jit(
+            self.fn, in_shardings=(self.state_shardings, self.batch_shardings(batch), replicated(self.mesh)),
+            out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
+        with on_mesh(self.mesh):  # the model's activation constraints (sharding.constrain)
+            return jitted.lower(state, batch, self.hparams_shapes())
+
     def compiled(self, state: TrainState, batch: Batch):
         """The compiled executable for this batch's shapes (compiling it the first time)."""
         key = tuple((np.shape(x), jnp.result_type(x).name) for x in jax.tree.leaves(batch))
         if key not in self._cache:
-            hp_sharding = replicated(self.mesh)
-            jitted = jax.jit(
-                self.fn, in_shardings=(self.state_shardings, self.batch_shardings(batch), hp_sharding),
-                out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
-            state, batch = self._place(state, batch)
-            with on_mesh(self.mesh):  # the model's activation constraints (sharding.constrain)
-                self._cache[key] = jitted.lower(state, batch, self.hparams()).compile()
+            self._cache[key] = self.lower(*self._place(state, batch)).compile()
         return self._cache[key]
 
     def with_config(self, cfg: Config) -> "TrainStep":

@@ -24,9 +24,8 @@ from typing import Sequence
 
 import jax
 import numpy as np
-import optax
 
-from grpo_jax import checkpointing, sampling
+from grpo_jax import checkpointing, programs, sampling
 from grpo_jax.sampling import sampling_copy
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
@@ -36,11 +35,11 @@ from grpo_jax.distributed import is_main_process
 from grpo_jax.evaluation import evaluate
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
-from grpo_jax.optimizer import make_optimizer, updates_applied, value_optimizer_config
-from grpo_jax.sharding import make_mesh, make_sample_mesh, replicated, shard_batch, to_global
+from grpo_jax.optimizer import updates_applied
+from grpo_jax.sharding import replicated, shard_batch, to_global
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, encode_prompt
-from grpo_jax.train_step import init_train_state, make_train_step
+from grpo_jax.train_step import init_train_state
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +61,13 @@ class Trainer:
                  progress: bool = True, resume: bool = True):
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
         self.algorithm = get_algorithm(cfg.rl.algorithm)
-        self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
+        self.mesh = mesh if mesh is not None else programs.train_mesh(cfg)
         # mesh.slice: sample on the slice's sampling mesh (a copy of the policy per replica)
-        self.sample_mesh = make_sample_mesh(cfg.mesh, self.mesh.devices.flat) if cfg.mesh.slice else self.mesh
+        self.sample_mesh = programs.sample_mesh(cfg, self.mesh)
+        self.decode_engine = programs.decode_engine(cfg, self.sample_mesh)
+        if is_main_process():
+            log.info("decode engine: %s (rl.decode=%s, sampling mesh %s)", self.decode_engine,
+                     cfg.rl.decode, dict(self.sample_mesh.shape))
         if reward_model is None and cfg.rl.reward_model:
             from grpo_jax.reward_models import RewardModel
 
@@ -78,17 +81,12 @@ class Trainer:
         if self.algorithm.data_source == "dataset" and sft_data is None:
             raise ValueError(f"algorithm {self.algorithm.name!r} trains on a dataset: pass sft_data")
         params = jax.device_put(params, param_shardings(cfg.model, self.mesh))
-        base_tx, self.lr_schedule = make_optimizer(cfg.optimizer, cfg.run.steps,
-                                                   updates_per_step=cfg.rl.num_updates)
-        # A non-finite gradient skips the update instead of corrupting the params.
-        tx = optax.apply_if_finite(base_tx, max_consecutive_errors=10**9)
-        value_params = value_tx = None
+        tx, value_tx, self.lr_schedule = programs.optimizers(cfg)
+        value_params = None
         if self.algorithm.needs_value_model:
             value_params = add_value_head(cfg.model, params, jax.random.key(cfg.run.seed + 1), self.mesh)
-            value_tx = optax.apply_if_finite(make_optimizer(
-                value_optimizer_config(cfg.optimizer), cfg.run.steps, updates_per_step=cfg.rl.num_updates)[0], 10**9)
         self.sft_params = params if self.algorithm.data_source.startswith("sft_policy") else None
-        self.step_fn = make_train_step(cfg, tx, self.mesh, value_tx=value_tx, group_size=self._group_size())
+        self.step_fn = programs.train_step(cfg, self.mesh)
         # On the mesh from the start, so a restored checkpoint lands in the same shards.
         self.state = jax.device_put(init_train_state(cfg, params, tx, value_params=value_params, value_tx=value_tx),
                                     self.step_fn.state_shardings)
@@ -113,10 +111,6 @@ class Trainer:
             log.info("resumed from step %d in %s", self.start_step, cfg.run.run_dir)
 
     # ------------------------------------------------------------------ helpers
-    def _group_size(self) -> int:
-        return 2 if self.algorithm.data_source == "sft_policy_pairs" else (
-            1 if self.algorithm.data_source == "dataset" else self.cfg.rl.group_size)
-
     def applied_lr(self, train_steps: int) -> float:
         """The rate of the last AdamW update applied in the first ``train_steps`` steps (0
         if gradient accumulation has not completed an update yet)."""
@@ -169,7 +163,7 @@ class Trainer:
             cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples],
             key=key, prompts_per_call=rl.sample_prompts, group_size=g, max_new_tokens=rl.max_new_tokens,
             temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
-            stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.sample_mesh)
+            stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.sample_mesh, engine=self.decode_engine)
         t_score = time.perf_counter()
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")

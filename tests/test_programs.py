@@ -1,0 +1,117 @@
+"""The programs a run executes are the ones the ahead-of-time check lowers (grpo_jax.programs)."""
+
+import dataclasses
+import zlib
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import aot, programs, sampling
+from grpo_jax import config as config_lib
+from grpo_jax.model import init_params
+from grpo_jax.tasks import Example, Task
+from grpo_jax.tokenizer import train_sentencepiece
+from grpo_jax.train_step import TrainStep
+from grpo_jax.trainer import Trainer
+
+
+class OnesTask(Task):
+    name = "ones"
+
+    def examples(self, split, n, seed):
+        rng = np.random.default_rng([zlib.crc32(split.encode()) % 1000, seed])
+        return [Example(prompt=f"Q: {int(x)}\n", answer="1") for x in rng.integers(0, 100, n)]
+
+    def reward(self, completion, example):
+        return float(completion.startswith("1"))
+
+    def extract_answer(self, completion):
+        return completion.strip()[:1] or None
+
+    def is_correct(self, answer, example):
+        return answer == "1"
+
+    def sft_text(self, example, rng=0, wrong_step_prob=0.0):
+        return "1\n"
+
+
+def _cfg(tmp_path, vocab, *overrides):
+    cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), [
+        "model.max_seq_len=64", "rl.group_size=4", "rl.max_new_tokens=8", "data.batch_size=4",
+        "run.eval_every=0", "run.checkpoint_every=0", "run.steps=1", f"run.run_dir={tmp_path}", *overrides])
+    cfg.model = dataclasses.replace(cfg.model, vocab_size=vocab)
+    return cfg.validate()
+
+
+def _record(monkeypatch) -> dict:
+    """Lowered HLO text and abstract arguments of every sampler and train-step program the
+    trainer calls, recorded as it calls them."""
+    seen = {}
+    real_call, real_lower = sampling._OnMesh.__call__, TrainStep.lower
+
+    def call(self, *args, **kwargs):
+        kind = "prefill" if "cache_len" in kwargs else "decode"
+        seen.setdefault(kind, (self.lower(*args, **kwargs).as_text(), args))
+        return real_call(self, *args, **kwargs)
+
+    def lower(self, state, batch):
+        lowered = real_lower(self, state, batch)
+        seen.setdefault("train_step", (lowered.as_text(), batch))
+        return lowered
+
+    monkeypatch.setattr(sampling._OnMesh, "__call__", call)
+    monkeypatch.setattr(TrainStep, "lower", lower)
+    return seen
+
+
+@pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=scan"]])
+def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, overrides):
+    """cpu-tiny on 8 fake devices: the sampler's prefill and decode and the train step, as
+    one trainer step calls them, lower to the same HLO as `aot` lowers them for the same
+    config and mesh; the decode engine is rl.decode's (unrolled is auto's on a CPU mesh)."""
+    tok = train_sentencepiece([f"Q: {i}\n{i % 10} 1\n" for i in range(200)], vocab_size=32)
+    cfg = _cfg(tmp_path, tok.vocab_size, *overrides)
+    seen = _record(monkeypatch)
+    trainer = Trainer(cfg, task=OnesTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      progress=False, resume=False)
+    assert trainer.mesh.size == 8
+    assert trainer.decode_engine == ("scan" if "rl.decode=scan" in overrides else "unrolled")
+    trainer.train(1)
+    trainer.close()
+    prompt_len = seen["prefill"][1][1].shape[1]
+    lowered = aot.lower_sampler(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
+    for name in ("prefill", "decode"):
+        assert lowered[name].as_text() == seen[name][0], name
+    rows = cfg.data.batch_size * cfg.rl.group_size
+    assert aot.lower_train_step(cfg, trainer.mesh, rows, prompt_len).as_text() == seen["train_step"][0]
+
+
+def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monkeypatch):
+    """On a v5e:2x2 topology (no trainer can run there): the arguments `aot` builds for the
+    sampler have the shapes, dtypes and partition specs of a trainer's calls on a 4-device
+    CPU mesh of the same shape, and its decode is the TPU engine (scan)."""
+    if not aot.libtpu_available():
+        pytest.skip("libtpu not installed")
+    tok = train_sentencepiece([f"Q: {i}\n{i % 10} 1\n" for i in range(200)], vocab_size=32)
+    cfg = _cfg(tmp_path, tok.vocab_size, "mesh.ici_fsdp=4")
+    seen = _record(monkeypatch)
+    trainer = Trainer(cfg, task=OnesTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      mesh=programs.train_mesh(cfg, jax.devices()[:4]), progress=False, resume=False)
+    trainer.train(1)
+    trainer.close()
+    tpu_mesh, _ = aot.topology_mesh(cfg, "v5e:2x2")
+    assert programs.decode_engine(cfg, tpu_mesh) == "scan"
+    prompt_len = seen["prefill"][1][1].shape[1]
+    calls = aot.sampler_calls(cfg, tpu_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
+    for name in ("prefill", "decode"):
+        ran, built = jax.tree.leaves(seen[name][1]), jax.tree.leaves(calls[name][1])
+        assert [(x.shape, x.dtype) for x in ran] == [(x.shape, x.dtype) for x in built], name
+        def spec(x):  # trailing Nones say nothing
+            parts = tuple(getattr(getattr(x, "sharding", None), "spec", ()) or ())
+            while parts and parts[-1] is None:
+                parts = parts[:-1]
+            return parts
+        assert [spec(x) for x in ran] == [spec(x) for x in built], name
+    lowered = aot.lower_sampler(cfg, tpu_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
+    assert "while" in lowered["decode"].as_text()
