@@ -6,7 +6,10 @@ the train step on abstract, sharded arguments; ``report(compiled, chip)`` turns 
 executable's ``memory_analysis()``/``cost_analysis()`` into per-chip numbers and
 ``check_fit`` raises ``FitError`` naming the program when peak HBM exceeds the chip.
 
-All numbers are compiler estimates, not measurements on a TPU.
+The programs are the run's own (``grpo_jax.programs``); their FLOPs and bytes come from
+cost twins with every loop trip counted (``sampler_cost``, ``train_cost``), and MFU counts
+the model's FLOPs only (``model_flops``). All numbers are compiler estimates, not
+measurements on a TPU.
 """
 
 import dataclasses
@@ -161,9 +164,9 @@ def collectives(hlo_text: str) -> dict:
 
 
 def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
-    """Analytic FLOPs of one train step over the whole slice: matmuls (2 per
+    """Analytic FLOPs the train step executes over the whole slice: matmuls (2 per
     multiply-add) and attention scores, forward for the reference model, forward +
-    backward (3x forward) for the policy, plus one forward recomputed under full remat."""
+    backward (3x forward) for the policy, plus one forward recomputed under remat."""
     m = cfg.model
     t = prompt_len + cfg.rl.max_new_tokens
     d, h, kv, hd, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
@@ -175,26 +178,127 @@ def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
     return float(fwd * passes)
 
 
-def report(compiled, chip: ChipSpec, num_chips: int, flops_total: float, byte_trips: int = 1,
-           resident_bytes: int = 0) -> dict:
-    """Per-chip memory, FLOPs (analytic, whole step / chips), bytes accessed (cost
-    analysis counts loop bodies once; ``byte_trips`` scales it, e.g. decode steps x layers
-    for the bandwidth-bound decode loop), collectives and a roofline time / MFU.
-    ``resident_bytes``: other buffers live on each chip while the program runs (the train
-    state during sampling); the program fits when its peak plus these fit HBM."""
-    mem = memory(compiled)
+def matmul_params(m) -> int:
+    """N of the 6N rule: the weights a token is multiplied by (every layer's projections
+    and MLP, and the unembedding; not the embedding lookup)."""
+    d, h, kv, hd, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
+    return m.num_layers * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * f) + d * m.vocab_size
+
+
+def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
+    """The model's useful FLOPs over the whole slice for one step of ``questions`` (the
+    numerator of MFU): 2N per prefilled prompt token (each question's prompt once), 2N per
+    sampled token, 6N per trained token (prompt and completion, per update) and 2N per
+    reference-model token. Attention scores, remat recomputation, padding rows and per-row
+    prefill copies are cost, not useful work."""
+    n = matmul_params(cfg.model)
+    rows = questions * programs.group_size(cfg)
+    seq = prompt_len + cfg.rl.max_new_tokens
+    ref = 2 * n if get_algorithm(cfg.rl.algorithm).needs_reference(cfg) else 0
+    return {"prefill": 2.0 * n * questions * prompt_len,
+            "decode": 2.0 * n * rows * cfg.rl.max_new_tokens,
+            "train_step": float((6 * n * cfg.rl.num_updates + ref) * rows * seq)}
+
+
+# ---------------------------------------------------------------------- the cost count
+
+def _loop_free_cost(name: str, compiled) -> np.ndarray:
+    """[FLOPs, bytes accessed] per chip of a compiled cost twin; RuntimeError if a loop is
+    left in it (its body would be counted once)."""
+    if re.search(r"\swhile\(", compiled.as_text()):
+        raise RuntimeError(f"{name}: the cost twin still holds a while loop; its count would miss trips")
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = flops_total / num_chips
-    t_compute = flops / chip.peak_bf16_flops
-    t_memory = float(cost.get("bytes accessed", 0.0)) * byte_trips / chip.hbm_bandwidth
+    return np.array([float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))])
+
+
+def _bilinear(c: dict, x: float, y: float) -> np.ndarray:
+    """The value at (x, y) of the function a + b·x + c·y + d·x·y through the four points
+    c[(i, j)], i, j in {1, 2}."""
+    d = c[2, 2] - c[2, 1] - c[1, 2] + c[1, 1]
+    b = c[2, 1] - c[1, 1] - d
+    e = c[1, 2] - c[1, 1] - d
+    a = c[1, 1] - b - e - d
+    return a + b * x + e * y + d * x * y
+
+
+def _variant(cfg: Config, layers: int, **rl) -> Config:
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=layers),
+                               rl=dataclasses.replace(cfg.rl, **rl))
+
+
+def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
+    """Per-chip {"prefill" | "decode": [FLOPs, bytes]} of one sampler call with every loop
+    trip counted, and "decode_per_token": the decode's [FLOPs, bytes] per step.
+
+    XLA counts a loop body once, so the count compiles cost twins of the run's programs
+    (``sampler_calls(unrolled=True)``): the same code with every loop written out, at 1 and
+    2 layers and 1 and 2 decode steps. Each count is linear in the layers (and for decode
+    in steps, with a layers x steps term), so the four points give the count at the
+    model's depth and rl.max_new_tokens exactly, with nothing dropped: the run's own
+    copies, in-loop slicing and cache writes are in the twin too."""
+    pre, dec = {}, {}
+    for layers in (1, 2):
+        variant = _variant(cfg, layers)
+        for steps in (1, 2):
+            calls = sampler_calls(variant, mesh, prompts, group_size, prompt_len, unrolled=True, cost_steps=steps)
+            if steps == 1:
+                program, args, kwargs = calls["prefill"]
+                pre[layers] = _loop_free_cost("sample_prefill", program.lower(*args, **kwargs).compile())
+            program, args, kwargs = calls["decode"]
+            dec[layers, steps] = _loop_free_cost("sample_decode", program.lower(*args, **kwargs).compile())
+    depth = cfg.model.num_layers
+    prefill = pre[1] + (depth - 1) * (pre[2] - pre[1])
+    steps = cfg.rl.max_new_tokens - 1  # the first token is drawn from the prefill's logits
+    per_token = _bilinear(dec, depth, 2) - _bilinear(dec, depth, 1)
+    return {"prefill": prefill, "decode": _bilinear(dec, depth, steps), "decode_per_token": per_token}
+
+
+def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
+    """Per-chip [FLOPs, bytes] of the train step with every loop trip counted: cost twins
+    at 1 and 2 layers and 1 and 2 micro-batches of rows / rl.num_micro_batches rows each
+    (every loop written out, ``loops.unrolled``), extrapolated bilinearly to the model's
+    depth and rl.num_micro_batches (see ``sampler_cost``)."""
+    micro = cfg.rl.num_micro_batches
+    per_micro = rows // micro
+    cost = {}
+    for layers in (1, 2):
+        for num in (1, 2):
+            variant = _variant(cfg, layers, num_micro_batches=num)
+            with loops.unrolled():
+                lowered = lower_train_step(variant, mesh, per_micro * num, prompt_len)
+            cost[layers, num] = _loop_free_cost("train_step", lowered.compile())
+    return _bilinear(cost, cfg.model.num_layers, micro)
+
+
+def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> float:
+    """Bytes one decode step must move per chip at least: its shard of the sampling weights
+    and of the whole KV cache (attention reads every slot at every step)."""
+    _, args, _ = sampler_calls(cfg, mesh, prompts, group_size, prompt_len)["decode"]
+    params, cache = args[0], args[1]
+    if programs.sampler_mesh(mesh) is None:
+        return float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((params, cache.k, cache.v))))
+    return float(bytes_per_chip(params) + bytes_per_chip((cache.k, cache.v)))
+
+
+def report(compiled, chip: ChipSpec, cost: np.ndarray, model_flops_per_chip: float,
+           resident_bytes: int = 0) -> dict:
+    """Per chip: memory of the compiled program (the fit), its cost with every loop trip
+    (``sampler_cost`` / ``train_cost``), collectives, and the roofline estimate
+    max(FLOPs / peak, bytes / bandwidth). ``resident_bytes``: other buffers live on each
+    chip while the program runs (the train state during sampling); the program fits when
+    its peak plus these fit HBM."""
+    mem = memory(compiled)
+    flops, nbytes = float(cost[0]), float(cost[1])
+    t_compute, t_memory = flops / chip.peak_bf16_flops, nbytes / chip.hbm_bandwidth
     est = max(t_compute, t_memory)
     return {**mem, "resident_bytes": resident_bytes, "hbm_capacity_bytes": chip.hbm_bytes,
             "fits": mem["peak_bytes"] + resident_bytes <= chip.hbm_bytes,
-            "flops_per_chip": flops, "cost_analysis_flops_loop_bodies_once": float(cost.get("flops", 0.0)),
-            "bytes_accessed_loop_bodies_once": float(cost.get("bytes accessed", 0.0)),
+            "headroom": 1 - (mem["peak_bytes"] + resident_bytes) / chip.hbm_bytes,
+            "flops_per_chip": flops, "bytes_per_chip": nbytes,
+            "model_flops_per_chip": model_flops_per_chip,
             "collectives": collectives(compiled.as_text()),
-            "roofline_seconds": est, "mfu_at_roofline": t_compute / est if est else 0.0}
+            "estimated_seconds": est, "bound": "compute" if t_compute >= t_memory else "memory"}
 
 
 def check_fit(name: str, rep: dict) -> None:
@@ -289,16 +393,3 @@ def compile_lowered(name: str, lowered) -> tuple[Any, float]:
             raise
         raise FitError(f"{name}: {str(e).splitlines()[0]}") from None
     return compiled, time.perf_counter() - start
-
-
-def sampler_flops(cfg: Config, rows: int, prompt_len: int) -> dict:
-    """Analytic FLOPs over the slice: prefill of the prompts (one per question's rows, counted
-    per row as an upper bound) and decode of rl.max_new_tokens tokens per row, attention over
-    the full cache length."""
-    m = cfg.model
-    t = prompt_len + cfg.rl.max_new_tokens
-    d, h, kv, hd, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
-    dense = m.num_layers * (2 * d * (h + 2 * kv) * hd + 2 * h * hd * d + 3 * 2 * d * f) + 2 * d * m.vocab_size
-    attn = m.num_layers * 2 * 2 * h * hd * t
-    return {"prefill": float(rows * prompt_len * (dense + attn)),
-            "decode": float(rows * cfg.rl.max_new_tokens * (dense + attn))}

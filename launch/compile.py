@@ -4,8 +4,9 @@
     python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b --json out.json
 
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
-sampler decode, train step -- which holds the reference log-prob pass) it prints per-chip
-peak HBM against the chip's capacity, FLOPs, bytes, collectives and a roofline time.
+sampler decode, train step -- which holds the reference log-prob pass; the same programs
+the trainer runs, from grpo_jax.programs) it prints per-chip peak HBM against the chip's
+capacity, FLOPs and bytes with every loop trip counted, and a roofline time.
 Exits 1 naming the program and its numbers as soon as one does not fit (the sampler is
 compiled first). The numbers are compiler estimates, not measurements on a TPU.
 """
@@ -17,9 +18,11 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU; run nothing on it
 
-from grpo_jax import aot  # noqa: E402  (after JAX_PLATFORMS)
+from grpo_jax import aot, programs  # noqa: E402  (after JAX_PLATFORMS)
 from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
 from grpo_jax.tpu_specs import chip_of  # noqa: E402
 
@@ -29,7 +32,9 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     "summary"; raises aot.FitError naming the first program that does not fit, as soon as
     it is compiled (the sampler first: its KV cache is what usually does not fit, and it
     compiles faster than the train step). The sampler is compiled for one call of
-    rl.sample_prompts questions (as the trainer makes them)."""
+    rl.sample_prompts questions (as the trainer makes them). Each program's FLOPs and bytes
+    count every loop trip (``aot.sampler_cost``, ``aot.train_cost``); MFU is the model's
+    FLOPs (``aot.model_flops``) over chips x peak x the estimated step time."""
     mesh, topology = aot.topology_mesh(cfg, slice_name)
     chip = chip_of(topology)
     g = cfg.rl.group_size
@@ -40,35 +45,45 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     # The train state (the train step's donated arguments) stays in HBM while the sampler runs.
     state_bytes = aot.bytes_per_chip(aot.train_state(cfg, mesh)[1])
     smesh = aot.sample_mesh(cfg, slice_name)
+    engine = programs.decode_engine(cfg, smesh)
     log(f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
-        f"policy, mesh {dict(smesh.shape)}, {state_bytes / 1e9:.2f} GB/chip of train state resident")
-    flops = aot.sampler_flops(cfg, per_call * g, prompt_len)
-    programs = aot.compile_sampler(cfg, smesh, per_call, g, prompt_len)
-    for name, (compiled, secs) in programs.items():
-        # Decode reads the weights and the cache once per token: cost_analysis counts the
-        # token loop's body (with its layers) once, so scale its bytes by the token count.
-        trips = cfg.rl.max_new_tokens if name == "decode" else 1
-        rep = aot.report(compiled, chip, smesh.size, flops[name], byte_trips=trips, resident_bytes=state_bytes)
+        f"policy, decode engine {engine}, mesh {dict(smesh.shape)}, {state_bytes / 1e9:.2f} GB/chip of "
+        "train state resident")
+    useful = aot.model_flops(cfg, per_call, prompt_len)
+    compiled = aot.compile_sampler(cfg, smesh, per_call, g, prompt_len)
+    for name, (program, _) in compiled.items():  # the fit first: counting costs more compiles
+        aot.check_fit(f"sample_{name}", aot.report(program, chip, np.zeros(2), 0.0, resident_bytes=state_bytes))
+    cost = aot.sampler_cost(cfg, smesh, per_call, g, prompt_len)
+    for name, (program, secs) in compiled.items():
+        rep = aot.report(program, chip, cost[name], useful[name] / smesh.size, resident_bytes=state_bytes)
         rep.update(compile_seconds=secs, calls_per_step=calls)
+        if name == "decode":
+            analytic = aot.decode_bytes_analytic(cfg, smesh, per_call, g, prompt_len)
+            rep.update(engine=engine, flops_per_token=float(cost["decode_per_token"][0]),
+                       bytes_per_token=float(cost["decode_per_token"][1]), analytic_bytes_per_token=analytic)
         results[f"sample_{name}"] = rep
         log(_line(f"sample_{name}", rep))
         aot.check_fit(f"sample_{name}", rep)
-    rows = questions * g
+    rows = questions * programs.group_size(cfg)
     log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
         f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
     compiled, secs = aot.compile_train_step(cfg, mesh, rows, prompt_len)
-    rep = aot.report(compiled, chip, mesh.size, aot.train_flops(cfg, rows, prompt_len))
+    aot.check_fit("train_step", aot.report(compiled, chip, np.zeros(2), 0.0))
+    cost = aot.train_cost(cfg, mesh, rows, prompt_len)
+    useful = aot.model_flops(cfg, questions, prompt_len)["train_step"]
+    rep = aot.report(compiled, chip, cost, useful / mesh.size)
     rep.update(compile_seconds=secs, calls_per_step=1)
     results["train_step"] = rep
     log(_line("train_step", rep))
     aot.check_fit("train_step", rep)
-    rollout = sum(r["roofline_seconds"] * r["calls_per_step"] for k, r in results.items() if k.startswith("sample"))
-    update = results["train_step"]["roofline_seconds"]
-    total_flops = sum(r["flops_per_chip"] * r["calls_per_step"] for r in results.values())
+    rollout = sum(r["estimated_seconds"] * r["calls_per_step"] for k, r in results.items() if k.startswith("sample"))
+    update = results["train_step"]["estimated_seconds"]
+    model_flops = sum(r["model_flops_per_chip"] * r["calls_per_step"] for r in results.values())
     results["summary"] = {
-        "slice": slice_name, "topology": topology, "chips": mesh.size, "fits": True,
+        "slice": slice_name, "topology": topology, "chips": mesh.size, "fits": True, "decode_engine": engine,
         "rollout_seconds": rollout, "update_seconds": update,
-        "mfu": total_flops / chip.peak_bf16_flops / (rollout + update) if rollout + update else 0.0,
+        "mfu": model_flops / chip.peak_bf16_flops / (rollout + update) if rollout + update else 0.0,
+        "min_headroom": min(r["headroom"] for r in results.values()),
         "compile_seconds": sum(r["compile_seconds"] for r in results.values())}
     return results
 
@@ -76,7 +91,8 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
 def _line(name: str, r: dict) -> str:
     return (f"  {name:14s} peak {(r['peak_bytes'] + r['resident_bytes']) / 1e9:7.2f} / {r['hbm_capacity_bytes'] / 1e9:.0f} GB "
             f"{'fits' if r['fits'] else 'DOES NOT FIT'}  {r['flops_per_chip'] / 1e12:9.2f} TFLOP/chip  "
-            f"roofline {r['roofline_seconds']:8.3f} s  compile {r['compile_seconds']:.0f} s")
+            f"{r['bytes_per_chip'] / 1e9:9.2f} GB/chip  est. {r['estimated_seconds']:8.3f} s ({r['bound']}-bound)  "
+            f"compile {r['compile_seconds']:.0f} s")
 
 
 def main(argv=None) -> int:
@@ -100,7 +116,8 @@ def main(argv=None) -> int:
         return 1
     s = results["summary"]
     print(f"fits: rollout {s['rollout_seconds']:.1f} s + update {s['update_seconds']:.1f} s per step "
-          f"(roofline), MFU {s['mfu']:.0%}; compiler estimates, not TPU measurements")
+          f"(roofline of every loop trip), MFU {s['mfu']:.0%} (model FLOPs), HBM headroom "
+          f"{s['min_headroom']:.0%}; compiler estimates, not TPU measurements")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

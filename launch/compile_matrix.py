@@ -5,7 +5,8 @@
 
 Each entry runs in its own process (one compile at a time; a failure to fit is a
 result, not a crash) and writes OUT/PRESET_SLICE[_LABEL].json; the table is compiler
-estimates, not measured TPU runs.
+estimates, not measured TPU runs. OUT/before/matrix.json (the matrix of the earlier
+estimator, which counted loop bodies once and analytic FLOPs for MFU) is shown beside it.
 """
 from __future__ import annotations
 
@@ -53,20 +54,27 @@ def run_one(preset: str, slice_name: str, extra: list[str], label: str, out: Pat
     return row
 
 
-def table(rows: list[dict]) -> str:
-    """Markdown rows; the sampler's peaks include the train state it shares HBM with."""
-    lines = ["| preset | slice | fits? | peak HBM/chip: prefill / decode / train (GB) | rollout s | update s | MFU | compile s |",
-             "|---|---|---|---|---|---|---|---|"]
+def table(rows: list[dict], before: dict | None = None) -> str:
+    """Markdown rows; the sampler's peaks include the train state it shares HBM with.
+    ``before``: {(preset, slice, label): row} of an earlier matrix, shown beside each row."""
+    before = before or {}
+    lines = ["| preset | slice | fits? | decode engine | peak HBM/chip: prefill / decode / train (GB) | "
+             "HBM headroom | rollout s | update s | MFU (model FLOPs) | before: rollout / update s, MFU |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name = r["preset"] + (f" ({r['label']})" if r.get("label") else "")
+        old = before.get((r["preset"], r["slice"], r.get("label", "")))
+        old_s = old.get("results", {}).get("summary") if old else None
+        was = (f"{old_s['rollout_seconds']:.1f} / {old_s['update_seconds']:.1f}, {old_s['mfu']:.0%}"
+               if old_s else "no" if old else "")
         if "results" not in r:
-            lines.append(f"| {name} | {r['slice']} | no: {r['error']} | | | | | {r['wall_seconds']:.0f} (wall) |")
+            lines.append(f"| {name} | {r['slice']} | no: {r['error']} | | | | | | | {was} |")
             continue
         res, s = r["results"], r["results"]["summary"]
         peaks = " / ".join(f"{(res[k]['peak_bytes'] + res[k]['resident_bytes']) / 1e9:.2f}"
                            for k in ("sample_prefill", "sample_decode", "train_step"))
-        lines.append(f"| {name} | {r['slice']} | yes | {peaks} | {s['rollout_seconds']:.1f} | "
-                     f"{s['update_seconds']:.1f} | {s['mfu']:.0%} | {s['compile_seconds']:.0f} |")
+        lines.append(f"| {name} | {r['slice']} | yes | {s['decode_engine']} | {peaks} | {s['min_headroom']:.0%} | "
+                     f"{s['rollout_seconds']:.1f} | {s['update_seconds']:.1f} | {s['mfu']:.0%} | {was} |")
     return "\n".join(lines)
 
 
@@ -92,7 +100,8 @@ def main(argv=None) -> int:
     order = [(p, s, label) for p, s, _, label in MATRIX]
     rows_all = [merged[k] for k in order if k in merged]
     saved.write_text(json.dumps(rows_all, indent=1))
-    print(table(rows_all))
+    old = out / "before" / "matrix.json"
+    print(table(rows_all, {index(r): r for r in json.loads(old.read_text())} if old.exists() else None))
     return 0 if all(r["exit_code"] in (0, 1) for r in rows) else 1
 
 
