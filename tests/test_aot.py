@@ -110,15 +110,24 @@ def test_model_flops_count_the_6n_rule():
 def test_fit_check_passes_where_it_fits_and_leaves_the_cpu_backend():
     from launch.compile import check
 
-    results = check(get_preset("cpu-tiny"), "v5e:2x2", PROMPT, log=lambda *_: None)
+    small = ["rl.max_new_tokens=16", "data.batch_size=2"]  # the cost twins compile in seconds
+    cfg = apply_overrides(get_preset("cpu-tiny"), small)
+    results = check(cfg, "v5e:2x2", PROMPT, log=lambda *_: None)
     assert set(results) == {"sample_prefill", "sample_decode", "train_step", "summary"}
-    assert results["summary"]["fits"]
+    s = results["summary"]
+    assert s["fits"] and s["decode_engine"] == "scan" and 0 < s["min_headroom"] < 1
+    # MFU: the model's FLOPs of the step over chips x peak x the estimated time.
+    useful = aot.model_flops(cfg, cfg.data.batch_size, PROMPT)
+    mfu = (useful["prefill"] + useful["decode"] + useful["train_step"]) / 4 / 197e12 / (
+        s["rollout_seconds"] + s["update_seconds"])
+    assert s["mfu"] == pytest.approx(mfu)
+    dec = results["sample_decode"]
+    assert dec["bytes_per_token"] >= dec["analytic_bytes_per_token"] > 0
     # The sampler is charged for the train state it shares HBM with, computed from the
     # abstract state before the train step compiles: its shards' bytes, which the train
     # step's donated (aliased) buffers exceed only by TPU tile padding (tiny arrays here;
     # within 2% at 7B widths, tests/test_aot_sharding.py).
     resident = results["sample_decode"]["resident_bytes"]
-    cfg = get_preset("cpu-tiny")
     assert resident == aot.bytes_per_chip(aot.train_state(cfg, aot.topology_mesh(cfg, "v5e:2x2")[0])[1])
     assert 0 < resident <= results["train_step"]["alias_bytes"]
     # Loading libtpu for compiles leaves computation on the CPU devices.
