@@ -88,7 +88,7 @@ def test_prefill_in_one_pass_and_in_chunks_agree(monkeypatch):
     monkeypatch.setattr(sampling, "_PREFILL_CHUNK_TOKENS", 16)
     progs = bench_layouts.prefill_programs(cfg, params, tokens, mask, 12)
     (one_cache, one_logits), (chunk_cache, chunk_logits) = (p(params, tokens, mask, None) for p in progs.values())
-    assert sampling._prefill_chunks(3, 8, None) == 2 and len(one_cache.k) == cfg.num_layers
+    assert sampling._prefill_chunks(3, 8, "feature_major") == 2 and len(one_cache.k) == cfg.num_layers
     for a, b in zip(jax.tree.leaves((one_cache, one_logits)), jax.tree.leaves((chunk_cache, chunk_logits))):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
 

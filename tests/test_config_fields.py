@@ -107,6 +107,7 @@ ELSEWHERE = {
     "rl.reward_model": "test_options.py::test_reward_model_with_a_rule_reward_algorithm_is_refused",
     "rl.sample_prompts": "test_trainer.py::test_rollout_in_calls_of_a_few_questions_equals_one_call",
     "rl.sample_dtype": "test_trainer.py::test_bfloat16_sampling_copy_reaches_the_sampler",
+    "rl.decode": "test_programs.py::test_the_trainer_runs_the_programs_the_aot_check_lowers",
     "data.data_dir": "test_tasks_datasets.py::test_gsm8k_examples",
     "run.run_dir": "test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
     "run.seed": "test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
