@@ -22,15 +22,12 @@ prefill's logits). The machine limits are `common.matmul_peak_flops` and
 `common.stream_bandwidth`, the best of a measurement before and one after the reps (as the
 rollout benchmark takes them): the fastest limits give the smallest estimate.
 
-On the CPU backend jax lowers the threefry random-bit hash with a rolled 5-trip loop, which
-`aot`'s loop-free check refuses; the estimate is therefore taken with threefry's unrolled
-lowering (the one every other backend uses) registered for the CPU while it compiles its cost
-twins (`threefry_unrolled_on_cpu`). The timed programs keep jax's own CPU lowering.
+The timed programs keep jax's own CPU lowering of the threefry hash (a rolled loop); the
+cost twins take the unrolled one (`aot.sampler_cost`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import common  # sets JAX_PLATFORMS=cpu and OMP_WAIT_POLICY before jax loads
@@ -63,33 +60,12 @@ def random_prompts(vocab_size: int, count: int, length: int, seed: int = 0) -> l
 
 # ---------------------------------------------------------------------------- the estimate
 
-@contextlib.contextmanager
-def threefry_unrolled_on_cpu():
-    """Lower jax's threefry hash unrolled on the CPU while the context is open (jax's CPU rule
-    rolls its 5 trips into a while loop, which `aot._loop_free_cost` refuses: a loop's body is
-    counted once). Restores jax's CPU rule on exit."""
-    from jax._src.interpreters import mlir
-    from jax._src.random import threefry2x32 as tf
-
-    rules = mlir._platform_specific_lowerings["cpu"]
-    saved = rules.get(tf.threefry2x32_p)
-    mlir.register_lowering(tf.threefry2x32_p, tf._threefry2x32_lowering_rule, platform="cpu", inline=False)
-    try:
-        yield
-    finally:
-        if saved is None:
-            rules.pop(tf.threefry2x32_p, None)
-        else:
-            rules[tf.threefry2x32_p] = saved
-
-
 def estimator_cost(cfg, prompts: int, prompt_len: int = PROMPT_LEN) -> dict:
     """``aot.sampler_cost`` of the single-device (CPU) sampler, group size 1:
     {"prefill" | "decode" | "decode_per_token": [FLOPs, bytes]}."""
     from grpo_jax import aot
 
-    with threefry_unrolled_on_cpu():
-        return aot.sampler_cost(cfg, None, prompts, 1, prompt_len)
+    return aot.sampler_cost(cfg, None, prompts, 1, prompt_len)
 
 
 def roofline_seconds(cost, flops_per_s: float, bytes_per_s: float) -> dict:

@@ -12,6 +12,7 @@ the model's FLOPs only (``model_flops``). All numbers are compiler estimates, no
 measurements on a TPU.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -227,6 +228,27 @@ def _variant(cfg: Config, layers: int, **rl) -> Config:
                                rl=dataclasses.replace(cfg.rl, **rl))
 
 
+@contextlib.contextmanager
+def _threefry_unrolled_on_cpu():
+    """Lower jax's threefry hash (the sampler's random bits) unrolled on the CPU backend too
+    while the context is open: jax's CPU rule rolls its 5 rounds into a while loop, which a
+    cost twin may not hold; every other backend already lowers it unrolled. Restores jax's
+    CPU rule on exit. Uses jax internals (no public switch exists in jax 0.10)."""
+    from jax._src.interpreters import mlir
+    from jax._src.random import threefry2x32 as tf
+
+    rules = mlir._platform_specific_lowerings["cpu"]
+    saved = rules.get(tf.threefry2x32_p)
+    mlir.register_lowering(tf.threefry2x32_p, tf._threefry2x32_lowering_rule, platform="cpu", inline=False)
+    try:
+        yield
+    finally:
+        if saved is None:
+            rules.pop(tf.threefry2x32_p, None)
+        else:
+            rules[tf.threefry2x32_p] = saved
+
+
 def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
     """Per-chip {"prefill" | "decode": [FLOPs, bytes]} of one sampler call with every loop
     trip counted, and "decode_per_token": the decode's [FLOPs, bytes] per step.
@@ -238,15 +260,17 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     model's depth and rl.max_new_tokens exactly, with nothing dropped: the run's own
     copies, in-loop slicing and cache writes are in the twin too."""
     pre, dec = {}, {}
-    for layers in (1, 2):
-        variant = _variant(cfg, layers)
-        for steps in (1, 2):
-            calls = sampler_calls(variant, mesh, prompts, group_size, prompt_len, unrolled=True, cost_steps=steps)
-            if steps == 1:
-                program, args, kwargs = calls["prefill"]
-                pre[layers] = _loop_free_cost("sample_prefill", program.lower(*args, **kwargs).compile())
-            program, args, kwargs = calls["decode"]
-            dec[layers, steps] = _loop_free_cost("sample_decode", program.lower(*args, **kwargs).compile())
+    with _threefry_unrolled_on_cpu():
+        for layers in (1, 2):
+            variant = _variant(cfg, layers)
+            for steps in (1, 2):
+                calls = sampler_calls(variant, mesh, prompts, group_size, prompt_len, unrolled=True,
+                                      cost_steps=steps)
+                if steps == 1:
+                    program, args, kwargs = calls["prefill"]
+                    pre[layers] = _loop_free_cost("sample_prefill", program.lower(*args, **kwargs).compile())
+                program, args, kwargs = calls["decode"]
+                dec[layers, steps] = _loop_free_cost("sample_decode", program.lower(*args, **kwargs).compile())
     depth = cfg.model.num_layers
     prefill = pre[1] + (depth - 1) * (pre[2] - pre[1])
     steps = cfg.rl.max_new_tokens - 1  # the first token is drawn from the prefill's logits
@@ -281,6 +305,15 @@ def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prom
     return float(bytes_per_chip(params) + bytes_per_chip((cache.k, cache.v)))
 
 
+def fit(compiled, chip: ChipSpec, resident_bytes: int = 0) -> dict:
+    """Per-chip memory of a compiled program (``memory``) against the chip's HBM, with
+    ``resident_bytes`` of other buffers live meanwhile: fits, headroom."""
+    mem = memory(compiled)
+    used = mem["peak_bytes"] + resident_bytes
+    return {**mem, "resident_bytes": resident_bytes, "hbm_capacity_bytes": chip.hbm_bytes,
+            "fits": used <= chip.hbm_bytes, "headroom": 1 - used / chip.hbm_bytes}
+
+
 def report(compiled, chip: ChipSpec, cost: np.ndarray, model_flops_per_chip: float,
            resident_bytes: int = 0) -> dict:
     """Per chip: memory of the compiled program (the fit), its cost with every loop trip
@@ -288,14 +321,10 @@ def report(compiled, chip: ChipSpec, cost: np.ndarray, model_flops_per_chip: flo
     max(FLOPs / peak, bytes / bandwidth). ``resident_bytes``: other buffers live on each
     chip while the program runs (the train state during sampling); the program fits when
     its peak plus these fit HBM."""
-    mem = memory(compiled)
     flops, nbytes = float(cost[0]), float(cost[1])
     t_compute, t_memory = flops / chip.peak_bf16_flops, nbytes / chip.hbm_bandwidth
     est = max(t_compute, t_memory)
-    return {**mem, "resident_bytes": resident_bytes, "hbm_capacity_bytes": chip.hbm_bytes,
-            "fits": mem["peak_bytes"] + resident_bytes <= chip.hbm_bytes,
-            "headroom": 1 - (mem["peak_bytes"] + resident_bytes) / chip.hbm_bytes,
-            "flops_per_chip": flops, "bytes_per_chip": nbytes,
+    return {**fit(compiled, chip, resident_bytes), "flops_per_chip": flops, "bytes_per_chip": nbytes,
             "model_flops_per_chip": model_flops_per_chip,
             "collectives": collectives(compiled.as_text()),
             "estimated_seconds": est, "bound": "compute" if t_compute >= t_memory else "memory"}

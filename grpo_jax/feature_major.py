@@ -3,9 +3,9 @@
 The same layer as ``model.Transformer`` with a KV cache and one new token per row, written
 so that every dense matmul is ``W [out, in] @ x [in, B] -> [out, B]``: the long weight
 dimension becomes the kernel's row dimension and the few batch rows its columns. XLA's CPU
-backend (YNNPACK dots, jax 0.10) runs that orientation 20-35% faster than ``x [B, in] @
-W [in, out]`` when B is 8-64 (2-core AMD EPYC, SmolLM2-135M's shapes: the MLP of 30
-layers at batch 32, 39-42 ms -> 32 ms; the [V, E] unembedding, 15.4 -> 10.5 ms). Asking
+backend (YNNPACK dots, jax 0.10) runs that orientation faster than ``x [B, in] @
+W [in, out]`` when B is 8-64 (``python benchmarks/bench_layouts.py`` times both;
+benchmarks/NOTES.md, "Figures behind code comments"). Asking
 for the transposed product of row-major activations is not enough: XLA folds the transpose
 back into the dot, so the orientation is kept by storing the activations transposed and by
 an optimization barrier at the two places they must be rows (the per-head attention, which
@@ -142,8 +142,8 @@ def _attend_summed(q, k, v, allowed):
     """`_attend` with the scores as a product summed over the head dimension instead of
     B·K small [G, D] x [D, S] dots: one fused loop over the cache as it lies, where the dot
     kernel spends its time per small product. ``python benchmarks/bench_layouts.py`` times
-    both forms (30 layers at 192 cache slots, 2-core AMD EPYC: 21.3 -> 19.1 ms at batch 32,
-    43.1 -> 31.3 ms at batch 64, but 5.64 -> 5.86 ms at batch 8).
+    both forms (benchmarks/NOTES.md, "Figures behind code comments": faster from batch 32,
+    not at batch 8).
     """
     scores = jnp.sum(q[..., None].astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=3)
     return model_lib._attend_scored(scores, v, allowed)

@@ -261,7 +261,7 @@ def swiglu(x, gate, up, down):
 
     The backward pass is written out (`_swiglu_bwd`) rather than left to autodiff: from
     autodiff, XLA's CPU backend writes the SiLU derivative in a transposed layout (a
-    scalar, strided loop: 9% of a SmolLM2 update on a 2-core EPYC) and keeps four
+    scalar, strided loop; benchmarks/NOTES.md, "Figures behind code comments") and keeps four
     [tokens, F] residuals per layer; written out, it keeps the two pre-activations and
     recomputes the SiLU from them next to six matmuls.
     """

@@ -18,7 +18,7 @@ from grpo_jax import sampling
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.config import Config
 from grpo_jax.optimizer import make_optimizer, value_optimizer_config
-from grpo_jax.sharding import make_mesh, make_sample_mesh
+from grpo_jax.sharding import make_sample_mesh
 from grpo_jax.train_step import TrainStep, make_train_step
 
 
@@ -46,10 +46,6 @@ def train_step(cfg: Config, mesh: Mesh) -> TrainStep:
     """The run's train step on its train mesh."""
     tx, value_tx, _ = optimizers(cfg)
     return make_train_step(cfg, tx, mesh, value_tx=value_tx, group_size=group_size(cfg))
-
-
-def train_mesh(cfg: Config, devices=None) -> Mesh:
-    return make_mesh(cfg.mesh, devices)
 
 
 def sample_mesh(cfg: Config, train: Mesh) -> Mesh:

@@ -273,8 +273,9 @@ def _first_max(x):
     """argmax over the vocabulary (first index of the maximum) of x [V,B] -> [B] int32.
 
     `jnp.argmax` lowers to a variadic (value, index) reduce that XLA's CPU backend does not
-    vectorise: 3.7 ms on [32, 49152] against 1.0 ms for a max followed by a min over the
-    indices that reach it (AMD EPYC, 2 cores). NaN columns give index 0."""
+    vectorise, where a max followed by a min over the indices that reach it is two
+    vectorised reductions (benchmarks/NOTES.md, "Figures behind code comments"). NaN
+    columns give index 0."""
     m = jnp.max(x, axis=0, keepdims=True)
     first = jnp.min(jnp.where(x == m, jnp.arange(x.shape[0], dtype=jnp.int32)[:, None], x.shape[0]), axis=0)
     return jnp.where(first < x.shape[0], first, 0).astype(jnp.int32)
@@ -495,9 +496,9 @@ def _stack(parts: list):
 # Decode phases (feature-major decode): attention reads every cache slot at every step, though
 # at step t only the prompt's and t completion slots are filled. So the loop runs in up to
 # DECODE_PHASES phases, each over a cache that ends one phase's share of the completion
-# bucket further on. Each phase is one more traced and compiled copy of the step, and
-# 8 phases measured no faster than 4 (2-core Zen 5, SmolLM2 at batch 32, 128 new tokens);
-# short completions, where attention is a small share, keep one phase.
+# bucket further on. Each phase is one more traced and compiled copy of the step, and more
+# than 4 phases gained nothing measurable (benchmarks/NOTES.md, "Figures behind code
+# comments"); short completions, where attention is a small share, keep one phase.
 DECODE_PHASES = 4
 _MIN_PHASE_SLOTS = 32
 

@@ -36,7 +36,7 @@ from grpo_jax.evaluation import evaluate
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import updates_applied
-from grpo_jax.sharding import replicated, shard_batch, to_global
+from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, encode_prompt
 from grpo_jax.train_step import init_train_state
@@ -61,7 +61,7 @@ class Trainer:
                  progress: bool = True, resume: bool = True):
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
         self.algorithm = get_algorithm(cfg.rl.algorithm)
-        self.mesh = mesh if mesh is not None else programs.train_mesh(cfg)
+        self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
         # mesh.slice: sample on the slice's sampling mesh (a copy of the policy per replica)
         self.sample_mesh = programs.sample_mesh(cfg, self.mesh)
         self.decode_engine = programs.decode_engine(cfg, self.sample_mesh)

@@ -18,8 +18,6 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU; run nothing on it
 
 from grpo_jax import aot, programs  # noqa: E402  (after JAX_PLATFORMS)
@@ -52,7 +50,7 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     useful = aot.model_flops(cfg, per_call, prompt_len)
     compiled = aot.compile_sampler(cfg, smesh, per_call, g, prompt_len)
     for name, (program, _) in compiled.items():  # the fit first: counting costs more compiles
-        aot.check_fit(f"sample_{name}", aot.report(program, chip, np.zeros(2), 0.0, resident_bytes=state_bytes))
+        aot.check_fit(f"sample_{name}", aot.fit(program, chip, state_bytes))
     cost = aot.sampler_cost(cfg, smesh, per_call, g, prompt_len)
     for name, (program, secs) in compiled.items():
         rep = aot.report(program, chip, cost[name], useful[name] / smesh.size, resident_bytes=state_bytes)
@@ -68,7 +66,7 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
     log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
         f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
     compiled, secs = aot.compile_train_step(cfg, mesh, rows, prompt_len)
-    aot.check_fit("train_step", aot.report(compiled, chip, np.zeros(2), 0.0))
+    aot.check_fit("train_step", aot.fit(compiled, chip))
     cost = aot.train_cost(cfg, mesh, rows, prompt_len)
     useful = aot.model_flops(cfg, questions, prompt_len)["train_step"]
     rep = aot.report(compiled, chip, cost, useful / mesh.size)

@@ -65,5 +65,5 @@ def test_cpu_decode_estimate_matches_the_analytic_flops(bench_estimator):
     assert abs(cost["decode_per_token"][0] / flops - 1) < 0.20, (cost["decode_per_token"][0], flops)
     np.testing.assert_allclose(cost["decode"], cost["decode_per_token"] * (cfg.rl.max_new_tokens - 1),
                                rtol=0.05)  # plus the first token's draw and the loop's set-up
-    # The workaround is scoped: jax's own (rolled) CPU lowering of threefry is back afterwards.
+    # aot's unrolled threefry lowering is scoped: jax's own (rolled) CPU rule is back afterwards.
     assert mlir._platform_specific_lowerings["cpu"][tf.threefry2x32_p] is cpu_rule

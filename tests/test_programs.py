@@ -1,39 +1,17 @@
 """The programs a run executes are the ones the ahead-of-time check lowers (grpo_jax.programs)."""
 
 import dataclasses
-import zlib
 
 import jax
-import numpy as np
 import pytest
+from test_trainer import SevensTask, tok  # noqa: F401  (tok: the fixture)
 
 from grpo_jax import aot, programs, sampling
 from grpo_jax import config as config_lib
 from grpo_jax.model import init_params
-from grpo_jax.tasks import Example, Task
-from grpo_jax.tokenizer import train_sentencepiece
+from grpo_jax.sharding import make_mesh
 from grpo_jax.train_step import TrainStep
 from grpo_jax.trainer import Trainer
-
-
-class OnesTask(Task):
-    name = "ones"
-
-    def examples(self, split, n, seed):
-        rng = np.random.default_rng([zlib.crc32(split.encode()) % 1000, seed])
-        return [Example(prompt=f"Q: {int(x)}\n", answer="1") for x in rng.integers(0, 100, n)]
-
-    def reward(self, completion, example):
-        return float(completion.startswith("1"))
-
-    def extract_answer(self, completion):
-        return completion.strip()[:1] or None
-
-    def is_correct(self, answer, example):
-        return answer == "1"
-
-    def sft_text(self, example, rng=0, wrong_step_prob=0.0):
-        return "1\n"
 
 
 def _cfg(tmp_path, vocab, *overrides):
@@ -66,14 +44,13 @@ def _record(monkeypatch) -> dict:
 
 
 @pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=scan"]])
-def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, overrides):
+def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok, overrides):
     """cpu-tiny on 8 fake devices: the sampler's prefill and decode and the train step, as
     one trainer step calls them, lower to the same HLO as `aot` lowers them for the same
     config and mesh; the decode engine is rl.decode's (unrolled is auto's on a CPU mesh)."""
-    tok = train_sentencepiece([f"Q: {i}\n{i % 10} 1\n" for i in range(200)], vocab_size=32)
     cfg = _cfg(tmp_path, tok.vocab_size, *overrides)
     seen = _record(monkeypatch)
-    trainer = Trainer(cfg, task=OnesTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
                       progress=False, resume=False)
     assert trainer.mesh.size == 8
     assert trainer.decode_engine == ("scan" if "rl.decode=scan" in overrides else "unrolled")
@@ -87,17 +64,16 @@ def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatc
     assert aot.lower_train_step(cfg, trainer.mesh, rows, prompt_len).as_text() == seen["train_step"][0]
 
 
-def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monkeypatch):
+def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monkeypatch, tok):
     """On a v5e:2x2 topology (no trainer can run there): the arguments `aot` builds for the
     sampler have the shapes, dtypes and partition specs of a trainer's calls on a 4-device
     CPU mesh of the same shape, and its decode is the TPU engine (scan)."""
     if not aot.libtpu_available():
         pytest.skip("libtpu not installed")
-    tok = train_sentencepiece([f"Q: {i}\n{i % 10} 1\n" for i in range(200)], vocab_size=32)
     cfg = _cfg(tmp_path, tok.vocab_size, "mesh.ici_fsdp=4")
     seen = _record(monkeypatch)
-    trainer = Trainer(cfg, task=OnesTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
-                      mesh=programs.train_mesh(cfg, jax.devices()[:4]), progress=False, resume=False)
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      mesh=make_mesh(cfg.mesh, jax.devices()[:4]), progress=False, resume=False)
     trainer.train(1)
     trainer.close()
     tpu_mesh, _ = aot.topology_mesh(cfg, "v5e:2x2")
