@@ -106,7 +106,7 @@ from jax.sharding import Mesh
 from grpo_jax import feature_major as feature_major_lib
 from grpo_jax import loops
 from grpo_jax import model as model_lib
-from grpo_jax.config import DECODE_ENGINES, ModelConfig
+from grpo_jax.config import DECODE_ENGINES, ConfigError, ModelConfig
 from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, on_mesh, replicated, to_global, to_host
 
 MIN_BUCKET = 16
@@ -694,10 +694,10 @@ def resolve_engine(engine: str, mesh: Mesh | None) -> str:
     """The decode engine that runs for ``rl.decode = engine`` on the sampling ``mesh`` (None:
     one device). ``auto``: ``feature_major`` on one CPU device (the layouts XLA's CPU dots
     are fastest in), ``unrolled`` on a CPU mesh, ``scan`` on accelerators (the layer loop
-    compiles once, as MaxText's ``scan_layers``). ValueError for ``feature_major`` on a mesh
+    compiles once, as MaxText's ``scan_layers``). ConfigError for ``feature_major`` on a mesh
     or an accelerator, where it has no sharding."""
     if engine not in DECODE_ENGINES:
-        raise ValueError(f"decode engine {engine!r} is not one of {list(DECODE_ENGINES)}")
+        raise ConfigError(f"rl.decode={engine!r} is not one of {list(DECODE_ENGINES)}")
     platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
     if engine == "auto":
         if platform != "cpu":
@@ -705,7 +705,7 @@ def resolve_engine(engine: str, mesh: Mesh | None) -> str:
         return "feature_major" if mesh is None else "unrolled"
     if engine == "feature_major" and (mesh is not None or platform != "cpu"):
         where = f"a mesh of {mesh.size} devices" if mesh is not None else f"a {platform} device"
-        raise ValueError(f"rl.decode=feature_major runs on one CPU device; this sampler has {where}: "
+        raise ConfigError(f"rl.decode=feature_major runs on one CPU device; this sampler has {where}: "
                          "use rl.decode=scan or unrolled")
     return engine
 

@@ -18,6 +18,7 @@ from grpo_jax import model, sampling
 from grpo_jax.config import cpu_tiny
 from jax.sharding import PartitionSpec as P
 
+from grpo_jax.config import ConfigError
 from grpo_jax.sharding import batch_sharding, mesh_from_shape
 
 # cpu-tiny with an untied head (a tied head makes a random model repeat its input token)
@@ -286,6 +287,19 @@ def test_calls_of_one_prompt_equal_one_call(params):
     np.testing.assert_allclose(np.asarray(one.logprobs), calls.logprobs, atol=1e-5)
     with pytest.raises(ValueError, match="prompts_per_call must be an int >= 0"):
         sampling.sample_to_host(CFG, params, PROMPTS, prompts_per_call=-1, **kw)
+
+
+def test_decode_engine_resolution_and_its_errors():
+    """auto: feature_major on one CPU device, unrolled on a CPU mesh; feature_major on a mesh
+    and an unknown name are refused naming rl.decode."""
+    mesh = mesh_from_shape((2, 1, 1))
+    assert sampling.resolve_engine("auto", None) == "feature_major"
+    assert sampling.resolve_engine("auto", mesh) == "unrolled"
+    assert sampling.resolve_engine("scan", mesh) == "scan"
+    with pytest.raises(ConfigError, match="rl.decode=feature_major runs on one CPU device; this sampler has a mesh of 2"):
+        sampling.resolve_engine("feature_major", mesh)
+    with pytest.raises(ConfigError, match="rl.decode='fast' is not one of"):
+        sampling.resolve_engine("fast", None)
 
 
 @pytest.mark.parametrize("engine", ["unrolled", "feature_major"])
