@@ -14,6 +14,7 @@ measurements on a TPU.
 
 import contextlib
 import dataclasses
+import math
 import os
 import re
 import time
@@ -203,9 +204,18 @@ def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
 
 # ---------------------------------------------------------------------- the cost count
 
-def _loop_free_cost(name: str, compiled) -> np.ndarray:
-    """[FLOPs, bytes accessed] per chip of a compiled cost twin; RuntimeError if a loop is
-    left in it (its body would be counted once)."""
+# The TPU SPMD partitioner may split a sharded dot into a loop over its shards (windowed
+# einsum: each trip all-gathers or reduce-scatters one block while multiplying another),
+# which a cost twin may not hold. Off in the twins: the same dots, each counted whole.
+_TWIN_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+                         "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}}
+
+
+def _loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
+    """[FLOPs, bytes accessed] per chip of a cost twin lowered for ``mesh``, compiled;
+    RuntimeError if a loop is left in it (its body would be counted once)."""
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.devices()[0].platform
+    compiled = lowered.compile(compiler_options=_TWIN_OPTIONS.get(platform, {}))
     if re.search(r"\swhile\(", compiled.as_text()):
         raise RuntimeError(f"{name}: the cost twin still holds a while loop; its count would miss trips")
     cost = compiled.cost_analysis()
@@ -268,9 +278,9 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
                                       cost_steps=steps)
                 if steps == 1:
                     program, args, kwargs = calls["prefill"]
-                    pre[layers] = _loop_free_cost("sample_prefill", program.lower(*args, **kwargs).compile())
+                    pre[layers] = _loop_free_cost("sample_prefill", program.lower(*args, **kwargs), mesh)
                 program, args, kwargs = calls["decode"]
-                dec[layers, steps] = _loop_free_cost("sample_decode", program.lower(*args, **kwargs).compile())
+                dec[layers, steps] = _loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
     depth = cfg.model.num_layers
     prefill = pre[1] + (depth - 1) * (pre[2] - pre[1])
     steps = cfg.rl.max_new_tokens - 1  # the first token is drawn from the prefill's logits
@@ -280,19 +290,22 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
 
 def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
     """Per-chip [FLOPs, bytes] of the train step with every loop trip counted: cost twins
-    at 1 and 2 layers and 1 and 2 micro-batches of rows / rl.num_micro_batches rows each
+    at 1 and 2 layers and a and 2a micro-batches of rows / rl.num_micro_batches rows each
     (every loop written out, ``loops.unrolled``), extrapolated bilinearly to the model's
-    depth and rl.num_micro_batches (see ``sampler_cost``)."""
+    depth and rl.num_micro_batches (see ``sampler_cost``). a is the fewest micro-batches
+    that hold whole groups (group advantages need every output of a question)."""
     micro = cfg.rl.num_micro_batches
     per_micro = rows // micro
+    group = programs.group_size(cfg)
+    a = group // math.gcd(per_micro, group)
     cost = {}
     for layers in (1, 2):
-        for num in (1, 2):
-            variant = _variant(cfg, layers, num_micro_batches=num)
+        for j in (1, 2):
+            variant = _variant(cfg, layers, num_micro_batches=a * j)
             with loops.unrolled():
-                lowered = lower_train_step(variant, mesh, per_micro * num, prompt_len)
-            cost[layers, num] = _loop_free_cost("train_step", lowered.compile())
-    return _bilinear(cost, cfg.model.num_layers, micro)
+                lowered = lower_train_step(variant, mesh, per_micro * a * j, prompt_len)
+            cost[layers, j] = _loop_free_cost("train_step", lowered, mesh)
+    return _bilinear(cost, cfg.model.num_layers, micro / a)
 
 
 def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> float:

@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 
 import jax
+import jax.numpy as jnp
 
 _UNROLLED = contextvars.ContextVar("grpo_jax_loops_unrolled", default=False)
 
@@ -38,8 +39,15 @@ def unrolling() -> bool:
 
 
 def scan(f, init, xs=None, length=None, reverse=False):
-    """``jax.lax.scan``, fully unrolled inside ``unrolled()``."""
-    return jax.lax.scan(f, init, xs, length=length, reverse=reverse, unroll=True if unrolling() else 1)
+    """``jax.lax.scan``, fully unrolled inside ``unrolled()``: written out here, because
+    ``lax.scan(..., unroll=True)`` still emits a one-trip while loop when the length is 1."""
+    if not unrolling():
+        return jax.lax.scan(f, init, xs, length=length, reverse=reverse)
+    n = length if length is not None else jax.tree.leaves(xs)[0].shape[0]
+    carry, ys = init, [None] * n
+    for i in reversed(range(n)) if reverse else range(n):
+        carry, ys[i] = f(carry, jax.tree.map(lambda x: x[i], xs))
+    return carry, jax.tree.map(lambda *y: jnp.stack(y), *ys)
 
 
 def map(f, xs):  # noqa: A001  (the name mirrors jax.lax.map)
