@@ -59,6 +59,18 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
                    mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
 
 
+@flax.struct.dataclass
+class PrefixCache:
+    """The keys/values of P prompts that the decode's B = P·r rows share, r consecutive rows
+    per prompt slot (row b reads slot b // r): k [layers, P, kv_heads, head_dim, Tp],
+    v [layers, P, kv_heads, Tp, head_dim] (``KVCache``'s layouts), mask [P, Tp]. Read-only
+    while decoding; the rows' own tokens go to a ``KVCache`` of completion slots."""
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+
+
 def _param(module: nn.Module, name: str, shape, axes, init, cfg: ModelConfig):
     return module.param(name, nn.with_logical_partitioning(init, axes), shape,
                         DTYPES[cfg.param_dtype])
@@ -119,6 +131,31 @@ def _attend_scored(scores, v, allowed):
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     out = jnp.einsum("bkgs,bksd->bkgd", weights.astype(v.dtype), v).astype(jnp.float32)
     return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)[:, None]
+
+
+def attend_with_prefix(q, k, v, allowed, pk, pv, prefix_mask):
+    """One new token's attention over its prompt slot's shared keys and its own cache, as
+    one softmax: q [B,1,K,G,D], k [B,K,D,S], v [B,K,S,D], allowed [B,1,S], pk [P,K,D,Tp],
+    pv [P,K,Tp,D], prefix_mask [P,Tp] with B = P·r (rows b·r .. b·r+r-1 share slot b)
+    -> [B,1,K,G,D]. The r rows of a slot meet its keys in one [r·G, D] x [D, Tp] product,
+    so the prompt's cache is read once per slot, not once per row."""
+    b, _, kh, g, d = q.shape
+    p, tp = prefix_mask.shape
+    r = b // p
+    scale = jnp.sqrt(d).astype(jnp.float32)
+    qp = q[:, 0].reshape(p, r, kh, g, d)
+    sp = jnp.einsum("prkgd,pkds->prkgs", qp, pk).astype(jnp.float32) / scale
+    sp = jnp.where(prefix_mask[:, None, None, None, :], sp, _NEG)
+    sc = jnp.einsum("bkgd,bkds->bkgs", q[:, 0], k).astype(jnp.float32) / scale
+    sc = jnp.where(allowed[:, :, None, :], sc, _NEG)  # [B,1,1,S]: same keys for all heads
+    top = jnp.maximum(jnp.max(sp, axis=-1).reshape(b, kh, g), jnp.max(sc, axis=-1))[..., None]
+    ep = jnp.exp(sp - top.reshape(p, r, kh, g, 1))
+    ec = jnp.exp(sc - top)
+    out = (jnp.einsum("prkgs,pksd->prkgd", ep.astype(pv.dtype), pv,
+                      preferred_element_type=jnp.float32).reshape(b, kh, g, d)
+           + jnp.einsum("bkgs,bksd->bkgd", ec.astype(v.dtype), v, preferred_element_type=jnp.float32))
+    total = jnp.sum(ep, axis=-1).reshape(b, kh, g, 1) + jnp.sum(ec, axis=-1, keepdims=True)
+    return (out / total).astype(v.dtype)[:, None]
 
 
 def _scores(q, k, allowed):
@@ -215,7 +252,10 @@ class Attention(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, rope_cs, q_slot, key_mask, kv, write_index):
+    def __call__(self, x, rope_cs, q_slot, key_mask, kv, write_index, prefix_mask=None):
+        """kv: None (no cache), (k_cache, v_cache), or (k_cache, v_cache, prefix_k,
+        prefix_v) for a one-token decode over a shared prompt (``PrefixCache``, this layer's
+        part; prefix_mask [P, Tp])."""
         cfg = self.cfg
         dt = DTYPES[cfg.dtype]
         init = nn.initializers.normal(0.02)
@@ -232,8 +272,10 @@ class Attention(nn.Module):
         q = rope(q, rope_cs)
         k = rope(k, rope_cs)
         k, v = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)  # the cache layouts
+        prefix = None
         if kv is not None:
-            k_cache, v_cache = kv
+            k_cache, v_cache = kv[:2]
+            prefix = kv[2:] or None
             k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), write_index, axis=3)
             v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), write_index, axis=2)
             new_kv = (k, v)
@@ -244,7 +286,11 @@ class Attention(nn.Module):
         allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
         q = q.reshape(b, t, cfg.num_kv_heads, h // cfg.num_kv_heads, d)
         blocks = causal_blocks(t) if kv is None else 1
-        if blocks > 1:
+        if prefix is not None:
+            chex.assert_axis_dimension(q, 1, 1)
+            out = attend_with_prefix(q, k.astype(dt), v.astype(dt), allowed, prefix[0].astype(dt),
+                                     prefix[1].astype(dt), prefix_mask)
+        elif blocks > 1:
             out = _attend_causal(q, k.astype(dt), v.astype(dt), allowed, blocks)
         else:
             out = _attend(q, k.astype(dt), v.astype(dt), allowed)
@@ -321,9 +367,9 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x, kv, aux):
-        rope_cs, q_slot, key_mask, write_index = aux
+        rope_cs, q_slot, key_mask, write_index, prefix_mask = aux
         h, new_kv = Attention(self.cfg, name="attn")(
-            RMSNorm(self.cfg, name="attn_norm")(x), rope_cs, q_slot, key_mask, kv, write_index)
+            RMSNorm(self.cfg, name="attn_norm")(x), rope_cs, q_slot, key_mask, kv, write_index, prefix_mask)
         x = x + h
         x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
         # The residual stream between layers: rows over ('data', 'fsdp'), per the rules table.
@@ -370,9 +416,11 @@ class Transformer(nn.Module):
             self.value_bias = self.param(
                 "value_bias", nn.with_logical_partitioning(nn.initializers.zeros, ()), (), DTYPES[cfg.param_dtype])
 
-    def __call__(self, tokens, positions, mask, cache: KVCache | None = None, rope_cs=None):
+    def __call__(self, tokens, positions, mask, cache: KVCache | None = None, rope_cs=None,
+                 prefix: PrefixCache | None = None):
         """tokens, positions: [B,T] int32; mask: [B,T] bool (real tokens); rope_cs: the
-        `rope_tables` of `positions` when the caller has them (else computed here).
+        `rope_tables` of `positions` when the caller has them (else computed here); prefix:
+        a shared prompt cache the rows attend to before their own ``cache`` (decode, T = 1).
         Returns (hidden [B,T,E] after the final norm, updated cache or None)."""
         dt = DTYPES[self.cfg.dtype]
         x = jnp.take(self.embedding, tokens, axis=0).astype(dt)
@@ -389,7 +437,10 @@ class Transformer(nn.Module):
         if rope_cs is None:
             cfg = self.cfg
             rope_cs = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
-        x, new_kv = self.layers(x, kv, (rope_cs, q_slot, key_mask, write_index))
+        prefix_mask = None
+        if prefix is not None:
+            kv, prefix_mask = kv + (prefix.k, prefix.v), prefix.mask
+        x, new_kv = self.layers(x, kv, (rope_cs, q_slot, key_mask, write_index, prefix_mask))
         hidden = self.final_norm(x)
         new_cache = None
         if cache is not None:
@@ -449,7 +500,8 @@ def default_positions(mask: jax.Array) -> jax.Array:
 
 def forward_hidden(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array | None = None,
                    positions: jax.Array | None = None, cache: KVCache | None = None,
-                   *, unroll: bool | None = None, rope_cs=None) -> tuple[jax.Array, KVCache | None]:
+                   *, unroll: bool | None = None, rope_cs=None,
+                   prefix: PrefixCache | None = None) -> tuple[jax.Array, KVCache | None]:
     """tokens [B,T] int32 -> (hidden [B,T,E], cache). mask defaults to all real tokens.
 
     rope_cs: `rope_tables(positions, ...)` computed by the caller. The decode loop passes
@@ -461,7 +513,8 @@ def forward_hidden(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
     chex.assert_equal_shape([tokens, mask])
     positions = default_positions(mask) if positions is None else positions
     value_head = "value_head" in params
-    return _module(cfg, value_head, unroll).apply({"params": params}, tokens, positions, mask, cache, rope_cs)
+    return _module(cfg, value_head, unroll).apply({"params": params}, tokens, positions, mask, cache, rope_cs,
+                                                  prefix)
 
 
 def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:

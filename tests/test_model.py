@@ -97,6 +97,53 @@ def test_cached_decoding_matches_full_forward(unroll):
     assert int(cache.index) == t
 
 
+@pytest.mark.parametrize("unroll", [False, True])
+def test_decoding_over_a_shared_prompt_matches_full_forward(unroll):
+    """Rows that share a prompt slot (PrefixCache, r = 3 rows per slot) and decode their
+    own tokens into a cache of completion slots give each row's logits of the whole
+    sequence run at once; the prompts are left-padded by different amounts."""
+    cfg = dataclasses.replace(TINY, attention_bias=True)
+    params = _params(cfg)
+    p, r, tp, steps = 2, 3, 6, 5
+    prompts = jax.random.randint(jax.random.key(5), (p, tp), 0, cfg.vocab_size)
+    prompt_mask = jnp.ones((p, tp), bool).at[0, :2].set(False)
+    hidden, pcache = jax.jit(lambda *a: model.forward_hidden(cfg, *a))(
+        params, prompts, prompt_mask, model.default_positions(prompt_mask), model.init_cache(cfg, p, tp))
+    prefix = model.PrefixCache(k=pcache.k, v=pcache.v, mask=prompt_mask)
+    b = p * r
+    own = jax.random.randint(jax.random.key(6), (b, steps), 0, cfg.vocab_size)
+    lens = jnp.repeat(prompt_mask.sum(1), r)
+    cache = model.init_cache(cfg, b, 8)
+    step = jax.jit(lambda *a: model.forward_hidden(cfg, *a, unroll=unroll, prefix=prefix))
+    outs = []
+    for i in range(steps):
+        h, cache = step(params, own[:, i:i + 1], jnp.ones((b, 1), bool), (lens + i)[:, None], cache)
+        outs.append(h)
+    got = model.logits_from_hidden(cfg, params, jnp.concatenate(outs, 1))
+    tokens = jnp.concatenate([jnp.repeat(prompts, r, axis=0), own], axis=1)
+    mask = jnp.concatenate([jnp.repeat(prompt_mask, r, axis=0), jnp.ones((b, steps), bool)], axis=1)
+    want = _logits(cfg, params, tokens, mask)[:, tp:]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_attention_with_a_prefix_equals_attention_over_the_joined_cache():
+    """attend_with_prefix is _attend over [the slot's prompt keys, the row's own keys] with
+    the two masks joined, including a row whose own cache is empty."""
+    keys = jax.random.split(jax.random.key(7), 5)
+    p, r, kh, g, d, tp, s = 2, 2, 2, 3, 8, 5, 4
+    b = p * r
+    q = jax.random.normal(keys[0], (b, 1, kh, g, d))
+    k, pk = jax.random.normal(keys[1], (b, kh, d, s)), jax.random.normal(keys[2], (p, kh, d, tp))
+    v, pv = jax.random.normal(keys[3], (b, kh, s, d)), jax.random.normal(keys[4], (p, kh, tp, d))
+    prefix_mask = jnp.array([[False, True, True, True, True], [True] * 5])
+    allowed = jnp.array([[True, True, False, False], [False] * 4, [True, False, True, False], [True] * 4])[:, None]
+    got = model.attend_with_prefix(q, k, v, allowed, pk, pv, prefix_mask)
+    joined_k = jnp.concatenate([jnp.repeat(pk, r, axis=0), k], axis=-1)
+    joined_v = jnp.concatenate([jnp.repeat(pv, r, axis=0), v], axis=-2)
+    joined = jnp.concatenate([jnp.repeat(prefix_mask, r, axis=0)[:, None], allowed], axis=-1)
+    np.testing.assert_allclose(got, model._attend(q, joined_k, joined_v, joined), atol=1e-5)
+
+
 def _loss_and_grads(cfg, params, tokens):
     def loss(p):
         logits = model.forward_logits(cfg, p, tokens[:, :-1])
