@@ -30,7 +30,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # The sampler's decode engines (grpo_jax.sampling): the model's forward with its layers in a
 # `lax.scan` or written out one by one, or the single-CPU-device feature-major step; `auto`
 # picks one from the sampling mesh's devices (`sampling.resolve_engine`).
-DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major")
+DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
 
 
 

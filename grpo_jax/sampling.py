@@ -94,6 +94,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import math
 import weakref
 from typing import Any, Sequence
 
@@ -154,12 +155,31 @@ def _batch_degree(mesh: Mesh | None) -> int:
     return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
 
 
-def padded_rows(num_prompts: int, group_size: int, mesh: Mesh | None) -> tuple[int, int]:
+def padded_rows(num_prompts: int, group_size: int, mesh: Mesh | None, engine: str = "scan") -> tuple[int, int]:
     """(prefill rows, decode rows) of one call: the num_prompts x group_size samples padded
     with dummy rows to a multiple of the batch-sharding degree D, and the prefill batch of
-    `_prefill_layout` (D blocks of equal size, one per shard)."""
-    slots, src = _prefill_layout(num_prompts, group_size, _batch_degree(mesh))
+    the engine's layout (`_layout`)."""
+    slots, src = _layout(engine, num_prompts, group_size, _batch_degree(mesh))
     return len(slots), len(src)
+
+
+def _layout(engine: str, num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
+    """(slot_prompt, src) of `_shared_layout` for the shared engine, else `_prefill_layout`."""
+    return (_shared_layout if engine == "shared" else _prefill_layout)(num_prompts, group_size, degree)
+
+
+def _shared_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_prefill_layout`'s (slot_prompt, src) for the shared engine, whose rows read their
+    prompt's cache in place (``model.PrefixCache``): every slot serves r consecutive rows,
+    r = gcd(rows per shard, group_size), so a shard's rows are whole runs of one slot and a
+    question's G rows use G / r copies of its prompt (one per shard they span when G
+    exceeds a shard). Dummy rows get dummy slots."""
+    rows = num_prompts * group_size
+    bp = _round_up(rows, degree)
+    r = math.gcd(bp // degree, group_size)
+    first_row = np.arange(bp // r) * r
+    slot_prompt = np.where(first_row < rows, first_row // group_size, -1).astype(np.int32)
+    return slot_prompt, (np.arange(bp) // r).astype(np.int32)
 
 
 def _prefill_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
@@ -245,11 +265,11 @@ class _HostBatch:
 
 
 def _host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, pad_id: int,
-                mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0) -> _HostBatch:
+                mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0, engine: str = "scan") -> _HostBatch:
     """Left-pad the prompts into `prompt_bucket`, lay them out for the prefill
-    (`_prefill_layout`) and lay out the (padded) sample rows, whose randomness indices start
+    (the engine's `_layout`) and lay out the (padded) sample rows, whose randomness indices start
     at `row_offset` (the call's first row in the whole batch)."""
-    slot_prompt, src = _prefill_layout(len(prompts), group_size, _batch_degree(mesh))
+    slot_prompt, src = _layout(engine, len(prompts), group_size, _batch_degree(mesh))
     # Row -1 (the dummy slots' prompt) stays all pad and fully masked.
     tokens = np.full((len(prompts) + 1, prompt_bucket), pad_id, np.int32)
     mask = np.zeros((len(prompts) + 1, prompt_bucket), bool)
@@ -510,6 +530,19 @@ def decode_windows(prompt_slots: int, num_cols: int) -> tuple[int, ...]:
     return tuple(prompt_slots + num_cols * (i + 1) // phases for i in range(phases))
 
 
+def cache_plan(engine: str, prompt_slots: int, num_cols: int) -> tuple[int, tuple[int, ...]]:
+    """(the prefill's cache slots, the decode's windows) of one call: `feature_major` decodes
+    in phases over a cache that grows (`decode_windows`); `shared` keeps the prompts' cache
+    as the prefill made it and decodes into completion slots that grow by phase; the others
+    run one loop over the whole prompt + completion cache."""
+    if engine == "feature_major":
+        windows = decode_windows(prompt_slots, num_cols)
+        return windows[0], windows
+    if engine == "shared":
+        return prompt_slots, decode_windows(0, num_cols)
+    return prompt_slots + num_cols, (prompt_slots + num_cols,)
+
+
 def _resize_slots(cache: model_lib.KVCache, slots: int) -> model_lib.KVCache:
     """The feature-major decode's per-layer cache (k [B,K,D,S], v [B,K,S,D] per layer, mask
     [B,S]) with S padded by empty slots to `slots`."""
@@ -534,10 +567,10 @@ class _DecodeState:
 
 
 def _engine_cache(engine: str, cache: model_lib.KVCache, num_layers: int) -> model_lib.KVCache:
-    """The prefill's cache as the engine carries it: per-layer lists of k and v for
-    `unrolled` (so a step writes one slot of one layer's buffer, never the stack) and
+    """The decode's cache as the engine carries it: per-layer lists of k and v for
+    `unrolled` and `shared` (so a step writes one slot of one layer's buffer, never the stack) and
     `feature_major` (the prefill makes them per layer already), stacked for `scan`."""
-    if engine == "unrolled":
+    if engine in ("unrolled", "shared"):
         return cache.replace(k=_unstack(cache.k, num_layers), v=_unstack(cache.v, num_layers))
     return cache
 
@@ -558,18 +591,29 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
       layer). The optimization barrier keeps XLA from hoisting the loop-invariant weight
       stack out of the loop, which would bring the copies back;
     * `feature_major` (one CPU device): `feature_major.step`, with `params` from
-      `_feature_major_weights(cfg, params)` and the cache per layer from the prefill.
+      `_feature_major_weights(cfg, params)` and the cache per layer from the prefill;
+    * `shared`: the unrolled forward over a cache of completion slots only, made here,
+      each row attending to its prompt slot's keys in `cache` (the prefill's, P slots of r
+      rows each, `_shared_layout`; ``model.PrefixCache``) instead of a copy of them, and
+      logits0 per slot. The completion cache grows by phase (`windows`), so a step reads
+      the filled slots and at most one phase's share of empty ones.
 
-    `windows` (feature_major): the cache slots of each decode phase (`decode_windows`), the
-    cache coming from the prefill with the first window's slots; None: one phase over the
-    cache as it comes. `cost_steps` (static; the cost count of `grpo_jax.aot` only): run
+    `windows` (`cache_plan`): the cache slots of each decode phase (feature_major: the
+    cache coming from the prefill with the first window's slots; shared: completion slots);
+    None: one phase over the cache as it comes. `cost_steps` (static; the cost count of `grpo_jax.aot` only): run
     exactly that many steps, written out, in place of the loop.
 
     Returns (tokens, mask, logprobs [Bp,num_cols], finished [Bp], steps, cache).
     """
     TRACE_COUNTS["decode"] += 1
-    bsz = logits0.shape[0]
+    bsz = row_ids.shape[0]
     num_layers = cfg.num_layers
+    windows = windows or (cache.mask.shape[1],)
+    prefix = None
+    if engine == "shared":
+        prefix = model_lib.PrefixCache(k=cache.k, v=cache.v, mask=cache.mask)
+        logits0 = _batch_constrain(jnp.repeat(logits0, bsz // logits0.shape[0], axis=0), mesh)
+        cache = _constrain(model_lib.init_cache(cfg, bsz, windows[0], cache.k.dtype), mesh, cache_sharding)
     pick = functools.partial(_next_token, temperature=temperature, top_k=top_k, top_p=top_p,
                              filtered=filtered)
 
@@ -586,7 +630,7 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
                              tokens=put(state.tokens, token), mask=put(state.mask, active),
                              logps=put(state.logps, logp), finished=state.finished | stop)
 
-    if engine == "unrolled":
+    if engine in ("unrolled", "shared"):
         layer_params = _unstack(params["layers"], num_layers)
         step_params = lambda: dict(params, layers=_stack(jax.lax.optimization_barrier(layer_params)))
     else:
@@ -603,8 +647,6 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
         logps=_batch_constrain(jnp.zeros((bsz, num_cols), jnp.float32), mesh),
         finished=jnp.zeros((bsz,), bool))
     state = emit(state, logits0.T)
-
-    windows = windows or (cache.mask.shape[1],)
     tp = windows[-1] - num_cols
 
     def cond(window, s: _DecodeState):
@@ -619,13 +661,13 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
                                                                 s.last, s.last_real, rope_cs)
             c = model_lib.KVCache(k=ks, v=vs, mask=cache_mask, index=c.index + 1)
         else:
-            if engine == "unrolled":
+            if engine != "scan":
                 c = c.replace(k=_stack(c.k), v=_stack(c.v))
             # Token `step-1` (slot Tp+step-1) sits at position n + step - 1 (default_positions).
             positions = (prompt_lens + s.step - 1)[:, None]
             hidden, c = model_lib.forward_hidden(cfg, step_params(), s.last[:, None], s.last_real[:, None],
-                                                 positions, cache=c, unroll=engine == "unrolled",
-                                                 rope_cs=rope_cs)
+                                                 positions, cache=c, unroll=engine != "scan",
+                                                 rope_cs=rope_cs, prefix=prefix)
             c = _engine_cache(engine, _constrain(c, mesh, cache_sharding), num_layers)
             logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0]).T  # [V, B]
         return emit(s.replace(cache=c), logits)
@@ -635,13 +677,13 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
             state = body(state)
     else:
         for window in windows:
-            if engine == "feature_major":
+            if engine in ("feature_major", "shared"):
                 # The cache grows to the phase's window between phases (one copy each), never
                 # inside one: XLA copies a slice of it that a step reads, at every step.
                 state = state.replace(cache=_resize_slots(state.cache, window))
             state = jax.lax.while_loop(functools.partial(cond, window), body, state)
     cache = state.cache
-    if engine == "unrolled":
+    if engine in ("unrolled", "shared"):
         cache = cache.replace(k=_stack(cache.k), v=_stack(cache.v))
     return state.tokens, state.mask, state.logps, state.finished, state.step, cache
 
@@ -683,10 +725,11 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static
         jitted = jax.jit(functools.partial(_prefill, cfg, mesh, engine), static_argnames=("cache_len", "chunk_tokens"))
     else:
         # The cache is donated so that the loop updates it in place; the feature-major decode
-        # grows it between phases instead, so its output cache is not the input's shape.
+        # grows it between phases instead, so its output cache is not the input's shape, and
+        # the shared decode only reads it (its completion cache is its own).
         jitted = jax.jit(functools.partial(_decode, cfg, mesh, engine, *static),
                          static_argnames=("num_cols", "windows", "cost_steps"),
-                         donate_argnums=() if engine == "feature_major" else (1,))
+                         donate_argnums=() if engine in ("feature_major", "shared") else (1,))
     return _OnMesh(jitted, mesh, unrolled)
 
 
@@ -872,7 +915,7 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     """One prefill + decode for validated prompts, left-padded to `prompt_bucket`; sample
     row r draws its randomness as row `row_offset + r`."""
     # -- host: pad
-    host = _host_batch(prompts, group_size, max_new_tokens, pad_id, mesh, prompt_bucket, row_offset)
+    host = _host_batch(prompts, group_size, max_new_tokens, pad_id, mesh, prompt_bucket, row_offset, engine)
     stop_mask = np.zeros((cfg.vocab_size,), bool)
     stop_mask[list(stop_tokens)] = True
     prompt_arrays = (host.prompt_tokens, host.prompt_mask)
@@ -888,11 +931,10 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     # -- device: prefill once per prompt, then the decode loop
     tp, tc = host.prompt_tokens.shape[1], host.completion_bucket
     prefill, decode = programs(cfg, mesh, engine=engine, filtered=top_k > 0 or top_p < 1.0)
-    shared = src_rows if group_size > 1 else None
-    feature_major = engine == "feature_major"
-    windows = decode_windows(tp, tc) if feature_major else (tp + tc,)
-    cache, logits0 = prefill(params, *prompt_arrays, shared, cache_len=windows[0])
-    decode_params = _feature_major_weights(cfg, params) if feature_major else params
+    copy_to = src_rows if group_size > 1 and engine != "shared" else None
+    cache_len, windows = cache_plan(engine, tp, tc)
+    cache, logits0 = prefill(params, *prompt_arrays, copy_to, cache_len=cache_len)
+    decode_params = _feature_major_weights(cfg, params) if engine == "feature_major" else params
     tokens, mask, logps, finished, steps, _ = decode(
         decode_params, cache, logits0, prompt_lens, row_ids, row_valid, key,
         np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(max_new_tokens), stop_mask,

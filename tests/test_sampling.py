@@ -302,7 +302,7 @@ def test_decode_engine_resolution_and_its_errors():
         sampling.resolve_engine("fast", None)
 
 
-@pytest.mark.parametrize("engine", ["unrolled", "feature_major"])
+@pytest.mark.parametrize("engine", ["unrolled", "feature_major", "shared"])
 def test_every_decode_engine_draws_what_the_scan_engine_draws(params, engine):
     a = _sample(params, temperature=1.0, engine=engine)
     b = _sample(params, temperature=1.0, engine="scan")
@@ -325,6 +325,35 @@ def test_prefill_layout_keeps_every_rows_prompt_on_its_shard(num, group, degree)
     assert set(range(num)) <= set(slots.tolist())
     if group == 1:
         np.testing.assert_array_equal(slots[src[:rows]], np.arange(rows))
+
+
+@pytest.mark.parametrize("num,group,degree", [(3, 2, 4), (16, 64, 64), (5, 3, 4), (2, 16, 8),
+                                               (7, 1, 4), (1, 8, 8), (3, 5, 1)])
+def test_shared_layout_gives_each_slot_a_run_of_rows_on_one_shard(num, group, degree):
+    """The shared engine's rows read their slot's cache in place: slot of row b is b // r for
+    one r, every slot's rows lie on one shard, and every real row's slot holds its prompt."""
+    slots, src = sampling._shared_layout(num, group, degree)
+    rows = num * group
+    assert len(src) % degree == 0 and len(src) - rows < degree
+    r = len(src) // len(slots)
+    np.testing.assert_array_equal(src, np.arange(len(src)) // r)
+    per_shard = len(src) // degree
+    assert per_shard % r == 0 and group % r == 0
+    np.testing.assert_array_equal(slots[src[:rows]], np.arange(rows) // group)
+    assert (slots[len(src[:rows]) // r + (rows % r > 0):] == -1).all()
+
+
+def test_shared_engine_on_a_mesh_draws_what_one_device_draws(params):
+    """The shared engine with the batch over 4 shards (3 prompts x G = 2 padded to 8 rows:
+    a prompt's two rows on one shard) and heads over 'tensor' samples what the scan engine
+    samples on one device."""
+    kw = dict(key=jax.random.key(5), group_size=G, max_new_tokens=12, temperature=1.0)
+    mesh8 = mesh_from_shape((2, 2, 2))
+    p8 = _peaky(model.init_params(CFG, jax.random.key(0), mesh8))
+    a = sampling.sample(CFG, params, PROMPTS, engine="scan", **kw)
+    b = sampling.sample(CFG, p8, PROMPTS, mesh=mesh8, engine="shared", **kw)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
 
 
 def test_prefill_moves_no_cache_between_devices():
