@@ -261,31 +261,47 @@ def _threefry_unrolled_on_cpu():
 
 def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
     """Per-chip {"prefill" | "decode": [FLOPs, bytes]} of one sampler call with every loop
-    trip counted, and "decode_per_token": the decode's [FLOPs, bytes] per step.
+    trip counted, and "decode_per_token": the decode's [FLOPs, bytes] per step, averaged
+    over the rl.max_new_tokens - 1 steps.
 
     XLA counts a loop body once, so the count compiles cost twins of the run's programs
     (``sampler_calls(unrolled=True)``): the same code with every loop written out, at 1 and
     2 layers and 1 and 2 decode steps. Each count is linear in the layers (and for decode
     in steps, with a layers x steps term), so the four points give the count at the
     model's depth and rl.max_new_tokens exactly, with nothing dropped: the run's own
-    copies, in-loop slicing and cache writes are in the twin too."""
-    pre, dec = {}, {}
+    copies, in-loop slicing and cache writes are in the twin too. An engine that decodes in
+    phases over a growing cache (``sampling.cache_plan``) is counted at its first and last
+    window, and a step's cost is linear in the window between them (attention and the
+    cache slots are; nothing else depends on it)."""
+    from grpo_jax import sampling
+
+    tc = sampling.bucket_length(cfg.rl.max_new_tokens)
+    windows = sampling.cache_plan(programs.decode_engine(cfg, programs.sampler_mesh(mesh)), prompt_len, tc)[1]
+    pre, dec = {}, {w: {} for w in dict.fromkeys((windows[0], windows[-1]))}
     with _threefry_unrolled_on_cpu():
         for layers in (1, 2):
             variant = _variant(cfg, layers)
-            for steps in (1, 2):
-                calls = sampler_calls(variant, mesh, prompts, group_size, prompt_len, unrolled=True,
-                                      cost_steps=steps)
-                if steps == 1:
-                    program, args, kwargs = calls["prefill"]
-                    pre[layers] = _loop_free_cost("sample_prefill", program.lower(*args, **kwargs), mesh)
-                program, args, kwargs = calls["decode"]
-                dec[layers, steps] = _loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
+            for w in dec:
+                for steps in (1, 2):
+                    calls = sampler_calls(variant, mesh, prompts, group_size, prompt_len, unrolled=True,
+                                          cost_steps=steps, window=w)
+                    if steps == 1 and layers not in pre:
+                        program, args, kwargs = calls["prefill"]
+                        pre[layers] = _loop_free_cost("sample_prefill", program.lower(*args, **kwargs), mesh)
+                    program, args, kwargs = calls["decode"]
+                    dec[w][layers, steps] = _loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
     depth = cfg.model.num_layers
     prefill = pre[1] + (depth - 1) * (pre[2] - pre[1])
+    per_window = {w: _bilinear(c, depth, 2) - _bilinear(c, depth, 1) for w, c in dec.items()}
+    fixed = _bilinear(dec[windows[-1]], depth, 1) - per_window[windows[-1]]
+    lo, hi = windows[0], windows[-1]
+    at = lambda w: per_window[hi] if lo == hi else per_window[lo] + (w - lo) / (hi - lo) * (per_window[hi] - per_window[lo])
     steps = cfg.rl.max_new_tokens - 1  # the first token is drawn from the prefill's logits
-    per_token = _bilinear(dec, depth, 2) - _bilinear(dec, depth, 1)
-    return {"prefill": prefill, "decode": _bilinear(dec, depth, steps), "decode_per_token": per_token}
+    # Step s writes slot tp + s - 1 and runs in the first phase whose window holds it.
+    tp = windows[-1] - tc
+    edges = [1] + [min(w - tp, steps) + 1 for w in windows]
+    decode = fixed + sum(max(0, b - a) * at(w) for a, b, w in zip(edges[:-1], edges[1:], windows))
+    return {"prefill": prefill, "decode": decode, "decode_per_token": (decode - fixed) / max(steps, 1)}
 
 
 def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
@@ -309,13 +325,24 @@ def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
 
 
 def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> float:
-    """Bytes one decode step must move per chip at least: its shard of the sampling weights
-    and of the whole KV cache (attention reads every slot at every step)."""
+    """Bytes a decode step must move per chip at least, averaged over the
+    rl.max_new_tokens - 1 steps: its shard of the sampling weights and of the KV its
+    attention needs. Every slot of the cache for the engines that read them all; for the
+    shared engine, each prompt slot's cache once and each row's filled completion slots
+    (step s: s of them)."""
+    from grpo_jax import sampling
+
     _, args, _ = sampler_calls(cfg, mesh, prompts, group_size, prompt_len)["decode"]
     params, cache = args[0], args[1]
-    if programs.sampler_mesh(mesh) is None:
-        return float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((params, cache.k, cache.v))))
-    return float(bytes_per_chip(params) + bytes_per_chip((cache.k, cache.v)))
+    size = (lambda x: float(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(x)))) \
+        if programs.sampler_mesh(mesh) is None else bytes_per_chip
+    kv = size((cache.k, cache.v))
+    if programs.decode_engine(cfg, programs.sampler_mesh(mesh)) == "shared":
+        rows = sampling.padded_rows(prompts, group_size, programs.sampler_mesh(mesh), "shared")[1]
+        slots_per_row = cache.mask.shape[0] / rows
+        mean_filled = cfg.rl.max_new_tokens / 2  # (1 + ... + steps) / steps, steps = max_new_tokens - 1
+        kv = kv * (1 + mean_filled / (slots_per_row * prompt_len))
+    return float(size(params) + kv)
 
 
 def fit(compiled, chip: ChipSpec, resident_bytes: int = 0) -> dict:
@@ -364,24 +391,28 @@ def sample_mesh(cfg: Config, slice_name: str):
 
 
 def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, *,
-                  unrolled: bool = False, cost_steps: int | None = None) -> dict:
+                  unrolled: bool = False, cost_steps: int | None = None, window: int | None = None) -> dict:
     """{"prefill" | "decode": (program, args, kwargs)}: the sampler's two programs
     (``programs.sampler``) and abstract arguments shaped and sharded as ``sampling``'s
     ``_sample_call`` passes them, for one call of ``prompts`` x ``group_size`` rows (padded
     to the mesh as the sampler pads them), a prompt bucket of ``prompt_len`` and
     rl.max_new_tokens new tokens, reading the rl.sample_dtype copy of the policy
     (``sampling.sampling_copy``). ``mesh`` None: one device. ``unrolled`` / ``cost_steps``:
-    the cost twin (every loop written out, ``cost_steps`` decode steps)."""
+    the cost twin (every loop written out, ``cost_steps`` decode steps over one phase's
+    cache: ``window`` slots, default the last phase's)."""
     from grpo_jax import sampling
 
     m = cfg.model
     smesh = programs.sampler_mesh(mesh)
     engine = programs.decode_engine(cfg, smesh)
     prefill, decode = programs.sampler(cfg, smesh, unrolled=unrolled)
-    num_prompts, rows = sampling.padded_rows(prompts, group_size, smesh)
+    num_prompts, rows = sampling.padded_rows(prompts, group_size, smesh, engine)
     tc = sampling.bucket_length(cfg.rl.max_new_tokens)
     feature_major = engine == "feature_major"
-    windows = sampling.decode_windows(prompt_len, tc) if feature_major and cost_steps is None else (prompt_len + tc,)
+    cache_len, windows = sampling.cache_plan(engine, prompt_len, tc)
+    if cost_steps is not None:
+        windows = (windows[-1] if window is None else window,)
+        cache_len = cache_len if engine == "shared" else windows[0]
 
     def sharded(shape, dtype, sharding):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=None if smesh is None else sharding(smesh))
@@ -392,9 +423,9 @@ def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: 
     params = jax.eval_shape(lambda p: sampling.sampling_copy(m, p, cfg.rl.sample_dtype), model_lib.param_shapes(m))
     if smesh is not None:
         params = _abstract(params, model_lib.param_shardings(m, smesh))
-    shared = bs((rows,), jnp.int32) if group_size > 1 else None
-    pre_args = (params, bs((num_prompts, prompt_len), jnp.int32), bs((num_prompts, prompt_len), bool), shared)
-    pre_kwargs = {"cache_len": windows[0]}
+    copy_to = bs((rows,), jnp.int32) if group_size > 1 and engine != "shared" else None
+    pre_args = (params, bs((num_prompts, prompt_len), jnp.int32), bs((num_prompts, prompt_len), bool), copy_to)
+    pre_kwargs = {"cache_len": cache_len}
     cache, logits0 = prefill.eval_shape(*pre_args, **pre_kwargs)
     if smesh is not None:
         cache = _abstract(cache, sampling.cache_sharding(smesh, cache))

@@ -25,14 +25,15 @@ from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
 from grpo_jax.tpu_specs import chip_of  # noqa: E402
 
 
-def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
+def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool = False) -> dict:
     """{program: report} for every program of a run of ``cfg`` on ``slice_name``, plus a
     "summary"; raises aot.FitError naming the first program that does not fit, as soon as
     it is compiled (the sampler first: its KV cache is what usually does not fit, and it
     compiles faster than the train step). The sampler is compiled for one call of
     rl.sample_prompts questions (as the trainer makes them). Each program's FLOPs and bytes
     count every loop trip (``aot.sampler_cost``, ``aot.train_cost``); MFU is the model's
-    FLOPs (``aot.model_flops``) over chips x peak x the estimated step time."""
+    FLOPs (``aot.model_flops``) over chips x peak x the estimated step time.
+    ``sampler_only``: stop after the sampler (no train step, no summary)."""
     mesh, topology = aot.topology_mesh(cfg, slice_name)
     chip = chip_of(topology)
     g = cfg.rl.group_size
@@ -62,6 +63,8 @@ def check(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
         results[f"sample_{name}"] = rep
         log(_line(f"sample_{name}", rep))
         aot.check_fit(f"sample_{name}", rep)
+    if sampler_only:
+        return results
     rows = questions * programs.group_size(cfg)
     log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
         f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
@@ -100,6 +103,8 @@ def main(argv=None) -> int:
                         help="slice preset (v5p-128, v4-32, v5litepod-256, ...) or topology (v5e:2x2)")
     parser.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per row (default 256)")
     parser.add_argument("--json", help="write the per-program reports here")
+    parser.add_argument("--sampler-only", action="store_true",
+                        help="compile and count the sampler's programs only (no train step)")
     add_config_args(parser)
     args = parser.parse_args(argv)
     if not aot.libtpu_available():
@@ -108,16 +113,22 @@ def main(argv=None) -> int:
         return 2
     cfg = config_from_args(args)
     try:
-        results = check(cfg, args.slice, args.prompt_len)
+        results = check(cfg, args.slice, args.prompt_len, sampler_only=args.sampler_only)
     except aot.FitError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 1
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.sampler_only:
+        dec = results["sample_decode"]
+        print(f"sampler fits: rollout {sum(r['estimated_seconds'] * r['calls_per_step'] for r in results.values()):.1f} s "
+              f"per step, decode {dec['bytes_per_token'] / 1e9:.2f} GB/token/chip against "
+              f"{dec['analytic_bytes_per_token'] / 1e9:.2f} GB of weights + KV read; compiler estimates")
+        return 0
     s = results["summary"]
     print(f"fits: rollout {s['rollout_seconds']:.1f} s + update {s['update_seconds']:.1f} s per step "
           f"(roofline of every loop trip), MFU {s['mfu']:.0%} (model FLOPs), HBM headroom "
           f"{s['min_headroom']:.0%}; compiler estimates, not TPU measurements")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
 
 
