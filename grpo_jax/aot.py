@@ -297,10 +297,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     lo, hi = windows[0], windows[-1]
     at = lambda w: per_window[hi] if lo == hi else per_window[lo] + (w - lo) / (hi - lo) * (per_window[hi] - per_window[lo])
     steps = cfg.rl.max_new_tokens - 1  # the first token is drawn from the prefill's logits
-    # Step s writes slot tp + s - 1 and runs in the first phase whose window holds it.
-    tp = windows[-1] - tc
-    edges = [1] + [min(w - tp, steps) + 1 for w in windows]
-    decode = fixed + sum(max(0, b - a) * at(w) for a, b, w in zip(edges[:-1], edges[1:], windows))
+    decode = fixed + sum(n * at(w) for n, w in zip(sampling.phase_steps(windows, tc, steps), windows))
     return {"prefill": prefill, "decode": decode, "decode_per_token": (decode - fixed) / max(steps, 1)}
 
 

@@ -543,6 +543,15 @@ def cache_plan(engine: str, prompt_slots: int, num_cols: int) -> tuple[int, tupl
     return prompt_slots + num_cols, (prompt_slots + num_cols,)
 
 
+def phase_steps(windows: tuple[int, ...], num_cols: int, steps: int) -> list[int]:
+    """Decode steps each phase runs when none stops early: step s (1..steps) writes slot
+    windows[-1] - num_cols + s - 1 and runs in the first phase whose window holds it (the
+    loop condition of `_decode`)."""
+    tp = windows[-1] - num_cols
+    edges = [0] + [min(w - tp, steps) for w in windows]
+    return [max(0, b - a) for a, b in zip(edges[:-1], edges[1:])]
+
+
 def _resize_slots(cache: model_lib.KVCache, slots: int) -> model_lib.KVCache:
     """The feature-major decode's per-layer cache (k [B,K,D,S], v [B,K,S,D] per layer, mask
     [B,S]) with S padded by empty slots to `slots`."""

@@ -43,7 +43,7 @@ def _record(monkeypatch) -> dict:
     return seen
 
 
-@pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=scan"]])
+@pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=shared"]])
 def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok, overrides):
     """cpu-tiny on 8 fake devices: the sampler's prefill and decode and the train step, as
     one trainer step calls them, lower to the same HLO as `aot` lowers them for the same
@@ -53,7 +53,7 @@ def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatc
     trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
                       progress=False, resume=False)
     assert trainer.mesh.size == 8
-    assert trainer.decode_engine == ("scan" if "rl.decode=scan" in overrides else "unrolled")
+    assert trainer.decode_engine == ("shared" if "rl.decode=shared" in overrides else "unrolled")
     trainer.train(1)
     trainer.close()
     prompt_len = seen["prefill"][1][1].shape[1]

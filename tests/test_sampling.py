@@ -343,6 +343,22 @@ def test_shared_layout_gives_each_slot_a_run_of_rows_on_one_shard(num, group, de
     assert (slots[len(src[:rows]) // r + (rows % r > 0):] == -1).all()
 
 
+def test_phase_steps_follow_the_decode_loop():
+    """Steps per phase as `_decode`'s condition runs them: step s writes slot Tp + s - 1."""
+    assert sampling.phase_steps((32, 64, 96, 128), 128, 127) == [32, 32, 32, 31]
+    assert sampling.phase_steps((48, 80, 112, 144), 128, 127) == [32, 32, 32, 31]  # Tp = 16
+    assert sampling.phase_steps((32, 64, 96, 128), 128, 40) == [32, 8, 0, 0]
+    assert sampling.phase_steps((144,), 128, 99) == [99]
+    # Two phases (completion slots 32 then 64): the shared engine still draws what the
+    # scan engine draws, and a row that never stops runs all max_new_tokens columns.
+    assert sampling.cache_plan("shared", 16, 64)[1] == (32, 64)
+    kw = dict(key=jax.random.key(1), group_size=G, max_new_tokens=50, temperature=1.0, stop_tokens=())
+    params = _peaky(model.init_params(CFG, jax.random.key(0)))
+    r, info = sampling.sample_with_info(CFG, params, PROMPTS, engine="shared", **kw)
+    assert info.decode_steps == 50 and r.mask.all()
+    np.testing.assert_array_equal(np.asarray(r.tokens), np.asarray(sampling.sample(CFG, params, PROMPTS, engine="scan", **kw).tokens))
+
+
 def test_shared_engine_on_a_mesh_draws_what_one_device_draws(params):
     """The shared engine with the batch over 4 shards (3 prompts x G = 2 padded to 8 rows:
     a prompt's two rows on one shard) and heads over 'tensor' samples what the scan engine
