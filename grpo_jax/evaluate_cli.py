@@ -31,7 +31,7 @@ import time
 import jax
 
 from grpo_jax import checkpointing, cli, distributed, evaluate_run, model, plots, pretrained, train_cli
-from grpo_jax.config import Config, MeshConfig
+from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
 from grpo_jax.sharding import make_mesh
 from grpo_jax.tasks import get_task, register_task
@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=int, default=0,
                    help="sampled rows per sampler call (default 8 per local device, at least --k)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decode", choices=DECODE_ENGINES, default=None,
+                   help="decode engine (default: a run dir's rl.decode, else auto)")
     p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math)")
     p.add_argument("--manual-dir", default=None, help="folder with the official GSM8K/MATH files")
     p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>)")
@@ -131,7 +133,7 @@ def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh,
         prompt=args.prompt or ("paper" if args.task in PAPER_TASKS else "task"))
     times = evaluate_run.evaluate_shard(model_cfg, params, tokenizer, task, examples, out, settings,
                                         shard=shard, num_shards=num_shards, mesh=mesh, meta=meta,
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress, engine=args.decode or "auto")
     print(f"shard {shard}/{num_shards}: {times['questions']} questions; load {load_s:.1f}s, "
           f"sample {times['sample']:.1f}s, score {times['score']:.1f}s", file=sys.stderr)
     distributed.barrier("evaluate")
@@ -208,6 +210,7 @@ def main(argv=None) -> dict:
             raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {steps}")
         steps = [args.step]
     args.max_new_tokens = args.max_new_tokens or cfg.rl.max_new_tokens
+    args.decode = args.decode or cfg.rl.decode
     abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
     points = []
     for step in steps:

@@ -131,11 +131,12 @@ def _texts(rollout, tokenizer) -> list[str]:
 
 def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[Example], out_dir: str,
                    settings: EvalSettings, *, shard: int = 0, num_shards: int = 1, mesh=None,
-                   meta: dict | None = None, progress: bool = True) -> dict[str, float]:
+                   meta: dict | None = None, progress: bool = True, engine: str = "auto") -> dict[str, float]:
     """Sample and score this shard's chunks of ``examples`` [Q], appending to its JSONL.
 
     Resumable: chunks whose questions are all in the shard file are skipped. ``meta``
-    (model, task, split, ...) is saved with ``settings`` in settings.json; an existing
+    (model, task, split, ...) is saved with ``settings`` in settings.json; ``engine``: the
+    sampler's decode engine (``rl.decode``; every engine draws the same samples). An existing
     out_dir with different ones is an error. Returns the seconds spent {"sample", "score"}
     and the number of questions done now {"questions"}.
     """
@@ -156,7 +157,7 @@ def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[
     times = {"sample": 0.0, "score": 0.0, "questions": todo}
     base = jax.random.PRNGKey(settings.seed)
     common = dict(max_new_tokens=settings.max_new_tokens, stop_tokens=tokenizer.stop_ids,
-                  pad_id=tokenizer.pad_id, mesh=mesh)
+                  pad_id=tokenizer.pad_id, mesh=mesh, engine=engine)
     bar = tqdm(total=todo, desc=f"eval {task.name} shard {shard}/{num_shards}", unit="q",
                disable=not progress, dynamic_ncols=True)
     with open(path, "a", encoding="utf-8") as out:

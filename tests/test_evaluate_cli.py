@@ -5,7 +5,7 @@ import json
 import jax
 import pytest
 
-from grpo_jax import checkpointing, config, evaluate_cli, evaluation, train_cli
+from grpo_jax import checkpointing, config, evaluate_cli, evaluation, sampling, train_cli
 from grpo_jax.errors import CheckpointError
 from grpo_jax.sharding import make_mesh
 from grpo_jax.tasks import get_task
@@ -18,7 +18,7 @@ def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     cfg = config.load_config("cpu-tiny", [
         "rl.algorithm=sft", "run.steps=2", "run.checkpoint_every=1", "run.eval_every=0", "data.task=arithmetic",
-        "data.batch_size=4", "rl.max_new_tokens=12", f"run.run_dir={run_dir}"])
+        "data.batch_size=4", "rl.max_new_tokens=12", "rl.decode=shared", f"run.run_dir={run_dir}"])
     trainer = train_cli.train(cfg, progress=False)
     return str(run_dir), trainer
 
@@ -59,10 +59,17 @@ def test_run_dir_curve_has_one_point_per_step_equal_to_evaluate(run, tmp_path):
     assert sampled[0] != sampled[1]
 
 
-def test_step_option_and_missing_checkpoints(run, tmp_path):
+def test_step_option_and_missing_checkpoints(run, tmp_path, monkeypatch):
+    """--step evaluates one checkpoint, with the run's decode engine (rl.decode) unless
+    --decode names another."""
     run_dir, _ = run
     common = ["--task", "arithmetic", "--limit", "2", "--k", "0", "--no-progress"]
+    engines = []
+    sample = sampling.sample
+    monkeypatch.setattr(sampling, "sample", lambda *a, **kw: engines.append(kw["engine"]) or sample(*a, **kw))
     curve = evaluate_cli.main(["--model", run_dir, "--step", "2", "--out", str(tmp_path / "one"), *common])
+    evaluate_cli.main(["--model", run_dir, "--step", "2", "--out", str(tmp_path / "two"), "--decode", "scan", *common])
+    assert engines == ["shared", "scan"]
     assert [p["step"] for p in curve["points"]] == [2] and set(curve["points"][0]) == {"step", "greedy", "greedy_ci95"}
     empty = tmp_path / "empty_run"
     empty.mkdir()
