@@ -17,6 +17,15 @@ Conventions shared with the sampler (``grpo_jax.sampling``):
   * the completion token t is predicted by the hidden state at sequence position
     Tp + t − 1 of ``concat([prompt_tokens, tokens])`` with the model's default positions
     (left-padded prompt, right-padded completion).
+
+On a mesh (traced under ``sharding.on_mesh``) the chunk loop runs inside ``shard_map``
+and its communication is written out, FSDP-style: the unembedding is all-gathered over
+the axes that shard its ``embed`` dimension once per pass (not once per chunk), every
+chunk's [rows, c, V / vocab shards] logits stay sharded over the axes of ``vocab``
+(vocab-parallel: the log-softmax's max and sum, the target logit and ∂h are reduced across
+vocab shards, the logits never gathered), and its gradient is accumulated locally over the
+chunks and reduce-scattered once. Left to the partitioner, the gather and an all-reduce of
+the whole [E, V] gradient happened inside the loop, once per chunk.
 """
 
 from __future__ import annotations
@@ -27,10 +36,12 @@ from typing import Any
 import chex
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from grpo_jax import loops
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
+from grpo_jax.sharding import logical_to_spec, spec_axes
 
 __all__ = ["token_logprobs", "completion_hidden", "sequence_logprobs", "sequence_values",
            "effective_temperature"]
@@ -51,34 +62,54 @@ def _specs(vocab_major):
     return f"bce,{w}->bcv", f"bcv,{w}->bce", f"bcv,bce->{w}"
 
 
-def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major):
-    """One chunk: hidden [B,c,E], w the unembedding ([V,E] if vocab_major, else [E,V]),
-    targets [B,c] -> (logp [B,c], entropy [B,c] or None, lse [B,c], exp(z − max) [B,c,V],
-    its sum [B,c]).
+def _vocab_sum(x, vocab_axes):
+    """Σ over the vocab shards (the mesh axes in ``vocab_axes``; none: x itself)."""
+    return jax.lax.psum(x, vocab_axes) if vocab_axes else x
+
+
+def _vocab_max(x, vocab_axes):
+    return jax.lax.pmax(x, vocab_axes) if vocab_axes else x
+
+
+def _local_targets(targets, width, vocab_axes):
+    """Target ids relative to this shard's vocab slice [offset, offset + width)."""
+    return targets - jax.lax.axis_index(vocab_axes) * width if vocab_axes else targets
+
+
+def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_axes):
+    """One chunk: hidden [B,c,E], w the unembedding ([V,E] if vocab_major, else [E,V]; or
+    this device's vocab slice of it, V = V_total / shards over ``vocab_axes``), targets
+    [B,c] -> (logp [B,c], entropy [B,c] or None, lse [B,c], exp(z − max) [B,c,V], its sum
+    [B,c]).
 
         log π(o_t) = z_t[o_t] − logsumexp_v z_t[v],   z_t = (h_t · W) / T
 
     The target logit is h_t · W[:, o_t] (a gather of unembedding columns, like an embedding
-    lookup), so nothing indexes into the (possibly vocab-sharded) logits.
+    lookup, taken by the shard that holds o_t), so nothing indexes into the logits.
     """
     h = hidden.astype(jnp.float32)
     w = w.astype(jnp.float32)
     logits = jnp.einsum(_specs(vocab_major)[0], h, w) / temp
-    top = jnp.max(logits, axis=-1, keepdims=True)
+    width = logits.shape[-1]
+    top = _vocab_max(jnp.max(logits, axis=-1, keepdims=True), vocab_axes)
     e = jnp.exp(logits - top)
-    total = jnp.sum(e, axis=-1)
+    total = _vocab_sum(jnp.sum(e, axis=-1), vocab_axes)
     lse = top[..., 0] + jnp.log(total)
-    target_w = jnp.take(w, targets, axis=0) if vocab_major else jnp.moveaxis(jnp.take(w, targets, axis=1), 0, -1)
-    logp = jnp.einsum("bce,bce->bc", h, target_w) / temp - lse
+    local = _local_targets(targets, width, vocab_axes)
+    held = (local >= 0) & (local < width)
+    local = jnp.clip(local, 0, width - 1)
+    target_w = jnp.take(w, local, axis=0) if vocab_major else jnp.moveaxis(jnp.take(w, local, axis=1), 0, -1)
+    target = jnp.where(held, jnp.einsum("bce,bce->bc", h, target_w), 0.0)
+    logp = _vocab_sum(target, vocab_axes) / temp - lse
     if not with_entropy:
         return logp, None, lse, e, total
     # H = logsumexp(z) − Σ_v softmax(z)_v z_v, from the same exp(z − max) as the sum above
     # (one exp over the vocabulary, not two).
-    return logp, lse - jnp.sum(e * logits, axis=-1) / total, lse, e, total
+    return logp, lse - _vocab_sum(jnp.sum(e * logits, axis=-1), vocab_axes) / total, lse, e, total
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs, vocab_axes):
     """``(logp, entropy or None)`` of one chunk (``_chunk_forward``); entropy is a metric
     and is not differentiated.
 
@@ -89,19 +120,22 @@ def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major, keep_pr
     ∂logp/∂z = (onehot(o) − softmax(z)) / T once and contracts it into W's gradient in the
     layout W is stored in. Left to autodiff under a checkpoint, XLA's CPU backend built the
     gradient of a tied embedding as [E,V] and transposed it in every chunk (113 MB for
-    SmolLM2), and ran the vocabulary reductions twice.
+    SmolLM2), and ran the vocabulary reductions twice. With ``vocab_axes`` (inside
+    ``shard_map``) w is this device's vocab slice: ∂W stays local and ∂h is summed over
+    the vocab shards.
     """
-    logp, entropy, *_ = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major)
+    logp, entropy, *_ = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_axes)
     return logp, entropy
 
 
-def _chunk_fwd(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs):
-    logp, entropy, lse, e, total = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major)
+def _chunk_fwd(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs, vocab_axes):
+    logp, entropy, lse, e, total = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major,
+                                                  vocab_axes)
     softmax_or_lse = e / total[..., None] if keep_probs else lse
     return (logp, entropy), (hidden, w, targets, temp, softmax_or_lse)
 
 
-def _chunk_bwd(with_entropy, vocab_major, keep_probs, res, cotangents):
+def _chunk_bwd(with_entropy, vocab_major, keep_probs, vocab_axes, res, cotangents):
     hidden, w, targets, temp, softmax_or_lse = res
     g = cotangents[0]  # [B,c]; the entropy's cotangent is ignored (a metric)
     logits_spec, dh_spec, dw_spec = _specs(vocab_major)
@@ -111,9 +145,10 @@ def _chunk_bwd(with_entropy, vocab_major, keep_probs, res, cotangents):
         probs = softmax_or_lse
     else:
         probs = jnp.exp(jnp.einsum(logits_spec, h, w32) / temp - softmax_or_lse[..., None])
-    onehot = targets[..., None] == jnp.arange(probs.shape[-1], dtype=targets.dtype)
+    width = probs.shape[-1]
+    onehot = _local_targets(targets, width, vocab_axes)[..., None] == jnp.arange(width, dtype=targets.dtype)
     dlogits = (onehot - probs) * (g / temp)[..., None]
-    dh = jnp.einsum(dh_spec, dlogits, w32).astype(hidden.dtype)
+    dh = _vocab_sum(jnp.einsum(dh_spec, dlogits, w32), vocab_axes).astype(hidden.dtype)
     dw = jnp.einsum(dw_spec, dlogits, h).astype(w.dtype)
     return dh, dw, None, jnp.zeros_like(temp)
 
@@ -162,6 +197,22 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
         layout = "[V, E]" if vocab_major else "[E, V]"
         raise ValueError(f"unembed {unembed.shape} ({layout}) does not map hidden size {hidden.shape[-1]}")
     temp = jnp.asarray(effective_temperature(temperature), jnp.float32)
+    chunked = functools.partial(_chunked, chunk_size=chunk_size, with_entropy=with_entropy,
+                                vocab_major=vocab_major, keep_probs=keep_probs)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        logp, entropy = chunked(hidden, unembed, targets.astype(jnp.int32), temp, vocab_axes=())
+    else:
+        logp, entropy = _on_mesh(chunked, mesh, hidden, unembed, targets.astype(jnp.int32), temp,
+                                 vocab_major)
+    chex.assert_shape(logp, targets.shape)
+    return (logp, entropy) if with_entropy else logp
+
+
+def _chunked(hidden, unembed, targets, temp, *, chunk_size, with_entropy, vocab_major, keep_probs,
+             vocab_axes):
+    """(logp [B, T], entropy [B, T] or None): the chunk loop over one device's rows (or all
+    of them, off a mesh); ``unembed`` holds the vocab slice of ``vocab_axes``."""
     b, t, e = hidden.shape
     c = max(1, min(chunk_size, t))
     n = -(-t // c)
@@ -171,20 +222,50 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
     # [B, n*c, ...] -> [n, B, c, ...]: scan over chunks.
     hs = jnp.moveaxis(hidden.reshape(b, n, c, e), 1, 0)
-    ts = jnp.moveaxis(targets.astype(jnp.int32).reshape(b, n, c), 1, 0)
+    ts = jnp.moveaxis(targets.reshape(b, n, c), 1, 0)
 
     def body(_, xs):
         h, tg = xs
         with jax.named_scope("logprobs"):  # names the chunk's ops in profiles (profile_ops.py)
-            return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major, keep_probs)
+            return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major, keep_probs,
+                                         vocab_axes)
 
     _, (logp, entropy) = loops.scan(body, None, (hs, ts))
     unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * c)[:, :t]
-    logp = unchunk(logp)
-    chex.assert_shape(logp, (b, t))
-    if not with_entropy:
-        return logp
-    return logp, unchunk(entropy)
+    return unchunk(logp), None if entropy is None else unchunk(entropy)
+
+
+def _on_mesh(chunked, mesh, hidden, unembed, targets, temp, vocab_major):
+    """``chunked`` in ``shard_map`` over ``mesh``: rows split as the rules table splits
+    ``batch``, the unembedding as it is stored (``vocab``, ``embed``). Each device gathers
+    the ``embed`` shards of the unembedding once, keeps its ``vocab`` slice, and runs the
+    chunk loop on its own rows with vocab-parallel chunks. The gather transposes to one
+    reduce-scatter of ∂W over the row axes that shard ``embed`` (FSDP) and a sum over the
+    other row axes (data parallelism)."""
+    vocab_dim, embed_dim = (0, 1) if vocab_major else (1, 0)
+    w_names = ("vocab", "embed") if vocab_major else ("embed", "vocab")
+    w_spec = logical_to_spec(w_names, unembed.shape, mesh)
+    row_spec = logical_to_spec(("batch",), targets.shape[:1], mesh)
+    rows, vocab, embed = spec_axes(row_spec[0]), spec_axes(w_spec[vocab_dim]), spec_axes(w_spec[embed_dim])
+    if set(rows) & set(vocab):
+        raise ValueError(f"rows over {rows} and the vocabulary over {vocab} share a mesh axis; "
+                         "the rules table must keep batch and vocab apart")
+    fsdp = embed if set(embed) <= set(rows) else ()
+
+    def local(h, w, tg, tp):
+        if embed:
+            # Over row axes the gather transposes to a reduce-scatter of the per-device partial
+            # ∂W; over an axis the rows are not split on, to a slice of the same ∂W.
+            w = jax.lax.all_gather(w, embed, axis=embed_dim, tiled=True,
+                                   to="varying" if fsdp else "invarying")
+        # ∂W of this device's rows is a partial sum: typed as varying over the row axes, the
+        # transpose sums it over them.
+        w = jax.lax.pcast(w, tuple(a for a in rows if a not in fsdp), to="varying")
+        return chunked(h, w, tg, tp, vocab_axes=vocab)
+
+    by_rows = P(row_spec[0])
+    return jax.shard_map(local, mesh=mesh, in_specs=(by_rows, w_spec, by_rows, P()),
+                         out_specs=by_rows)(hidden, unembed, targets, temp)
 
 
 def completion_hidden(cfg: ModelConfig, params: Any, batch: Any) -> jax.Array:

@@ -134,6 +134,11 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mes
     return P(*spec)
 
 
+def spec_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, an axis, or a tuple of axes)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def logical_to_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(names, shape, mesh))
 

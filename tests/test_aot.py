@@ -7,6 +7,7 @@ import pytest
 
 from grpo_jax import aot, loops, sampling
 from grpo_jax.config import apply_overrides, get_preset
+from grpo_jax.model import param_shapes as model_param_shapes, param_shardings as model_param_shardings
 from grpo_jax.tpu_specs import chip_of
 
 pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
@@ -179,6 +180,23 @@ def test_collectives_are_counted_with_their_result_bytes():
     assert aot.collectives(hlo) == {"all-gather": {"count": 1, "bytes": 4096 * 1024 * 2},
                                     "all-reduce": {"count": 1, "bytes": 8 * 128 * 4},
                                     "all-to-all": {"count": 1, "bytes": 2 * 64 * 2 * 4}}
+    # The TPU's reduce-scatter: an all-reduce of the whole array inside an
+    # all-reduce-scatter fusion, here run by a 16-trip loop.
+    fused = "\n".join([
+        "%all-reduce-scatter.2 (p: bf16[512,1024]) -> bf16[64,1024] {",
+        "  %all-reduce.8 = bf16[512,1024]{1,0} all-reduce(%p), to_apply=%add",
+        "}",
+        "%cond (c: s32[]) -> pred[] {",
+        "  %n = s32[] constant(16)",
+        "}",
+        "%body (b: s32[]) -> s32[] {",
+        "  %rs = bf16[64,1024]{1,0} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.2",
+        "}",
+        "ENTRY %main (x: s32[]) -> s32[] {",
+        "  %loop = s32[] while(%x), condition=%cond, body=%body",
+        "}"])
+    assert aot.collective_ops(fused) == [{"kind": "reduce-scatter", "bytes": 64 * 1024 * 2,
+                                          "shapes": ["bf16[64,1024]"], "loops": [16]}]
     # A real TPU compile: replicating a [4096, 1024] array sharded over 4 chips is one
     # all-gather whose result is the whole array (the compiler may narrow it to bf16).
     devices = aot.topology_devices("v5e:2x2")
@@ -190,3 +208,27 @@ def test_collectives_are_counted_with_their_result_bytes():
     found = aot.collectives(compiled.as_text())
     assert list(found) == ["all-gather"] and found["all-gather"]["count"] == 1
     assert found["all-gather"]["bytes"] in (4096 * 1024 * 2, 4096 * 1024 * 4)
+
+
+def test_train_step_gathers_the_unembedding_once_per_pass_and_reduce_scatters_its_gradient():
+    """FSDP on v5e:2x4 (fsdp = 8), an untied [E, V] unembedding, 8 log-prob chunks per
+    micro-batch: its all-gathers run once per micro-batch (outside the chunk loop), its
+    gradient is reduce-scattered to the [E / 8, V] shard outside every loop, and no
+    all-reduce carries a whole sharded weight (replicated ones, the norms, are all-reduced).
+    Before, each of the 8 chunks of each pass gathered it again and reduce-scattered its
+    own gradient."""
+    cfg = apply_overrides(get_preset("cpu-tiny"), ["model.tie_embeddings=False", "rl.logprob_chunk_size=8",
+                                                   "rl.num_micro_batches=2"])
+    mesh, _ = aot.topology_mesh(cfg, "v5e:2x4")
+    compiled, _ = aot.compile_train_step(cfg, mesh, cfg.data.batch_size * cfg.rl.group_size, 16)
+    ops = aot.collective_ops(compiled.as_text())
+    e, v = cfg.model.embed_dim, cfg.model.vocab_size
+    unembed = [op for op in ops if any(s.endswith((f"[{e},{v}]", f"[{e // 8},{v}]")) for s in op["shapes"])]
+    assert sorted((op["kind"], len(op["loops"])) for op in unembed) == [
+        ("all-gather", 1), ("all-gather", 1), ("reduce-scatter", 0)]
+    sharded = [x for x, sh in zip(jax.tree.leaves(model_param_shapes(cfg.model)),
+                                  jax.tree.leaves(model_param_shardings(cfg.model, mesh))) if not sh.is_fully_replicated]
+    weights = {f"[{','.join(map(str, x.shape))}]" for x in sharded}
+    assert f"[{e},{v}]" in weights
+    assert not [op for op in ops if op["kind"] == "all-reduce"
+                and any(s[s.index("["):] in weights for s in op["shapes"])]

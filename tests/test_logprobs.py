@@ -104,6 +104,37 @@ def test_temperature_zero_is_one_and_traced_temperature_matches():
                                atol=1e-6)
 
 
+@pytest.mark.parametrize("mesh_shape,vocab_major,rows", [((2, 2, 2), True, 8), ((2, 4, 1), False, 2)])
+def test_on_a_mesh_the_sharded_chunks_equal_the_unsharded_ones(mesh_shape, vocab_major, rows):
+    """Traced on a mesh, the chunk loop runs in shard_map: rows over (data, fsdp), the
+    unembedding gathered over its embed shards, the vocabulary over tensor (its max, sum,
+    target logit and ∂h reduced across shards); and with fewer rows than devices. Same
+    log-probs, entropy and gradients as without a mesh; ∂W comes back sharded like W."""
+    from grpo_jax import sharding
+
+    hidden, unembed, targets = _inputs(b=rows, t=11, e=16, v=40)
+    if vocab_major:
+        unembed = unembed.T
+    cot = jax.random.normal(jax.random.key(9), targets.shape)
+
+    def loss(h, u):
+        logp, ent = logprobs.token_logprobs(h, u, targets, temperature=0.7, chunk_size=4,
+                                            with_entropy=True, vocab_major=vocab_major)
+        return jnp.sum(cot * logp), (logp, ent)
+
+    grad = jax.value_and_grad(loss, (0, 1), has_aux=True)
+    want = jax.jit(grad)(hidden, unembed)
+    mesh = sharding.mesh_from_shape(mesh_shape)
+    names = ("vocab", "embed") if vocab_major else ("embed", "vocab")
+    w_sharding = sharding.logical_to_sharding(names, unembed.shape, mesh)
+    placed = (jax.device_put(hidden, sharding.batch_sharding(mesh, 3, rows)), jax.device_put(unembed, w_sharding))
+    with sharding.on_mesh(mesh):
+        got = jax.jit(grad)(*placed)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert got[1][1].sharding.is_equivalent_to(w_sharding, 2)
+
+
 def _vocab_arrays(jaxpr, vocab):
     """Shapes of every intermediate (at any nesting depth) with a trailing vocab axis,
     other than the [E, V] matrix itself."""
