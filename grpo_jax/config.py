@@ -28,7 +28,8 @@ ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
 POLICY_LOSSES = ("clipped", "gspo", "cispo")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # The sampler's decode engines (grpo_jax.sampling): the model's forward with its layers in a
-# `lax.scan` or written out one by one, or the single-CPU-device feature-major step; `auto`
+# `lax.scan` or written out one by one, the single-CPU-device feature-major step, or the
+# written-out forward over a prompt cache shared by a question's rows (`shared`); `auto`
 # picks one from the sampling mesh's devices (`sampling.resolve_engine`).
 DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
 

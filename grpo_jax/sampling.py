@@ -745,15 +745,16 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static
 def resolve_engine(engine: str, mesh: Mesh | None) -> str:
     """The decode engine that runs for ``rl.decode = engine`` on the sampling ``mesh`` (None:
     one device). ``auto``: ``feature_major`` on one CPU device (the layouts XLA's CPU dots
-    are fastest in), ``unrolled`` on a CPU mesh, ``scan`` on accelerators (the layer loop
-    compiles once, as MaxText's ``scan_layers``). ConfigError for ``feature_major`` on a mesh
-    or an accelerator, where it has no sharding."""
+    are fastest in), ``unrolled`` on a CPU mesh, ``shared`` on accelerators (decode there
+    is bound by HBM bandwidth, and the shared engine reads a prompt's cache once per slot
+    and only the completion slots filled so far; docs/tpu.md compares the engines).
+    ConfigError for ``feature_major`` on a mesh or an accelerator, where it has no sharding."""
     if engine not in DECODE_ENGINES:
         raise ConfigError(f"rl.decode={engine!r} is not one of {list(DECODE_ENGINES)}")
     platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
     if engine == "auto":
         if platform != "cpu":
-            return "scan"
+            return "shared"
         return "feature_major" if mesh is None else "unrolled"
     if engine == "feature_major" and (mesh is not None or platform != "cpu"):
         where = f"a mesh of {mesh.size} devices" if mesh is not None else f"a {platform} device"
@@ -850,7 +851,7 @@ def sample(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key, g
     key: a jax PRNG key (typed or raw); temperature 0 = greedy; top_k 0 = off; top_p 1 = off;
     stop_tokens: ids that end a completion (kept in it); pad_id fills prompts and completions;
     mesh: shard over this mesh (default: the params' mesh, if they live on one);
-    engine: the decode engine (`rl.decode`: auto, scan, unrolled, feature_major; see
+    engine: the decode engine (`rl.decode`: auto, scan, unrolled, feature_major, shared; see
     `resolve_engine`, which turns auto into one of the others for the sampling mesh).
     Conventions (positions, temperature, randomness, padding): see the module docstring.
     """
