@@ -27,6 +27,11 @@ Sharding. The kernel sees one device's whole sequences: ``attention`` wraps it i
 ``jax.shard_map`` over the mesh being traced under, rows over the batch axes and heads over
 'tensor' (when the kv heads divide over it; else every 'tensor' device computes all heads
 of its rows), as ``sharding.LOGICAL_RULES`` lays out the activations around it.
+
+Cost counts. The kernel gives its ``pallas_call`` no ``CostEstimate``, so XLA's
+``cost_analysis()`` counts neither its FLOPs nor the bytes it reads and writes:
+``aot.train_cost`` of a step with splash leaves attention's share out (benchmarks/NOTES.md,
+"Splash attention in the train step (AOT)").
 """
 
 from __future__ import annotations
