@@ -370,7 +370,9 @@ def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
     at 1 and 2 layers and a and 2a micro-batches of rows / rl.num_micro_batches rows each
     (every loop written out, ``loops.unrolled``), extrapolated bilinearly to the model's
     depth and rl.num_micro_batches (see ``sampler_cost``). a is the fewest micro-batches
-    that hold whole groups (group advantages need every output of a question)."""
+    that hold whole groups (group advantages need every output of a question). With
+    ``model.attention=splash`` the count leaves the attention kernels out: XLA's cost
+    analysis does not see into them (``grpo_jax.splash``)."""
     micro = cfg.rl.num_micro_batches
     per_micro = rows // micro
     group = programs.group_size(cfg)

@@ -178,10 +178,10 @@ class Checkpointer:
 # Config fields a checkpoint's state depends on: the model's parameter shapes, dtypes and
 # layout, and the algorithm (which decides whether a value model is in the state). Every
 # other field (run.steps, optimizer settings, data, mesh, ...) may change on resume;
-# model.remat and model.max_seq_len change no stored array.
+# model.remat, model.max_seq_len and model.attention change no stored array.
 RESTORE_SECTIONS = ("model",)
 RESTORE_FIELDS = ("rl.algorithm",)
-RESUMABLE_MODEL_FIELDS = ("remat", "max_seq_len")
+RESUMABLE_MODEL_FIELDS = ("remat", "max_seq_len", "attention")
 
 
 def config_differences(saved: dict, requested: dict, also: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:

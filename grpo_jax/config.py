@@ -18,6 +18,9 @@ from grpo_jax.errors import ConfigError  # noqa: F401  (re-exported: importable 
 
 
 REMAT_POLICIES = ("none", "full", "dots")
+# Attention of the forward passes without a KV cache (training, scoring): the model's own
+# (XLA) or jax's Pallas TPU splash-attention kernel (grpo_jax.splash).
+ATTENTION_IMPLS = ("xla", "splash")
 # The names each choice accepts, kept here (jax-free, so `--help` and validation stay instant)
 # and imported by the modules that implement them (algorithms, losses, sharding).
 ALGORITHM_NAMES = ("sft", "rft", "online_rft", "dpo", "ppo", "grpo")
@@ -88,6 +91,7 @@ class ModelConfig:
     param_dtype: str = "float32"  # master weights
     scan_layers: bool = True
     remat: str = "none"  # one of REMAT_POLICIES; dots = save matmul outputs only
+    attention: str = "xla"  # one of ATTENTION_IMPLS; splash compiles for TPU only
 
     def validate(self) -> None:
         for name in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
@@ -100,6 +104,7 @@ class ModelConfig:
         _choice(self, "dtype", DTYPE_NAMES)
         _choice(self, "param_dtype", ("float32", "bfloat16"))
         _choice(self, "remat", REMAT_POLICIES)
+        _choice(self, "attention", ATTENTION_IMPLS)
         if self.rope_theta <= 0 or self.rope_scaling_factor <= 0 or self.rms_eps <= 0:
             raise ConfigError("model.rope_theta, rope_scaling_factor and rms_eps must be > 0")
 

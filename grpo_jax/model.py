@@ -9,11 +9,14 @@ faster unrolled); the parameter tree is the same either way.
 Attention masking works on cache *slots*: a query in slot q attends to key slot k when
 k <= q and slot k holds a real token. Without a cache the slots are the sequence
 positions. RoPE uses explicit per-token positions, so left-padded prompts get position 0
-at their first real token.
+at their first real token. With ``model.attention=splash`` a forward pass without a cache
+(training, scoring) runs jax's Pallas TPU kernel instead (`grpo_jax.splash`); a real
+token's output is the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -24,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from grpo_jax import loops
+from grpo_jax import loops, splash
 from grpo_jax.config import ModelConfig
 from grpo_jax.sharding import DTYPES, constrain, logical_to_sharding
 
@@ -248,6 +251,38 @@ def _operand(w: jax.Array, dt) -> jax.Array:
     return w if w.dtype == jnp.bfloat16 and dt == jnp.float32 else w.astype(dt)
 
 
+def _slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=None):
+    """The model's own attention over cache slots (module docstring). q [B,T,H,D], k/v
+    [B,T,K,D] (this call's tokens, in slots write_index...), q_slot [B,T], key_mask [B,S],
+    kv: the (k, v) cache layers, (k, v, prefix_k, prefix_v) for one token over a shared
+    prompt (`attend_with_prefix`, prefix_mask [P,Tp]), or None (then S = T)
+    -> (out [B,T,H,D], the updated (k, v) or None)."""
+    k, v = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)  # the cache layouts
+    prefix = None
+    if kv is not None:
+        k_cache, v_cache = kv[:2]
+        prefix = kv[2:] or None
+        k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), write_index, axis=3)
+        v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), write_index, axis=2)
+        new_kv = (k, v)
+    else:
+        new_kv = None
+    b, t, h, d = q.shape
+    s = k.shape[3]
+    allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
+    q = q.reshape(b, t, k.shape[1], h // k.shape[1], d)
+    blocks = causal_blocks(t) if kv is None else 1
+    if prefix is not None:
+        chex.assert_axis_dimension(q, 1, 1)
+        out = attend_with_prefix(q, k.astype(dt), v.astype(dt), allowed, prefix[0].astype(dt),
+                                 prefix[1].astype(dt), prefix_mask)
+    elif blocks > 1:
+        out = _attend_causal(q, k.astype(dt), v.astype(dt), allowed, blocks)
+    else:
+        out = _attend(q, k.astype(dt), v.astype(dt), allowed)
+    return out.reshape(b, t, h, d), new_kv
+
+
 class Attention(nn.Module):
     cfg: ModelConfig
 
@@ -271,30 +306,11 @@ class Attention(nn.Module):
             v = v + _param(self, "v_bias", (cfg.num_kv_heads, cfg.head_dim), ("kv_heads", "head_dim"), zeros, cfg).astype(dt)
         q = rope(q, rope_cs)
         k = rope(k, rope_cs)
-        k, v = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)  # the cache layouts
-        prefix = None
-        if kv is not None:
-            k_cache, v_cache = kv[:2]
-            prefix = kv[2:] or None
-            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), write_index, axis=3)
-            v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), write_index, axis=2)
-            new_kv = (k, v)
+        if kv is None and cfg.attention == "splash":
+            out, new_kv = splash.attention(q, k, v, key_mask), None
         else:
-            new_kv = None
+            out, new_kv = _slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask)
         b, t, h, d = q.shape
-        s = k.shape[3]
-        allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
-        q = q.reshape(b, t, cfg.num_kv_heads, h // cfg.num_kv_heads, d)
-        blocks = causal_blocks(t) if kv is None else 1
-        if prefix is not None:
-            chex.assert_axis_dimension(q, 1, 1)
-            out = attend_with_prefix(q, k.astype(dt), v.astype(dt), allowed, prefix[0].astype(dt),
-                                     prefix[1].astype(dt), prefix_mask)
-        elif blocks > 1:
-            out = _attend_causal(q, k.astype(dt), v.astype(dt), allowed, blocks)
-        else:
-            out = _attend(q, k.astype(dt), v.astype(dt), allowed)
-        out = out.reshape(b, t, h, d)
         # One contracting dim of h*d: with two (h, d) XLA transposed the weight at every call.
         return _product("btf,fe->bte", out.reshape(b, t, h * d), _operand(wo, dt).reshape(h * d, -1)), new_kv
 
@@ -455,7 +471,11 @@ def _module(cfg: ModelConfig, value_head: bool = False, unroll: bool | None = No
 
 
 def _init_boxed(cfg: ModelConfig, key: jax.Array, value_head: bool):
+    """The boxed parameters, from a one-token forward. The parameters do not depend on the
+    attention kernel, and this forward is traced wherever shapes are asked for (on the
+    host, for an ahead-of-time TPU compile too), so it runs the model's own."""
     tokens = jnp.zeros((1, 1), jnp.int32)
+    cfg = dataclasses.replace(cfg, attention="xla")
     return _module(cfg, value_head).init(key, tokens, tokens, jnp.ones((1, 1), bool))["params"]
 
 

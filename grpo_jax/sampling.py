@@ -768,12 +768,13 @@ def programs(cfg: ModelConfig, mesh: Mesh | None, *, engine: str, filtered: bool
     """(prefill, decode): the sampler's two jitted programs for a model on a mesh with a
     resolved decode ``engine`` (``resolve_engine``), ``filtered``: top-k / top-p on. The
     sampler runs these; ``grpo_jax.aot`` lowers the same ones (``unrolled``: its cost twin).
-    Forward only: remat changes training, not sampling, so every remat policy shares them.
+    Forward only, over a KV cache: remat and model.attention (the cache-free forward's
+    kernel) change training, not sampling, so every remat policy and attention share them.
     The feature-major decode takes `_feature_major_weights(cfg, params)` instead of the
     params and a per-layer cache from the prefill."""
     if engine not in DECODE_ENGINES[1:]:
         raise ValueError(f"programs needs a resolved decode engine (resolve_engine), got {engine!r}")
-    forward_cfg = dataclasses.replace(cfg, remat="none")
+    forward_cfg = dataclasses.replace(cfg, remat="none", attention="xla")
     return (_jitted("prefill", forward_cfg, mesh, engine, unrolled=unrolled),
             _jitted("decode", forward_cfg, mesh, engine, bool(filtered), unrolled=unrolled))
 

@@ -114,7 +114,7 @@ def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: 
     if cfg.run.pretrained:
         from grpo_jax import pretrained
 
-        runtime = {k: getattr(cfg.model, k) for k in ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat")}
+        runtime = {k: getattr(cfg.model, k) for k in pretrained.RUNTIME_FIELDS}
         model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
         if tokenizer is None:
             raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
