@@ -67,17 +67,19 @@ def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatc
 def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monkeypatch, tok):
     """On a v5e:2x2 topology (no trainer can run there): the arguments `aot` builds for the
     sampler have the shapes, dtypes and partition specs of a trainer's calls on a 4-device
-    CPU mesh of the same shape, and its decode is the TPU engine (shared)."""
+    CPU mesh of the same shape (the trainer there set to the engine auto picks on TPU:
+    shared)."""
     if not aot.libtpu_available():
         pytest.skip("libtpu not installed")
-    cfg = _cfg(tmp_path, tok.vocab_size, "mesh.ici_fsdp=4")
+    cfg = _cfg(tmp_path, tok.vocab_size, "mesh.ici_fsdp=4", "rl.decode=shared")
     seen = _record(monkeypatch)
     trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
                       mesh=make_mesh(cfg.mesh, jax.devices()[:4]), progress=False, resume=False)
     trainer.train(1)
     trainer.close()
     tpu_mesh, _ = aot.topology_mesh(cfg, "v5e:2x2")
-    assert programs.decode_engine(cfg, tpu_mesh) == "shared"
+    auto = config_lib.apply_overrides(cfg, ["rl.decode=auto"])
+    assert programs.decode_engine(auto, tpu_mesh) == "shared" and programs.decode_engine(auto, trainer.mesh) == "unrolled"
     prompt_len = seen["prefill"][1][1].shape[1]
     calls = aot.sampler_calls(cfg, tpu_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
     for name in ("prefill", "decode"):
