@@ -29,7 +29,7 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     """{program: report} for every program of a run of ``cfg`` on ``slice_name``, plus a
     "summary"; raises aot.FitError naming the first program that does not fit, as soon as
     it is compiled (the sampler first: its KV cache is what usually does not fit, and it
-    compiles faster than the train step). The sampler is compiled for one call of
+    compiles faster than the train step), before any cost is counted. The sampler is compiled for one call of
     rl.sample_prompts questions (as the trainer makes them). Each program's FLOPs and bytes
     count every loop trip (``aot.sampler_cost``, ``aot.train_cost``); MFU is the model's
     FLOPs (``aot.model_flops``) over chips x peak x the estimated step time.
@@ -48,10 +48,16 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     log(f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
         f"policy, decode engine {engine}, mesh {dict(smesh.shape)}, {state_bytes / 1e9:.2f} GB/chip of "
         "train state resident")
-    useful = aot.model_flops(cfg, per_call, prompt_len)
     compiled = aot.compile_sampler(cfg, smesh, per_call, g, prompt_len)
-    for name, (program, _) in compiled.items():  # the fit first: counting costs more compiles
+    for name, (program, _) in compiled.items():  # every fit first: counting costs more compiles
         aot.check_fit(f"sample_{name}", aot.fit(program, chip, state_bytes))
+    rows = questions * programs.group_size(cfg)
+    if not sampler_only:
+        log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
+            f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
+        train, train_secs = aot.compile_train_step(cfg, mesh, rows, prompt_len)
+        aot.check_fit("train_step", aot.fit(train, chip))
+    useful = aot.model_flops(cfg, per_call, prompt_len)
     cost = aot.sampler_cost(cfg, smesh, per_call, g, prompt_len)
     for name, (program, secs) in compiled.items():
         rep = aot.report(program, chip, cost[name], useful[name] / smesh.size, resident_bytes=state_bytes)
@@ -62,21 +68,14 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
                        bytes_per_token=float(cost["decode_per_token"][1]), analytic_bytes_per_token=analytic)
         results[f"sample_{name}"] = rep
         log(_line(f"sample_{name}", rep))
-        aot.check_fit(f"sample_{name}", rep)
     if sampler_only:
         return results
-    rows = questions * programs.group_size(cfg)
-    log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
-        f"{cfg.rl.num_micro_batches} micro-batches, mesh {dict(mesh.shape)}")
-    compiled, secs = aot.compile_train_step(cfg, mesh, rows, prompt_len)
-    aot.check_fit("train_step", aot.fit(compiled, chip))
     cost = aot.train_cost(cfg, mesh, rows, prompt_len)
     useful = aot.model_flops(cfg, questions, prompt_len)["train_step"]
-    rep = aot.report(compiled, chip, cost, useful / mesh.size)
-    rep.update(compile_seconds=secs, calls_per_step=1)
+    rep = aot.report(train, chip, cost, useful / mesh.size)
+    rep.update(compile_seconds=train_secs, calls_per_step=1)
     results["train_step"] = rep
     log(_line("train_step", rep))
-    aot.check_fit("train_step", rep)
     rollout = sum(r["estimated_seconds"] * r["calls_per_step"] for k, r in results.items() if k.startswith("sample"))
     update = results["train_step"]["estimated_seconds"]
     model_flops = sum(r["model_flops_per_chip"] * r["calls_per_step"] for r in results.values())
