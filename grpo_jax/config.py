@@ -438,7 +438,7 @@ def qwen2_5_1_5b() -> Config:
     `deepseekmath_rl_7b`; G=16 and 512 new tokens (GSM8K solutions fit) instead of 64 and
     1024. 32 questions x 16 = 512 outputs per step; the sampler takes 16 questions per call
     (256 rows: 128 per replica of the slice's sampling mesh) from a bfloat16 copy of the
-    float32 policy, and the train step runs 4 micro-batches of 128 rows (16 per chip,
+    float32 policy, and the train step runs 8 micro-batches of 64 rows (8 per chip,
     fsdp over all 8 chips, full remat). The float32 policy, its AdamW moments and the
     reference are ~3.1 GB per chip over 8 chips, so HBM is left for the KV cache and
     activations; `launch/compile.py` checks the fit (docs/tpu.md, "1.5B on one TPU host").
@@ -453,7 +453,7 @@ def qwen2_5_1_5b() -> Config:
     cfg.optimizer = OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
                                     weight_decay=0.1, grad_clip=1.0)
     cfg.rl = RLConfig(algorithm="grpo", group_size=16, beta=0.04, kl_estimator="k3",
-                      num_updates=1, max_new_tokens=512, num_micro_batches=4,
+                      num_updates=1, max_new_tokens=512, num_micro_batches=8,
                       temperature=1.0, sample_prompts=16, sample_dtype="bfloat16")
     cfg.data = DataConfig(task="gsm8k", batch_size=32)
     cfg.run = RunConfig(run_dir="runs/qwen2.5-1.5b", steps=500, checkpoint_every=50,
