@@ -435,9 +435,42 @@ def deepseekmath_rl_7b() -> Config:
     return cfg
 
 
+def qwen2_5_1_5b() -> Config:
+    """Qwen2.5-1.5B-Instruct's shape (its config.json through `pretrained.config_from_hf`:
+    q/k/v biases, 2 kv heads, tied 151,936-token embeddings; 1.54B parameters) with the
+    paper's GRPO recipe scaled to one 8-chip TPU host (v5e-8, 16 GB per chip; v6e-8).
+
+    lr 1e-6, beta 0.04 (k3), one update per exploration stage and GSM8K as in
+    `deepseekmath_rl_7b`; G=16 and 512 new tokens (GSM8K solutions fit) instead of 64 and
+    1024. 32 questions x 16 = 512 outputs per step; the sampler takes 16 questions per call
+    (256 rows: 128 per replica of the slice's sampling mesh) from a bfloat16 copy of the
+    float32 policy, and the train step runs 8 micro-batches of 64 rows (8 per chip,
+    fsdp over all 8 chips, full remat). The float32 policy, its AdamW moments and the
+    reference are ~3.1 GB per chip over 8 chips, so HBM is left for the KV cache and
+    activations; `launch/compile.py` checks the fit (docs/tpu.md, "1.5B on one TPU host").
+    max_seq_len 1024: a prompt of up to 512 tokens plus 512 new ones (the checkpoint holds
+    32,768; `model.max_seq_len` changes no stored array)."""
+    cfg = Config()
+    cfg.model = ModelConfig(
+        vocab_size=151936, embed_dim=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+        head_dim=128, mlp_dim=8960, rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=True,
+        attention_bias=True, max_seq_len=1024, dtype="bfloat16", remat="full")
+    cfg.mesh = MeshConfig(ici_data=1, ici_fsdp=-1, ici_tensor=1)
+    cfg.optimizer = OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
+                                    weight_decay=0.1, grad_clip=1.0)
+    cfg.rl = RLConfig(algorithm="grpo", group_size=16, beta=0.04, kl_estimator="k3",
+                      num_updates=1, max_new_tokens=512, num_micro_batches=8,
+                      temperature=1.0, sample_prompts=16, sample_dtype="bfloat16")
+    cfg.data = DataConfig(task="gsm8k", batch_size=32)
+    cfg.run = RunConfig(run_dir="runs/qwen2.5-1.5b", steps=500, checkpoint_every=50,
+                        eval_every=50)
+    return cfg
+
+
 PRESETS: dict[str, Callable[[], Config]] = {
     "cpu-tiny": cpu_tiny,
     "smollm2-135m": smollm2_135m,
+    "qwen2.5-1.5b": qwen2_5_1_5b,
     "deepseekmath-rl-7b": deepseekmath_rl_7b,
 }
 

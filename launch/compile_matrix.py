@@ -21,12 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # (preset, slice, config overrides, label of the overridden row). The presets as they are,
 # the 7B recipe's other reading of "batch size 1024" (1024 outputs = 16 questions x 64,
 # see the preset's docstring), what makes it fit v4-32, and the smallest slice it fits
-# on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch).
+# on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch). The 1.5B
+# preset is sized for one 8-chip host and runs as it is on both (docs/tpu.md).
 OUTPUTS_1024 = ["data.batch_size=16", "rl.num_micro_batches=4"]
 MATRIX = [
     ("cpu-tiny", "v5litepod-8", [], ""),
     ("smollm2-135m", "v5litepod-8", [], ""),
     ("smollm2-135m", "v6e-8", [], ""),
+    ("qwen2.5-1.5b", "v5litepod-8", [], ""),
+    ("qwen2.5-1.5b", "v6e-8", [], ""),
     ("deepseekmath-rl-7b", "v5p-128", [], ""),
     ("deepseekmath-rl-7b", "v5p-128", OUTPUTS_1024, "1024-outputs"),
     ("deepseekmath-rl-7b", "v4-32", [], ""),

@@ -21,6 +21,45 @@ def test_paper_recipe_preset_holds_the_paper_numbers():
     assert (cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.weight_decay) == (0.9, 0.95, 0.1)
 
 
+# Qwen2.5-1.5B-Instruct's config.json (the fields the importer reads).
+QWEN2_5_1_5B_JSON = {
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu",
+    "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+    "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "use_sliding_window": False,
+    "sliding_window": 32768}
+
+
+def test_qwen_preset_is_the_imported_shape_with_the_paper_recipe():
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from grpo_jax import model as model_lib
+    from grpo_jax import pretrained
+
+    cfg = config.load_config("qwen2.5-1.5b")
+    imported = pretrained.config_from_hf(QWEN2_5_1_5B_JSON)
+    # Runtime fields (dtype, remat, max_seq_len, ...) are the preset's choice for TPU
+    # training; every other field must be what loading the checkpoint would give.
+    runtime = dataclasses.replace(imported, **{k: getattr(cfg.model, k) for k in pretrained.RUNTIME_FIELDS})
+    assert cfg.model == runtime
+    assert (cfg.model.dtype, cfg.model.param_dtype, cfg.model.remat) == ("bfloat16", "float32", "full")
+    assert (cfg.optimizer.peak_lr, cfg.rl.beta, cfg.rl.kl_estimator, cfg.rl.num_updates,
+            cfg.data.task, cfg.rl.sample_dtype) == (1e-6, 0.04, "k3", 1, "gsm8k", "bfloat16")
+    assert cfg.rl.group_size >= 16
+    # By hand: tied 151936 x 1536 embedding; per layer q (1536x1536 + 1536 bias), k and v
+    # (1536x256 + 256 each: 2 kv heads x 128), o (1536x1536), gate/up/down (3 x 1536x8960)
+    # and two 1536 norms; the final norm.
+    layer = (1536 * 1536 + 1536) + 2 * (1536 * 256 + 256) + 1536 * 1536 + 3 * 1536 * 8960 + 2 * 1536
+    expected = 151936 * 1536 + 28 * layer + 1536
+    assert expected == 1_543_714_304
+    shapes = model_lib.param_shapes(cfg.model)
+    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)) == expected
+
+
 def test_overrides_are_typed_and_applied_in_order():
     cfg = config.load_config("cpu-tiny", ["model.num_layers=4", "rl.group_size=8", "rl.beta=0",
                                           "rl.scale_by_std=false", "run.run_dir=/tmp/x", "rl.group_size=4"])

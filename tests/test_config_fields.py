@@ -291,7 +291,7 @@ def test_data_sft_examples_is_gone():
         _set(Config(), "data.sft_examples", "10")
 
 
-@pytest.mark.parametrize("preset", ["cpu-tiny", "smollm2-135m", "deepseekmath-rl-7b"])
+@pytest.mark.parametrize("preset", ["cpu-tiny", "smollm2-135m", "qwen2.5-1.5b", "deepseekmath-rl-7b"])
 def test_presets_warn_about_nothing(preset):
     from grpo_jax.config import get_preset
 
