@@ -63,7 +63,7 @@ RL_READERS: dict[str, tuple[str, ...]] = {
     "advantage_estimator": ("grpo",),
     "policy_loss": ("ppo", "grpo"),
     "tis_cap": ("ppo", "grpo"),
-    "sample_prompts": _SAMPLED, "sample_dtype": _SAMPLED, "decode": _SAMPLED,
+    "sample_prompts": _SAMPLED, "sample_dtype": _SAMPLED,
 }
 
 
