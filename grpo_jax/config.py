@@ -446,8 +446,13 @@ def qwen2_5_1_5b() -> Config:
     (256 rows: 128 per replica of the slice's sampling mesh) from a bfloat16 copy of the
     float32 policy, and the train step runs 8 micro-batches of 64 rows (8 per chip,
     fsdp over all 8 chips, full remat). The float32 policy, its AdamW moments and the
-    reference are ~3.1 GB per chip over 8 chips, so HBM is left for the KV cache and
-    activations; `launch/compile.py` checks the fit (docs/tpu.md, "1.5B on one TPU host").
+    float32 reference are 16 B x 1.54B / 8 = 3.1 GB per chip, resident while the sampler
+    runs too, which leaves most of a v5e's 16 GB to the KV cache and activations. 16 rows
+    per chip would fit the train step, but the check's cost twin of it (every loop
+    written out) does not compile in a v5e's HBM, so the check could not count it. The
+    same settings fit v6e-8 (32 GB per chip). `launch/compile.py` checks the fit
+    (docs/tpu.md, "1.5B on one TPU host"). Weights: ``run.pretrained=`` a local copy of
+    Qwen/Qwen2.5-1.5B-Instruct (config.json, safetensors, tokenizer).
     max_seq_len 1024: a prompt of up to 512 tokens plus 512 new ones (the checkpoint holds
     32,768; `model.max_seq_len` changes no stored array)."""
     cfg = Config()
