@@ -36,6 +36,11 @@ from grpo_jax.slices import get_slice
 from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of
 
 
+class NotCounted(RuntimeError):
+    """A cost twin (the program with every loop written out) that the compiler cannot fit
+    in HBM: the program itself fits, but its loop trips cannot be counted."""
+
+
 class FitError(RuntimeError):
     """A program whose per-chip peak HBM exceeds the chip's capacity (or fails to compile)."""
 
@@ -277,9 +282,16 @@ _TWIN_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
 
 def _loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
     """[FLOPs, bytes accessed] per chip of a cost twin lowered for ``mesh``, compiled;
-    RuntimeError if a loop is left in it (its body would be counted once)."""
+    RuntimeError if a loop is left in it (its body would be counted once), NotCounted if
+    the compiler runs out of HBM for it (written out, a program holds more at once)."""
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.devices()[0].platform
-    compiled = lowered.compile(compiler_options=_TWIN_OPTIONS.get(platform, {}))
+    try:
+        compiled = lowered.compile(compiler_options=_TWIN_OPTIONS.get(platform, {}))
+    except Exception as e:  # jax raises JaxRuntimeError; match on XLA's status text
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise NotCounted(f"{name}: its cost twin (every loop written out) does not fit HBM: "
+                         f"{str(e).splitlines()[0]}") from None
     if re.search(r"\swhile\(", compiled.as_text()):
         raise RuntimeError(f"{name}: the cost twin still holds a while loop; its count would miss trips")
     cost = compiled.cost_analysis()
@@ -417,13 +429,18 @@ def fit(compiled, chip: ChipSpec, resident_bytes: int = 0) -> dict:
             "fits": used <= chip.hbm_bytes, "headroom": 1 - used / chip.hbm_bytes}
 
 
-def report(compiled, chip: ChipSpec, cost: np.ndarray, model_flops_per_chip: float,
+def report(compiled, chip: ChipSpec, cost: np.ndarray | NotCounted, model_flops_per_chip: float,
            resident_bytes: int = 0) -> dict:
     """Per chip: memory of the compiled program (the fit), its cost with every loop trip
     (``sampler_cost`` / ``train_cost``), collectives, and the roofline estimate
     max(FLOPs / peak, bytes / bandwidth). ``resident_bytes``: other buffers live on each
     chip while the program runs (the train state during sampling); the program fits when
-    its peak plus these fit HBM."""
+    its peak plus these fit HBM. ``cost`` a NotCounted: the fit without a time (FLOPs,
+    bytes and the estimate None, "not_counted" its reason)."""
+    if isinstance(cost, NotCounted):
+        return {**fit(compiled, chip, resident_bytes), "flops_per_chip": None, "bytes_per_chip": None,
+                "model_flops_per_chip": model_flops_per_chip, "collectives": collectives(compiled.as_text()),
+                "estimated_seconds": None, "bound": None, "not_counted": str(cost)}
     flops, nbytes = float(cost[0]), float(cost[1])
     t_compute, t_memory = flops / chip.peak_bf16_flops, nbytes / chip.hbm_bandwidth
     est = max(t_compute, t_memory)

@@ -76,8 +76,10 @@ def table(rows: list[dict], before: dict | None = None) -> str:
         res, s = r["results"], r["results"]["summary"]
         peaks = " / ".join(f"{(res[k]['peak_bytes'] + res[k]['resident_bytes']) / 1e9:.2f}"
                            for k in ("sample_prefill", "sample_decode", "train_step"))
+        secs = [f"{v:.1f}" if v is not None else "not counted" for v in (s["rollout_seconds"], s["update_seconds"])]
+        mfu = f"{s['mfu']:.0%}" if s["mfu"] is not None else "not counted"
         lines.append(f"| {name} | {r['slice']} | yes | {s['decode_engine']} | {peaks} | {s['min_headroom']:.0%} | "
-                     f"{s['rollout_seconds']:.1f} | {s['update_seconds']:.1f} | {s['mfu']:.0%} | {was} |")
+                     f"{secs[0]} | {secs[1]} | {mfu} | {was} |")
     return "\n".join(lines)
 
 

@@ -59,6 +59,44 @@ def test_the_run_program_has_loops_and_the_cost_twin_none(tiny, monkeypatch):
         aot._loop_free_cost("train_step", twin, wide)
 
 
+class _OutOfHBM:
+    """A lowered program whose compile fails as XLA's does when buffers exceed HBM."""
+
+    def __init__(self, status):
+        self.status = status
+
+    def compile(self, compiler_options=None):
+        raise RuntimeError(f"{self.status}: Ran out of memory in memory space hbm.\nmore detail")
+
+
+def test_a_cost_twin_out_of_hbm_leaves_the_time_not_counted(tiny):
+    """A twin the compiler cannot fit is NotCounted (naming the program); any other
+    compile error still raises. The program's report keeps its fit and drops its time,
+    and the step's summary keeps what was counted: the rollout, not the update or MFU."""
+    from launch.compile import summary
+    from launch.compile_matrix import table
+
+    cfg, mesh, topology, rows, compiled = tiny
+    with pytest.raises(aot.NotCounted, match="^train_step: its cost twin .* RESOURCE_EXHAUSTED: Ran out of memory"):
+        aot._loop_free_cost("train_step", _OutOfHBM("RESOURCE_EXHAUSTED"), mesh)
+    with pytest.raises(RuntimeError, match="^INTERNAL"):
+        aot._loop_free_cost("train_step", _OutOfHBM("INTERNAL"), mesh)
+    chip = chip_of(topology)
+    lost = aot.report(compiled, chip, aot.NotCounted("train_step: twin"), 1e12)
+    assert {k: lost[k] for k in aot.fit(compiled, chip)} == aot.fit(compiled, chip)
+    assert lost["estimated_seconds"] is None and lost["not_counted"] == "train_step: twin"
+    sampled = aot.report(compiled, chip, np.array([2e12, 8e11]), 1e12)
+    results = {"sample_decode": {**sampled, "calls_per_step": 3, "compile_seconds": 1.0},
+               "train_step": {**lost, "calls_per_step": 1, "compile_seconds": 2.0}}
+    s = summary(results, chip, slice_name="v5e:2x2")
+    assert s["rollout_seconds"] == pytest.approx(3 * 8e11 / 819e9)
+    assert s["update_seconds"] is None and s["mfu"] is None and s["not_counted"] == ["train_step"]
+    assert s["compile_seconds"] == 3.0 and s["min_headroom"] == lost["headroom"]
+    results["sample_prefill"] = results["sample_decode"]
+    row = table([{"preset": "cpu-tiny", "slice": "v5e:2x2", "results": {**results, "summary": {**s, "decode_engine": "shared"}}}])
+    assert f"| {s['rollout_seconds']:.1f} | not counted | not counted |" in row
+
+
 def test_train_cost_counts_every_layer_and_micro_batch():
     """The estimator's train-step count (twins at 1-2 layers x 1-2 micro-batches,
     extrapolated) equals a twin compiled whole at 3 layers x 3 micro-batches within 5%
