@@ -46,16 +46,14 @@ class OurGRPOStep:
         from grpo_jax.config import smollm2_135m
 
         self.sharding = sharding
-        cfg = smollm2_135m()
         self.mesh = sharding.mesh_from_shape((1, 1, 1))
         # Params on the mesh from the start, as the train step returns them: otherwise the
         # sampler compiles once for single-device params and again after the first update.
         mcfg, params, self.tok = common.smollm2({"remat": remat}, mesh=self.mesh)
-        cfg.model = mcfg
-        cfg.rl.group_size, cfg.rl.beta, cfg.rl.max_new_tokens = group, beta, new_tokens
         # TRL updates on all P × G sequences at once (gradient_accumulation_steps=1); so do we.
-        cfg.rl.num_micro_batches = 1
-        cfg.data.batch_size = len(prompts)
+        cfg = smollm2_135m().replace(
+            model=mcfg, data={"batch_size": len(prompts)},
+            rl={"group_size": group, "beta": beta, "max_new_tokens": new_tokens, "num_micro_batches": 1})
         self.cfg, self.prompts, self.group, self.n = cfg, prompts, group, new_tokens
         tx, _ = optimizer.make_optimizer(cfg.optimizer, 1000)
         self.state = ts.init_train_state(cfg, params, tx)

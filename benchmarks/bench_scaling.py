@@ -16,7 +16,6 @@ script (or `--png`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -35,9 +34,8 @@ class Point:
         from grpo_jax import train_step as ts
         from grpo_jax.config import cpu_tiny
 
-        cfg = cpu_tiny()
-        cfg.model = dataclasses.replace(cfg.model, max_seq_len=prompt_len + new_tokens + 1)
-        cfg.rl.group_size, cfg.rl.beta, cfg.rl.max_new_tokens = group, 0.04, new_tokens
+        cfg = cpu_tiny().replace(model={"max_seq_len": prompt_len + new_tokens + 1},
+                                 rl={"group_size": group, "beta": 0.04, "max_new_tokens": new_tokens})
         self.cfg, self.g, self.n, self.sharding = cfg, group, new_tokens, sharding
         rng = np.random.default_rng(seed)
         self.prompts = rng.integers(3, cfg.model.vocab_size, (prompts, prompt_len)).tolist()

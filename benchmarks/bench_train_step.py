@@ -35,7 +35,6 @@ overhead, not model work). The same count is used for every framework.
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 
@@ -93,10 +92,8 @@ def grpo_config(mcfg, rows: int, group: int, overrides=()):
     from grpo_jax.config import apply_overrides, smollm2_135m
 
     cfg = smollm2_135m()
-    cfg.model = dataclasses.replace(mcfg)  # overrides must not touch the caller's config
-    cfg.rl.group_size = group
-    cfg.rl.beta = 0.04
-    cfg.rl.num_micro_batches = min(cfg.rl.num_micro_batches, rows // 1)
+    cfg = cfg.replace(model=mcfg, rl={"group_size": group, "beta": 0.04,
+                                      "num_micro_batches": min(cfg.rl.num_micro_batches, rows)})
     return apply_overrides(cfg, overrides)
 
 
@@ -244,9 +241,8 @@ def main(argv=None) -> int:
     from grpo_jax import model as model_lib
 
     tiny = cpu_tiny()
-    tiny.model = dataclasses.replace(tiny.model, max_seq_len=max(tiny.model.max_seq_len, seq))
-    tiny.rl.group_size = group
-    tiny.rl.beta = 0.04
+    tiny = tiny.replace(model={"max_seq_len": max(tiny.model.max_seq_len, seq)},
+                        rl={"group_size": group, "beta": 0.04})
     tparams = model_lib.init_params(tiny.model, jax.random.key(0))
     t_prompts = rng.integers(3, tiny.model.vocab_size, (rows, tp)).astype(np.int32)
     t_comp = rng.integers(3, tiny.model.vocab_size, (rows, tc)).astype(np.int32)

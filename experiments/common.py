@@ -7,8 +7,6 @@ checkpoint plus the tokenizer), so the second ablation reuses the first one's st
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
 
 
@@ -68,24 +66,17 @@ def tokenizer_for(task, cfg, root: str, vocab: int):
         os.makedirs(root, exist_ok=True)
         tok = train_sentencepiece(task.text_corpus(2000, seed=cfg.data.seed), vocab_size=vocab)
         tok.save(path)
-    cfg.model = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size)
-    cfg.validate()
-    return tok
+    return tok, cfg.replace(model={"vocab_size": tok.vocab_size}).validate()
 
 
 def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
     """Params of the SFT model (trained once, then restored from `<root>/sft`) and its mesh."""
-    sft_cfg = copy.deepcopy(cfg)
-    sft_cfg.rl.algorithm = "sft"
-    sft_cfg.rl.group_size = config_lib.RLConfig.group_size  # SFT samples nothing
-    sft_cfg.run.run_dir = os.path.join(root, "sft")
-    sft_cfg.run.steps = args.sft_steps
-    sft_cfg.run.eval_every = 0
-    sft_cfg.run.checkpoint_every = args.sft_steps
-    sft_cfg.optimizer = dataclasses.replace(sft_cfg.optimizer, peak_lr=args.sft_lr, schedule="multistep",
-                                            warmup_steps=20)
-    sft_cfg.data.batch_size = args.sft_batch
-    sft_cfg.validate()
+    sft_cfg = cfg.replace(
+        rl={"algorithm": "sft", "group_size": config_lib.RLConfig.group_size},  # SFT samples nothing
+        run={"run_dir": os.path.join(root, "sft"), "steps": args.sft_steps, "eval_every": 0,
+             "checkpoint_every": args.sft_steps},
+        optimizer={"peak_lr": args.sft_lr, "schedule": "multistep", "warmup_steps": 20},
+        data={"batch_size": args.sft_batch}).validate()
     # A cached SFT run is reused only if it was trained on the same data with the same recipe:
     # the Trainer's own check covers the model alone, since a resume may change the rest.
     checkpointing.check_run_dir(os.path.join(sft_cfg.run.run_dir, "checkpoints"), sft_cfg.to_dict(),
@@ -107,8 +98,7 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
 
 
 def rl_config(cfg, root: str, name: str, overrides=()) -> config_lib.Config:
-    out = copy.deepcopy(cfg)
-    out.run.run_dir = os.path.join(root, name)
+    out = cfg.replace(run={"run_dir": os.path.join(root, name)})
     return config_lib.apply_overrides(out, list(overrides)).validate()
 
 

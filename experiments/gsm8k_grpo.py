@@ -40,7 +40,6 @@ holds the gains of all seeds with their 95% t-interval.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import os
@@ -205,13 +204,12 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
     model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
     if tokenizer is None:
         raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
-    cfg.model = model_cfg
-    cfg.validate()
+    cfg = cfg.replace(model=model_cfg).validate()
     tokenizer = ChatTokenizer(tokenizer)
     control = control_accuracy(cfg, params, tokenizer, mesh, control_style, say) if control_style else None
     if args.seeds is None:
         return run_seed(args, cfg, params, tokenizer, mesh, say, control)
-    runs = [run_seed(args, config_lib.apply_overrides(copy.deepcopy(cfg), [
+    runs = [run_seed(args, config_lib.apply_overrides(cfg, [
         f"run.seed={seed}", f"run.run_dir={os.path.join(cfg.run.run_dir, f'seed{seed}')}"]).validate(),
         params, tokenizer, mesh, say, control) for seed in args.seeds]
     gains = [r["accuracy_after"] - r["accuracy_before"] for r in runs]

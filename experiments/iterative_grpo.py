@@ -148,7 +148,7 @@ def main(argv=None):
                 f"({cfg.run.eval_every}) so both arms are evaluated at every iteration boundary")
     root = cfg.run.run_dir
     task = common.make_task(cfg)
-    tok = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
+    tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     sft_policy, mesh = common.sft_start(cfg, task, tok, root, args)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     acc0 = evaluate(cfg, sft_policy, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]

@@ -33,7 +33,7 @@ def main(argv=None):
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "data.eval_size=64"])
     root = cfg.run.run_dir
     task = common.make_task(cfg)
-    tok = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
+    tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= args.samples]

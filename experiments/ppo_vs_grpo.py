@@ -47,7 +47,7 @@ def main(argv=None):
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"])
     root = cfg.run.run_dir
     task = common.make_task(cfg)
-    tok = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
+    tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     rewards, memory, step_time = {}, {}, {}

@@ -19,7 +19,6 @@ those of `data.seed`) runs in `<run.run_dir>/seed<N>`; with several seeds, `summ
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
 import os
 import time
@@ -53,7 +52,7 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     base = common.load_cfg(args, ["run.run_dir=runs/quickstart"] + QUICKSTART_DEFAULTS)
-    runs = [run_seed(args, config_lib.apply_overrides(copy.deepcopy(base), [
+    runs = [run_seed(args, config_lib.apply_overrides(base, [
         f"run.seed={seed}", f"run.run_dir={os.path.join(base.run.run_dir, f'seed{seed}')}"]).validate())
         for seed in args.seeds]
     if len(runs) == 1:
@@ -76,7 +75,7 @@ def run_seed(args, cfg) -> dict:
     t_start = time.perf_counter()
     root = cfg.run.run_dir
     task = common.make_task(cfg)
-    tokenizer = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
+    tokenizer, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     print(f"[quickstart] tokenizer: {tokenizer.vocab_size} pieces; eval set: {len(eval_examples)} held-out questions")
 

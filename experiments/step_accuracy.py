@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
         p.error(f"no quickstart run in {root}: run experiments/quickstart.py --seeds {args.seed} first")
     cfg = config_lib.apply_overrides(base, [f"run.seed={args.seed}", f"run.run_dir={root}"]).validate()
     task = common.make_task(cfg)
-    tok = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
+    tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     args.no_progress = True
     sft, mesh = common.sft_start(cfg, task, tok, root, args)  # restored, not retrained
     policies = {"after SFT": sft}

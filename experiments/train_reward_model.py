@@ -22,7 +22,6 @@ steps), run.seed, run.run_dir, data.num_operands, data.max_digits, data.wrong_st
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import time
@@ -75,7 +74,7 @@ def main(argv=None) -> dict:
                    operations=args.operations)
     task = ArithmeticTask(**task_kw)
     tokenizer = train_sentencepiece(tokenizer_corpus(500, seed=seed, **task_kw), vocab_size=args.tokenizer_vocab)
-    cfg.model = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
+    cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size})
     for section in (cfg.model, cfg.optimizer, cfg.data, cfg.run):  # rl.* is not used here
         section.validate()
     print(f"[reward model] {args.kind}; tokenizer {tokenizer.vocab_size} pieces; task {task_kw}")

@@ -31,12 +31,12 @@ Because the loss is written as a function of per-token log-probs, the tests chec
 table by autodiff: d loss / d logp_t = −GC_t / (|o| · #outputs) at ρ = 1.
 
 Numbers are data, modes are code (as in MaxText and Tunix): ``RLHParams`` carries the
-numeric rl.* values (β, ε, γ, λ, value clip range, DPO β, temperature, TIS cap) as traced
-scalars, so changing them never recompiles; every mode (algorithm, μ, micro-batches,
-aggregation, KL estimator, supervision, std scaling, advantage estimator, policy loss,
-whitening, value clipping / TIS / dynamic sampling / truncation masking on or off) is a
-plain Python branch on the static ``cfg``, so only the chosen branch is traced and
-computed (``train_step.static_config_key`` lists them).
+rl.* fields whose role is "number" (β, ε, γ, λ, value clip range, DPO β, temperature, TIS
+cap) as traced scalars, so changing them never recompiles; every mode (algorithm, μ,
+micro-batches, aggregation, KL estimator, supervision, std scaling, advantage estimator,
+policy loss, whitening, value clipping / TIS / dynamic sampling / truncation masking on or
+off) is a plain Python branch on the static ``cfg``, so only the chosen branch is traced
+and computed (``RLConfig.modes()`` holds them: the step's cache key).
 
 Conventions: rows of a batch are B = P·G outputs, row p·G + g the g-th output for
 question p (DPO: row 2p chosen o+, row 2p+1 rejected o−). ``extras`` is an ``Extras``
@@ -59,7 +59,7 @@ import numpy as np
 from grpo_jax import advantages as adv_lib
 from grpo_jax import loops
 from grpo_jax import losses
-from grpo_jax.config import Config, RLConfig
+from grpo_jax.config import RL_NUMBERS, Config, RLConfig
 from grpo_jax.logprobs import sequence_logprobs, sequence_values
 
 __all__ = [
@@ -123,31 +123,20 @@ def map_micro_batches(fn: Callable[[Any], Any], tree: Any, num: int, unit: int =
 
 # ----------------------------------------------------------------- hyperparameters
 
-@flax.struct.dataclass
-class RLHParams:
-    """The numeric rl.* values the train step reads as data (float32 scalars), so changing
-    β, ε, γ, λ, the value clip range, DPO's β, the temperature or the TIS cap never
-    recompiles. Modes (aggregation, KL estimator, supervision, std scaling, whitening,
-    value clipping on/off, …) are not here: they are Python branches on the static cfg,
-    so only the chosen one is traced (``train_step.static_config_key`` lists them)."""
+def _hparams_from_config(cls, rl: RLConfig) -> "RLHParams":
+    """Host-side (numpy float32 scalars): put on device by the caller, or used as constants."""
+    return cls(**{name: np.float32(getattr(rl, name)) for name in RL_NUMBERS})
 
-    beta: Any
-    eps_low: Any
-    eps_high: Any
-    gamma: Any
-    lam: Any
-    value_clip: Any
-    dpo_beta: Any
-    temperature: Any
-    tis_cap: Any
 
-    @classmethod
-    def from_config(cls, rl: RLConfig) -> "RLHParams":
-        """Host-side (numpy scalars): put on device by the caller, or used as constants."""
-        f = np.float32
-        return cls(beta=f(rl.beta), eps_low=f(rl.eps_low), eps_high=f(rl.eps_high),
-                   gamma=f(rl.gamma), lam=f(rl.lam), value_clip=f(rl.value_clip),
-                   dpo_beta=f(rl.dpo_beta), temperature=f(rl.temperature), tis_cap=f(rl.tis_cap))
+# The rl.* fields whose role is "number" (config.RL_NUMBERS: β, ε, γ, λ, the value clip
+# range, DPO's β, the temperature, the TIS cap) as float32 scalars the train step reads as
+# data, so changing one never recompiles. Modes (aggregation, KL estimator, supervision,
+# ...) are Python branches on the static cfg, so only the chosen one is traced
+# (`RLConfig.modes()`, the step's cache key).
+RLHParams = flax.struct.dataclass(type("RLHParams", (), {
+    "__annotations__": dict.fromkeys(RL_NUMBERS, Any), "__module__": __name__,
+    "from_config": classmethod(_hparams_from_config),
+    "__doc__": "The numeric rl.* values of the train step, as data (see above)."}))
 
 
 def _hp(cfg: Config, hp: RLHParams | None) -> RLHParams:

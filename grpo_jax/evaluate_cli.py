@@ -107,7 +107,7 @@ def load_run(run_dir: str, saved: dict, task, mesh):
     train_cli built it: config.json's model section is the model actually trained, and the
     tokenizer is the run's tokenizer.model (or the pretrained model's own)."""
     cfg = Config.from_dict(saved)
-    cfg.run.run_dir = run_dir  # the folder may have been moved or copied since training
+    cfg = cfg.replace(run={"run_dir": run_dir})  # the folder may have been moved or copied since training
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     # Checkpointer creates its folder: look before, so evaluating writes nothing into the run.
     ckpt = checkpointing.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
@@ -118,7 +118,7 @@ def load_run(run_dir: str, saved: dict, task, mesh):
         # shared_tokenizer would train a new one, whose ids mean nothing to these weights.
         raise CheckpointError(f"{run_dir} has no {train_cli.TOKENIZER_FILE}: its tokenizer is lost")
     # The initial (or pretrained) params are dropped: each step's come from its checkpoint.
-    _, tokenizer = train_cli.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=cfg.model.vocab_size)
+    cfg, _, tokenizer = train_cli.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=cfg.model.vocab_size)
     return cfg, tokenizer, ckpt, steps
 
 

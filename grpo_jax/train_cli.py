@@ -31,8 +31,6 @@ Spot-VM preemption picks up where it stopped; a finished run exits at once. Keep
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import json
 import logging
 import os
@@ -106,7 +104,8 @@ def shared_tokenizer(task, run_dir: str, *, vocab_size: int, seed: int = 0):
 
 
 def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: int):
-    """(params, tokenizer); sets cfg.model to the model actually used and re-validates."""
+    """(cfg, params, tokenizer): cfg with the model actually used (a pretrained model's
+    shape, or the tokenizer's vocabulary), validated again."""
     import jax
 
     from grpo_jax.model import init_params
@@ -118,14 +117,12 @@ def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: 
         model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
         if tokenizer is None:
             raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
-        cfg.model = model_cfg
-        cfg.validate()
+        cfg = cfg.replace(model=model_cfg).validate()
     else:
         tokenizer = shared_tokenizer(task, cfg.run.run_dir, vocab_size=tokenizer_vocab, seed=cfg.data.seed)
-        cfg.model = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
-        cfg.validate()
+        cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size}).validate()
         params = init_params(cfg.model, jax.random.key(cfg.run.seed), mesh)
-    return params, tokenizer
+    return cfg, params, tokenizer
 
 
 def sft_data_fn(cfg: config_lib.Config, task):
@@ -170,7 +167,7 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
         RewardModel.read_meta(cfg.rl.reward_model)
     task = make_task(cfg) if task is None else task
     mesh = make_mesh(cfg.mesh)
-    params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
+    cfg, params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
     sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       sft_data=sft_data, progress=progress, resume=True)
@@ -209,7 +206,7 @@ def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int 
     tokenizer = shared_tokenizer(task, root, vocab_size=tokenizer_vocab, seed=cfg.data.seed)
     cfg = config_lib.apply_overrides(cfg, [f"model.vocab_size={tokenizer.vocab_size}",
                                            f"run.run_dir={root}/rl"]).validate()
-    sft_cfg = config_lib.apply_overrides(copy.deepcopy(cfg), [
+    sft_cfg = config_lib.apply_overrides(cfg, [
         "rl.algorithm=sft", f"run.run_dir={root}/sft", f"run.steps={sft_steps}", "run.eval_every=0",
         f"run.checkpoint_every={sft_steps}", f"optimizer.peak_lr={sft_lr}", "optimizer.schedule=multistep",
         f"optimizer.warmup_steps={min(20, sft_steps // 10)}"]).validate()

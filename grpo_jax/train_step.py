@@ -21,7 +21,7 @@ What happens inside, in order (``make_train_step``):
 
 Hyperparameters: the numeric rl.* values (β, ε, γ, λ, value clip range, DPO β,
 temperature, TIS cap) are an ``algorithms.RLHParams`` argument, so one compiled program
-serves all their values; modes are compiled in (``static_config_key`` lists them).
+serves all their values; modes are compiled in (``RLConfig.modes()``, the cache key).
 
 Sharding: ``jax.jit`` with explicit in/out shardings — params (policy, reference, value
 model, optimiser moments) per the logical-axis rules (``model.param_shardings``), batch
@@ -32,6 +32,7 @@ program per batch shape.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.struct
@@ -246,21 +247,9 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
 
 
 def static_config_key(cfg: Config, group_size: int | None = None) -> tuple:
-    """What a compiled step depends on: the model and every mode of cfg.rl (the numbers are
-    ``RLHParams`` data): the algorithm, μ, the micro-batch count, the chunk size and whether
-    chunks keep their softmax, G, whether a reference model exists, aggregation, KL
-    estimator, supervision, std scaling, advantage estimator, policy loss, dynamic sampling,
-    truncation masking, whitening, and whether value clipping / TIS are on and sampling
-    truncates (π_θold is then the sampler's)."""
-    algo = get_algorithm(cfg.rl.algorithm)
-    rl = cfg.rl
-    return (cfg.model, rl.algorithm, rl.num_updates, rl.num_micro_batches,
-            rl.logprob_chunk_size, rl.logprob_keep_probs,
-            rl.group_size if group_size is None else int(group_size),
-            algo.needs_reference(cfg), rl.aggregation, rl.kl_estimator, rl.supervision,
-            rl.scale_by_std, rl.advantage_estimator, rl.policy_loss, rl.skip_zero_variance_groups,
-            rl.mask_truncated, rl.whiten_advantages, rl.value_clip > 0, rl.tis_cap > 0,
-            rl.top_k > 0 or rl.top_p < 1.0)
+    """What a compiled step depends on: the model and the modes of cfg.rl
+    (``RLConfig.modes``; the numbers are ``RLHParams`` data)."""
+    return cfg.model, cfg.rl.modes(group_size)
 
 
 @dataclasses.dataclass
@@ -271,7 +260,7 @@ class TrainStep:
     ``fn(state, batch, hp)`` is the unjitted step (for ``jax.make_jaxpr``);
     ``compiled(state, batch)`` the executable for that batch shape (``.memory_analysis()``);
     ``with_config(cfg)`` a step for another config that reuses the compiled programs when
-    only RLHParams values differ.
+    only RLHParams values differ. ``hp`` is ``cfg``'s RLHParams (host scalars).
     """
 
     cfg: Config
@@ -282,13 +271,19 @@ class TrainStep:
     group_size: int
     fn: Callable
     state_shardings: TrainState
+    hp: RLHParams
     _cache: dict = dataclasses.field(default_factory=dict)
 
     def batch_shardings(self, batch: Batch) -> Batch:
         return jax.tree.map(lambda x: batch_sharding(self.mesh, np.ndim(x), np.shape(x)[0]), batch)
 
+    @functools.cached_property
+    def _hp_on_mesh(self) -> RLHParams:
+        return jax.device_put(self.hp, replicated(self.mesh))
+
     def hparams(self) -> RLHParams:
-        return jax.device_put(RLHParams.from_config(self.cfg.rl), replicated(self.mesh))
+        """``hp`` on the mesh (put there once)."""
+        return self._hp_on_mesh
 
     def _place(self, state: TrainState, batch: Batch):
         return (jax.device_put(state, self.state_shardings),
@@ -297,7 +292,7 @@ class TrainStep:
     def hparams_shapes(self) -> RLHParams:
         """``hparams()`` as ShapeDtypeStructs, for lowering without devices."""
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=replicated(self.mesh)),
-                            RLHParams.from_config(self.cfg.rl))
+                            self.hp)
 
     def lower(self, state: TrainState, batch: Batch):
         """The step lowered for this state and batch (arrays, or ShapeDtypeStructs with
@@ -319,7 +314,7 @@ class TrainStep:
         """The step for ``cfg``: shares compiled programs with this one when
         ``static_config_key`` agrees, else builds (and will compile) a new one."""
         if static_config_key(cfg, self.group_size) == static_config_key(self.cfg, self.group_size):
-            return dataclasses.replace(self, cfg=cfg)
+            return dataclasses.replace(self, cfg=cfg, hp=RLHParams.from_config(cfg.rl))
         return make_train_step(cfg, self.tx, self.mesh, value_tx=self.value_tx,
                                group_size=self.group_size)
 
@@ -369,4 +364,5 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, *
             value_opt_state=opt_state_shardings(value_tx, value_shapes, value_sh, mesh))
     fn = _build_step(cfg, algo, tx, value_tx, group_size)
     return TrainStep(cfg=cfg, algorithm=algo, mesh=mesh, tx=tx, value_tx=value_tx,
-                     group_size=group_size, fn=fn, state_shardings=state_sh)
+                     group_size=group_size, fn=fn, state_shardings=state_sh,
+                     hp=RLHParams.from_config(cfg.rl))

@@ -19,9 +19,7 @@ from random_batches import B, G, TC, random_batch, random_logps
 
 
 def _cfg(**rl) -> Config:
-    cfg = Config()
-    cfg.rl = dataclasses.replace(RLConfig(group_size=G), **rl)
-    return cfg
+    return Config(rl=RLConfig(group_size=G, **rl))
 
 
 def _grad(algo, cfg, logp, batch, extras, values=None):
@@ -251,8 +249,7 @@ def test_kl_estimator_is_the_configured_one(kind):
     batch, beta = random_batch(20), 0.7
     algo = alg.get_algorithm("grpo")
     logp, ref = random_logps(21, batch), random_logps(22, batch)
-    cfg = _cfg(beta=beta, kl_estimator=kind, scale_by_std=False)
-    cfg.rl.aggregation = "token_mean"
+    cfg = _cfg(beta=beta, kl_estimator=kind, scale_by_std=False, aggregation="token_mean")
     zero = make_batch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, batch.mask,
                       rewards=np.zeros(B))  # Â = 0: only the KL term is left
     extras, _ = algo.extras_from_logprobs(zero, cfg, ref_logp=ref)

@@ -1,6 +1,7 @@
 """Presets validate; bad keys, types and values fail with messages that name them."""
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -116,3 +117,42 @@ def test_choice_lists_are_the_implementations():
         config.load_config("cpu-tiny", [f"rl.algorithm={name}"])
     with pytest.raises(config.ConfigError, match="rl.algorithm"):
         config.load_config("cpu-tiny", ["rl.algorithm=reinforce"])
+
+
+def test_every_section_is_frozen_and_variants_are_new_configs():
+    """What `validate` checked is what runs: no section can change after it; a variant is a
+    new Config (overrides and `Config.replace`), the original untouched."""
+    cfg = config.load_config("cpu-tiny")
+    for section in dataclasses.fields(cfg):
+        value = getattr(cfg, section.name)
+        name = dataclasses.fields(value)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, getattr(value, name))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rl = config.RLConfig()
+    other = config.apply_overrides(cfg, ["rl.beta=0.5"])
+    assert other.rl.beta == 0.5 and cfg.rl.beta == 0.04 and other.model is cfg.model
+    small = cfg.replace(rl={"beta": 0.0, "group_size": 4}, model=config.ModelConfig(num_layers=1))
+    assert (small.rl.beta, small.rl.group_size, small.model.num_layers) == (0.0, 4, 1)
+    assert small.rl.kl_estimator == cfg.rl.kl_estimator and cfg.rl.group_size == 8
+    assert hash(small) != hash(cfg) and config.Config.from_dict(small.to_dict()) == small
+
+
+def test_rl_fields_have_one_role_and_the_tables_derive_from_it():
+    """Each rl.* field is a mode (compiled in), a number (RLHParams data) or a sampling
+    setting; RLHParams holds exactly the numbers, RLModes the modes plus the switches, and
+    the reader table names a field only when some algorithm ignores it."""
+    from grpo_jax import algorithms
+
+    fields = dataclasses.fields(config.RLConfig)
+    roles = {f.name: f.metadata["role"] for f in fields}
+    assert set(roles.values()) == {"mode", "number", "sampling"}
+    assert [f.name for f in dataclasses.fields(algorithms.RLHParams)] == [n for n, r in roles.items() if r == "number"]
+    modes = config.RLConfig().modes()
+    assert [f.name for f in dataclasses.fields(modes)] == (
+        [n for n, r in roles.items() if r == "mode"] + list(config.RL_SWITCHES))
+    assert hash(modes) == hash(config.RLConfig(beta=0.5, temperature=0.7).modes())
+    assert config.RLConfig(beta=0.0).modes().kl_penalty is False and modes.kl_penalty is True
+    assert config.RLConfig(top_p=0.9).modes() != modes and config.RLConfig().modes(group_size=4).group_size == 4
+    assert config.RL_READERS["gamma"] == ("ppo",) and "max_new_tokens" not in config.RL_READERS
+    assert all(set(r) < set(config.ALGORITHM_NAMES) for r in config.RL_READERS.values())

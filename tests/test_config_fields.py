@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import algorithms as alg
-from grpo_jax.config import Config, ConfigError, ConfigWarning, _set
+from grpo_jax.config import Config, ConfigError, ConfigWarning, apply_overrides
 from grpo_jax.batching import make_batch
 from grpo_jax.train_step import static_config_key
 
@@ -226,15 +226,13 @@ SECTION_PROBES = {"rl": (_loss_probe,), "optimizer": (_optimizer_probe,), "run":
 
 
 def _config(algorithm, extra, field=None, value=None):
-    cfg = Config()
-    _set(cfg, "rl.algorithm", algorithm)
+    settings = {"rl.algorithm": algorithm}
     if algorithm != "sft":  # SFT samples nothing: a group size would be an unread option
-        _set(cfg, "rl.group_size", G)
-    for k, v in extra.items():
-        _set(cfg, k, v)
+        settings["rl.group_size"] = G
+    settings.update(extra)
     if field is not None:
-        _set(cfg, field, value)
-    return cfg
+        settings[field] = value
+    return apply_overrides(Config(), [f"{k}={v}" for k, v in settings.items()])
 
 
 def _probe(cfg, field):
@@ -288,7 +286,7 @@ def test_process_supervision_without_grpo_is_refused(algorithm):
 
 def test_data_sft_examples_is_gone():
     with pytest.raises(ConfigError, match="unknown config key 'data.sft_examples'"):
-        _set(Config(), "data.sft_examples", "10")
+        apply_overrides(Config(), ["data.sft_examples=10"])
 
 
 @pytest.mark.parametrize("preset", ["cpu-tiny", "smollm2-135m", "qwen2.5-1.5b", "deepseekmath-rl-7b"])

@@ -1,6 +1,5 @@
 """GSPO, RLOO, REINFORCE++, CISPO and TIS against independent numpy references."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -82,9 +81,7 @@ def test_tis_weights_numpy():
 # ----------------------------------------------------------------- wired into GRPO / PPO
 
 def _cfg(**rl):
-    cfg = Config()
-    cfg.rl = dataclasses.replace(RLConfig(group_size=G, beta=0.0), **rl)
-    return cfg
+    return Config(rl=RLConfig(**{"group_size": G, "beta": 0.0, **rl}))
 
 
 def _batch():

@@ -3,7 +3,6 @@
 Each test here failed before its fix. Everything runs on log-prob arrays or tiny configs.
 """
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +15,7 @@ from random_batches import B, G, random_batch, random_logps
 
 
 def _cfg(**rl) -> Config:
-    cfg = Config()
-    cfg.rl = dataclasses.replace(RLConfig(group_size=G), **rl)
-    return cfg
+    return Config(rl=RLConfig(group_size=G, **rl))
 
 
 def _lengths(batch):
@@ -102,16 +99,14 @@ def test_rft_is_sft_on_correct_outputs_at_any_temperature():
     batch = batch.replace(tokens=np.asarray(batch.tokens) % 64)
     results = {}
     for name in ("sft", "rft"):
-        cfg = _cfg(temperature=0.7)
-        cfg.model = mcfg
+        cfg = _cfg(temperature=0.7).replace(model=mcfg)
         a = alg.get_algorithm(name)
         extras, _ = a.extras_from_logprobs(batch, cfg)
         num, den, _ = a.loss_parts(params, batch, extras, cfg)
         results[name] = float(num / den)
     correct = np.asarray(batch.correct)
     sft_only_correct = batch.replace(mask=np.asarray(batch.mask) & correct[:, None])
-    cfg = _cfg(temperature=0.7)
-    cfg.model = mcfg
+    cfg = _cfg(temperature=0.7).replace(model=mcfg)
     sft = alg.get_algorithm("sft")
     extras = alg.Extras(loss_mask=jnp.asarray(sft_only_correct.mask))
     num, _, _ = sft.loss_parts(params, sft_only_correct, extras, cfg)

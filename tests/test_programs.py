@@ -1,6 +1,5 @@
 """The programs a run executes are the ones the ahead-of-time check lowers (grpo_jax.programs)."""
 
-import dataclasses
 
 import jax
 import pytest
@@ -18,8 +17,7 @@ def _cfg(tmp_path, vocab, *overrides):
     cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), [
         "model.max_seq_len=64", "rl.group_size=4", "rl.max_new_tokens=8", "data.batch_size=4",
         "run.eval_every=0", "run.checkpoint_every=0", "run.steps=1", f"run.run_dir={tmp_path}", *overrides])
-    cfg.model = dataclasses.replace(cfg.model, vocab_size=vocab)
-    return cfg.validate()
+    return cfg.replace(model={"vocab_size": vocab}).validate()
 
 
 def _record(monkeypatch) -> dict:

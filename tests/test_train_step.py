@@ -31,11 +31,8 @@ VALUE_TX = optax.sgd(0.05, momentum=0.9)
 
 
 def _cfg(**rl) -> Config:
-    cfg = Config()
-    cfg.model = TINY
     base = RLConfig(group_size=G, beta=0.04, max_new_tokens=TC, logprob_chunk_size=CHUNK)
-    cfg.rl = dataclasses.replace(base, **rl)
-    return cfg.validate()
+    return Config(model=TINY, rl=dataclasses.replace(base, **rl)).validate()
 
 
 def _batch() -> batching.Batch:

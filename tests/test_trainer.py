@@ -1,7 +1,5 @@
 """The trainer end to end on tiny configs: learning, exact resume, every algorithm, bad configs."""
 
-import copy
-import dataclasses
 import time
 import zlib
 
@@ -56,8 +54,7 @@ def _cfg(tmp_path, tok, *overrides):
         "rl.group_size=4", "rl.max_new_tokens=8", "data.batch_size=4", "data.eval_size=4",
         "optimizer.peak_lr=3e-3", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
         "run.eval_every=0", "run.checkpoint_every=2", f"run.run_dir={tmp_path}", *overrides])
-    cfg.model = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size)
-    return cfg.validate()
+    return cfg.replace(model={"vocab_size": tok.vocab_size}).validate()
 
 
 def _trainer(cfg, tok, **kw):
@@ -195,8 +192,7 @@ def test_bad_configs_fail_clearly(tmp_path, tok):
     with pytest.raises(ConfigError, match="rl.sample_dtype='float16' is not one of"):
         _cfg(tmp_path, tok, "rl.sample_dtype=float16")
     cfg0 = _cfg(tmp_path, tok, "rl.beta=0")
-    cfg1 = copy.deepcopy(cfg0)
-    cfg1.rl.beta = 0.04
+    cfg1 = cfg0.replace(rl={"beta": 0.04})
     tx, _ = make_optimizer(cfg0.optimizer, 10)
     state = init_train_state(cfg0, init_params(cfg0.model, jax.random.key(0)), tx)
     assert state.ref_params is None  # β = 0 keeps no reference model at all
