@@ -114,7 +114,8 @@ scripts, folders = json.loads(sys.argv[1]), tuple(json.loads(sys.argv[2]))
 path0 = list(sys.path)
 for command, target in scripts.items():
     out, code = io.StringIO(), None
-    for name in [m for m, mod in sys.modules.items() if (getattr(mod, "__file__", None) or "").startswith(folders)]:
+    for name in [m for m, mod in sys.modules.items()
+                 if (getattr(mod, "__file__", None) or "").startswith(folders)]:
         del sys.modules[name]
     try:
         with contextlib.redirect_stdout(out):
