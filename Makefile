@@ -28,7 +28,7 @@ install-test: $(STAMP_TEST)
 test: $(STAMP_TEST)
 	$(PY) -m pytest -n 2 --dist loadfile -q $(PYTEST_ARGS) tests
 
-# Compile every preset/slice pair of the README's matrix for TPU on this machine (libtpu).
+# Compile every preset/slice pair of docs/tpu.md's matrix for TPU on this machine (libtpu).
 tpu-check: $(STAMP_TEST)
 	$(PY) launch/compile_matrix.py
 

@@ -24,7 +24,7 @@ from grpo_jax.trainer import Trainer
 # That slip is systematic, so the SFT model's greedy answer is wrong on every question that
 # carries while its samples are often right: the gap RL closes (the paper's Maj@K finding).
 # Random slips instead leave a start whose errors are capacity errors that a few hundred
-# RL steps on a 2-core CPU do not move (README, "What the quickstart shows").
+# RL steps on a 2-core CPU do not move (docs/results.md, "Quickstart").
 CPU_DEFAULTS = [
     "run.steps=100", "run.eval_every=25", "run.checkpoint_every=100",
     "rl.group_size=16", "rl.max_new_tokens=32", "rl.beta=0.04", "rl.temperature=1.0",

@@ -8,7 +8,7 @@
 5. evaluate again, save a checkpoint, write summary.json and a PNG of reward/accuracy.
 
     python experiments/quickstart.py                          # defaults (see experiments/common.py)
-    python experiments/quickstart.py --seeds 0 1 2            # the README's three seeds
+    python experiments/quickstart.py --seeds 0 1 2            # docs/results.md's seeds 0 1 2
     python experiments/quickstart.py --sft-steps 800 rl.group_size=8 run.steps=200
 
 Each seed (`run.seed`: the model's initialisation, SFT and GRPO randomness; the questions stay
@@ -36,7 +36,7 @@ from grpo_jax.trainer import Trainer
 # On top of common.CPU_DEFAULTS. A solution of the SFT corpus drops all its carries or none
 # (`carry_habit`): with per-step slips a right 2-digit intermediate is rarely followed by a
 # right next step in the corpus, so once GRPO teaches the first carry the SFT model cannot do
-# the step after it, and whether a seed learns it was a matter of luck (README, Quickstart).
+# the step after it, and whether a seed learns it was a matter of luck (docs/results.md, Quickstart).
 QUICKSTART_DEFAULTS = ["data.slip=carry_habit"]
 
 

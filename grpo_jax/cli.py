@@ -44,8 +44,14 @@ def configure_logging(fmt: str = "%(message)s", datefmt: str | None = None) -> N
 
 def run(main: Callable[..., object], prog: str | None = None, *, pass_argv: bool = False) -> None:
     """Call `main()` (`main(sys.argv[1:])` with ``pass_argv``) and exit with its int result
-    (0 otherwise); library errors exit 2 in one line."""
+    (0 otherwise); library errors exit 2 in one line. With ``pass_argv``, `-h`/`--help`
+    prints the script's docstring instead: such a `main` takes bare overrides and has no
+    parser of its own to answer it."""
     prog = prog or os.path.basename(sys.argv[0])
+    if pass_argv and {"-h", "--help"} & set(sys.argv[1:]):
+        doc = (sys.modules[main.__module__].__doc__ or "").strip()
+        print(f"usage: {prog} [section.field=value ...]\n\n{doc}")
+        sys.exit(0)
     if "--debug" in sys.argv:
         sys.argv.remove("--debug")  # entry points' own parsers do not know the flag
         os.environ["GRPO_JAX_DEBUG"] = "1"

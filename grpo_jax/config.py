@@ -202,8 +202,9 @@ class RLConfig:
     sample_prompts: int = _rl(0, "sampling", _SAMPLED)
     # The policy copy the sampler uses: bfloat16 halves its memory and read bandwidth when
     # master weights are float32, and its matmuls take bf16 operands with float32 sums
-    # (model._product). Its log-probs then differ slightly from the trainer's: logged as
-    # logprob_mismatch_*, corrected by rl.tis_cap.
+    # (model._product; on CPU, faster only where the dot has bf16 kernels and enough rows:
+    # benchmarks/NOTES.md, "Figures behind code comments"). Its log-probs then
+    # differ slightly from the trainer's: logged as logprob_mismatch_*, corrected by rl.tis_cap.
     sample_dtype: str = _rl("float32", "sampling", _SAMPLED)
     # Which decode program samples (DECODE_ENGINES); the run prints the one it resolved to.
     decode: str = _rl("auto", "sampling")
@@ -434,8 +435,9 @@ def smollm2_135m() -> Config:
             max_seq_len=1024, remat="full"),
         optimizer=OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
                                   weight_decay=0.1),
-        # logprob_keep_probs trades 4 rows x 256 tokens x 49152 x 4 B per micro-batch for
-        # one unembedding matmul per chunk (benchmarks/NOTES.md).
+        # logprob_keep_probs: holds 4 rows x 256 tokens x 49152 x 4 B per micro-batch, which a
+        # CPU host has room for, to save one unembedding matmul per chunk (its gain:
+        # benchmarks/NOTES.md, "Figures behind code comments").
         rl=RLConfig(group_size=8, beta=0.04, max_new_tokens=256, num_micro_batches=4,
                     logprob_keep_probs=True),
         data=DataConfig(task="gsm8k", batch_size=2),
@@ -453,11 +455,11 @@ def deepseekmath_rl_7b() -> Config:
     (16 questions x 64). The preset takes 1024 questions x 64 = 65,536 outputs per step:
     it is the reading that costs 64x more, so a preset that fits it fits both. The other
     reading is the override ``data.batch_size=16 rl.num_micro_batches=4`` (the same 256
-    rows per micro-batch). Sized for v5p-128 (launch/compile.py, README "Will it fit?"):
+    rows per micro-batch). Sized for v5p-128 (launch/compile.py, docs/tpu.md "Will it fit?"):
     the sampler takes 16 questions x 64 = 1024 rows per call (the whole batch in one call
     would need a ~41 TB KV cache) from a bfloat16 copy of the float32 policy, and the
     train step runs 256 micro-batches of 256 rows (4 per chip). Smaller slices need
-    fewer questions per sampler call and more micro-batches (README "Will it fit?")."""
+    fewer questions per sampler call and more micro-batches (docs/tpu.md "Will it fit?")."""
     return Config(
         model=ModelConfig(
             vocab_size=102400, embed_dim=4096, num_layers=30, num_heads=32, num_kv_heads=32,

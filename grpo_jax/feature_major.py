@@ -3,8 +3,9 @@
 The same layer as ``model.Transformer`` with a KV cache and one new token per row, written
 so that every dense matmul is ``W [out, in] @ x [in, B] -> [out, B]``: the long weight
 dimension becomes the kernel's row dimension and the few batch rows its columns. XLA's CPU
-backend (YNNPACK dots, jax 0.10) runs that orientation faster than ``x [B, in] @
-W [in, out]`` when B is 8-64 (``python benchmarks/bench_layouts.py`` times both;
+backend (YNNPACK dots, jax 0.10) ran that orientation faster than ``x [B, in] @
+W [in, out]`` for B of 8-64 on every CPU measured, by a margin that depends on the CPU
+(``python benchmarks/bench_layouts.py`` times both;
 benchmarks/NOTES.md, "Figures behind code comments"). Asking
 for the transposed product of row-major activations is not enough: XLA folds the transpose
 back into the dot, so the orientation is kept by storing the activations transposed and by
@@ -71,7 +72,7 @@ def _dense(w, x, dt):
 def _embed(table, tokens):
     """table [V, E] rows at tokens [B]. A bfloat16 table is gathered as its 16-bit patterns:
     XLA's CPU backend has no bf16 gather and would convert the whole table to float32 (a
-    113 MB temporary for SmolLM2) in every decode call to take B rows of it."""
+    [V, E] float32 temporary) in every decode call to take B rows of it."""
     if table.dtype != jnp.bfloat16:
         return jnp.take(table, tokens, axis=0)
     bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
@@ -91,7 +92,8 @@ def _to_features(x, bf16: bool):
     written as a product with the identity (exact, B² · N multiply-adds) because that is
     the one way to make XLA move the data: YNNPACK's bf16 dot needs its right operand
     row-major [N, B], and XLA's operand upcaster turns a bf16 dot without it into a
-    float32 one over float32 copies of the weights (2x slower than float32 throughout).
+    float32 one over float32 copies of the weights (slower than float32 throughout:
+    benchmarks/NOTES.md, "Figures behind code comments").
     """
     if bf16:
         return jnp.einsum("bn,bc->nc", x, jnp.eye(x.shape[0], dtype=x.dtype),

@@ -2,7 +2,8 @@
 
 Every RL loss needs log π_θ(o_t | q, o_<t) at the sampled token only, yet the naive path
 materialises the full logits ``hidden @ unembed`` — for a 100k vocabulary, 1024 tokens
-and 64 rows that is 26 GB in float32, and autodiff keeps it alive for the backward pass.
+and 64 rows that is 64 × 1024 × 100k × 4 B = 26 GB in float32, and autodiff keeps it alive
+for the backward pass.
 ``token_logprobs`` instead walks the sequence in chunks of ``chunk_size`` positions under
 ``lax.scan``; each chunk's backward pass is written out (a custom VJP) and recomputes the
 chunk's [B, chunk, V] logits from its inputs (hidden states and the unembedding), so the
@@ -119,8 +120,8 @@ def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major, keep_pr
     unembedding matmul and one exp per chunk for that memory. Either way it forms
     ∂logp/∂z = (onehot(o) − softmax(z)) / T once and contracts it into W's gradient in the
     layout W is stored in. Left to autodiff under a checkpoint, XLA's CPU backend built the
-    gradient of a tied embedding as [E,V] and transposed it in every chunk (113 MB for
-    SmolLM2), and ran the vocabulary reductions twice. With ``vocab_axes`` (inside
+    gradient of a tied embedding as [E,V] and transposed it in every chunk (a V × E copy),
+    and ran the vocabulary reductions twice. With ``vocab_axes`` (inside
     ``shard_map``) w is this device's vocab slice: ∂W stays local and ∂h is summed over
     the vocab shards.
     """

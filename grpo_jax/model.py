@@ -3,8 +3,9 @@
 Every parameter is declared once with its logical axes (`vocab, embed, heads, kv_heads,
 head_dim, mlp, layers, norm`); `grpo_jax.sharding.LOGICAL_RULES` maps them to the mesh.
 Layers are one `nn.scan` (parameters stacked on a leading `layers` axis) whether the loop
-is rolled (training: compile time, memory) or fully unrolled (decoding on CPU is ~40%
-faster unrolled); the parameter tree is the same either way.
+is rolled (training: compile time, memory) or fully unrolled (decoding on CPU, where the
+step measured faster without the loop: benchmarks/NOTES.md, "Figures behind code
+comments"); the parameter tree is the same either way.
 
 Attention masking works on cache *slots*: a query in slot q attends to key slot k when
 k <= q and slot k holds a real token. Without a cache the slots are the sequence
@@ -44,8 +45,8 @@ class KVCache:
     Heads come first so that each (row, kv head) is one contiguous block, and k is stored
     transposed, so that a decode step's two attention matmuls, q [G,D] x k [D,S] and
     probs [G,S] x v [S,D], read the cache as it lies. With [.., max_len, kv_heads, ..] XLA
-    transposed the whole cache of every layer at every step (on CPU, SmolLM2-135M at batch
-    32: 2.8 -> 0.6 ms per layer for attention, 155 -> 129 ms per decode step)."""
+    transposed the whole cache of every layer at every step (benchmarks/NOTES.md, "Figures
+    behind code comments")."""
 
     k: jax.Array
     v: jax.Array
@@ -115,9 +116,8 @@ def _attend(q, k, v, allowed):
     A decode step (T = 1) folds the G query heads into the rows of one [G, D] x [D, S] matmul
     per (row, kv head), so both dots are plain row-major matmuls over the cache as it lies;
     written like the T > 1 case, XLA's CPU backend transposes the scores and falls back to a
-    slow dot for probs x v (measured: 5x slower attention at batch 32 on SmolLM2-135M's
-    shape). For long T (training, prefill) the general form below is about 20% faster, so
-    it stays there.
+    slow dot for probs x v. For long T (training, prefill) the general form below is the
+    faster one, so it stays there (benchmarks/NOTES.md, "Figures behind code comments").
     """
     if q.shape[1] == 1:
         return _attend_scored(jnp.einsum("bkgd,bkds->bkgs", q[:, 0], k).astype(jnp.float32), v, allowed)
@@ -129,8 +129,8 @@ def _attend_scored(scores, v, allowed):
     v [B,K,S,D], allowed [B,1,S] -> [B,1,K,G,D] in v's dtype."""
     scores = scores / jnp.sqrt(v.shape[-1]).astype(jnp.float32)
     scores = jnp.where(allowed[:, :, None, :], scores, _NEG)  # [B,1,1,S]: same keys for all heads
-    # Softmax with the division after the second matmul ([B,K,G,D] instead of
-    # [B,K,G,S] values): 15% less attention time at 256 cache slots on a 2-core CPU.
+    # Softmax with the division after the second matmul: it divides [B,K,G,D] values instead
+    # of [B,K,G,S], fewer whenever the cache has more slots than a head has dimensions.
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     out = jnp.einsum("bkgs,bksd->bkgd", weights.astype(v.dtype), v).astype(jnp.float32)
     return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)[:, None]
@@ -179,8 +179,8 @@ def _softmax_parts(q, k, allowed):
 def _attend_many(q, k, v, allowed):
     """`_attend` for T > 1 (training, prefill), with the backward pass written out: it
     keeps only each row's softmax max and sum and recomputes the probabilities, where
-    autodiff kept two [B,K,G,T,S] float32 arrays per layer (SmolLM2, 4 × 255 tokens:
-    2 × 281 MB per micro-batch, zero-filled and copied at every step)."""
+    autodiff kept two [B,K,G,T,S] float32 arrays per layer, zero-filled and copied at every
+    step: quadratic in the sequence length, where the max and sum are linear."""
     return _attend_many_fwd(q, k, v, allowed)[0]
 
 
@@ -345,7 +345,8 @@ def _swiglu_bwd(res, dy):
     s = jax.nn.sigmoid(a)
     silu = a * s
     # [E,F] then transposed: as "...f,...e->fe", XLA's CPU backend computed silu·b (exp
-    # included) in a transposed layout for the matmul, a scalar loop 4x slower than this.
+    # included) in a transposed layout for the matmul, as a scalar loop (benchmarks/NOTES.md,
+    # "Figures behind code comments").
     d_down = jnp.einsum("...e,...f->ef", dy, silu * b).T
     dh = jnp.einsum("...e,fe->...f", dy, down)
     db = dh * silu
@@ -507,7 +508,7 @@ def init_params(cfg: ModelConfig, key: jax.Array, mesh: Mesh | None = None, *, v
 @functools.lru_cache(maxsize=16)
 def _initializer(cfg: ModelConfig, mesh: Mesh | None, value_head: bool):
     """One compiled init per (model, mesh, head): tracing the flax modules and compiling
-    their initializers takes seconds, a fresh key only milliseconds."""
+    their initializers costs far more than running the compiled init on a fresh key."""
     fn = lambda k: nn.meta.unbox(_init_boxed(cfg, k, value_head))
     out = None if mesh is None else param_shardings(cfg, mesh, value_head)
     return jax.jit(fn, out_shardings=out)
@@ -527,7 +528,7 @@ def forward_hidden(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
     rope_cs: `rope_tables(positions, ...)` computed by the caller. The decode loop passes
     them sliced from tables made once before the loop: computed inside the step, XLA's CPU
     backend fuses the sin and cos into every layer's rotation of q and k and evaluates them
-    again there for every head (SmolLM2-135M, batch 32: 60 fusions per step at ~0.1 ms)."""
+    again there for every head at every step (benchmarks/NOTES.md, "Figures behind code comments")."""
     chex.assert_rank(tokens, 2)
     mask = jnp.ones(tokens.shape, bool) if mask is None else mask.astype(bool)
     chex.assert_equal_shape([tokens, mask])
@@ -540,9 +541,9 @@ def forward_hidden(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
 def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:
     """The unembedding as stored and whether it is vocab-major: ``(embedding [V,E], True)``
     when tied, else ``(lm_head [E,V], False)`` (``logprobs.token_logprobs``'s arguments).
-    Contracted as it lies: a transposed copy of a tied embedding would cost 113 MB per call
-    for SmolLM2-135M (the sampler paid it on every rollout) and its gradient a transpose
-    per log-prob chunk."""
+    Contracted as it lies: a transposed copy of a tied embedding would cost a [E,V] copy per
+    call (the sampler paid it on every rollout) and its gradient a transpose per log-prob
+    chunk."""
     if cfg.tie_embeddings:
         return params["embedding"], True
     return params["lm_head"], False

@@ -319,9 +319,6 @@ def normalize_math_answer(answer: str) -> str:
     return s
 
 
-_BRACKETS = {"(": ")", "[": "]", "{": "}"}
-
-
 def _split_commas(s: str) -> list[str] | None:
     """Split on commas outside brackets; None if the brackets do not balance."""
     parts, depth, start = [], 0, 0

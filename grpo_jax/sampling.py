@@ -306,9 +306,9 @@ def _inverse_cdf(weights, u):
     column with some positive weight): the first index whose cumulative weight reaches
     u * total, u [B] in (0, 1].
 
-    Two levels, so that no cumulative sum runs over the whole vocabulary (a [32, 49152]
-    `cumsum` takes 9 ms on a 2-core CPU, the draw below 0.3 ms): the block whose running
-    total first reaches the target, then the index inside that block. Along a
+    Two levels, so that no cumulative sum runs over the whole vocabulary (a sequential scan
+    per row on CPU; benchmarks/NOTES.md, "Figures behind code comments"): the block whose
+    running total first reaches the target, then the index inside that block. Along a
     non-decreasing cumulative sum the first index at or past the target is the count of
     entries below it, and it always has positive weight (a zero-weight entry repeats its
     predecessor's sum). If rounding leaves the target above every sum inside the block, the
@@ -398,15 +398,15 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
     arrays once is negligible, and unrolling measured no faster but compiles slower.
 
     The prompts run against a cache of their own Tp slots, padded to `cache_len` afterwards:
-    attending over the empty completion slots too made the prefill attention 3x larger at
-    128 new tokens for nothing (they are masked out). A long prefill
+    attending over the empty completion slots too would make the prefill attention
+    (Tp + new tokens) / Tp times larger for nothing (they are masked out). A long prefill
     runs in row chunks with the feature-major engine, one after the other (`_prefill_chunks`; `chunk_tokens` overrides
     _PREFILL_CHUNK_TOKENS, for benchmarks).
 
     For the feature-major engine (whose decode carries a buffer per layer) the
     cache's k and v are lists of per-layer arrays ([Bp, K, D, S] / [Bp, K, S, D]): the pad
     writes each layer's buffer directly, where slicing a stacked cache apart at the start of
-    decode (and stacking it again at its end) took ~3% of a 1-token sample at batch 64."""
+    decode (and stacking it again at its end) copies the whole cache twice per call."""
     TRACE_COUNTS["prefill"] += 1
     num_prompts, tp = prompt_tokens.shape
     chunks = _prefill_chunks(num_prompts, tp, engine, chunk_tokens)
@@ -442,7 +442,7 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
 
 # Prefill chunk size of the feature-major engine (one CPU device): XLA's CPU backend ran a
 # long prefill slower in one pass than in row chunks of this many tokens (benchmarks/NOTES.md,
-# "Prefill chunks"; `python benchmarks/bench_layouts.py` times both).
+# "Prefill at batch 64 per token"; `python benchmarks/bench_layouts.py` times both).
 _PREFILL_CHUNK_TOKENS = 2048
 
 
@@ -800,8 +800,8 @@ _HELD_WEIGHTS: dict[tuple, _HeldWeights] = {}  # (cfg, dtype of the params) -> c
 
 
 def _feature_major_weights(cfg: ModelConfig, params):
-    """`feature_major.decode_weights(cfg, params)`, made once per policy: the copy (0.13 s for
-    SmolLM2-135M on a 2-core CPU) is reused while `params` holds the same array objects
+    """`feature_major.decode_weights(cfg, params)`, made once per policy: the copy (a pass over
+    every weight) is reused while `params` holds the same array objects
     (evaluation samples each batch twice, `sample_to_host` calls once per chunk) and
     freed with the first of them: a new policy's params are new arrays, so never a stale
     copy, and one copy per model and dtype at most (a float32 policy and its bfloat16

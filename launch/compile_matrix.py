@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run launch/compile.py over the README's preset x slice matrix and print the table.
+"""Run launch/compile.py over the preset x slice matrix of docs/tpu.md and print the table.
 
     python launch/compile_matrix.py [--only PRESET] [--out benchmarks/tpu_check]
 
