@@ -25,7 +25,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, programs, sampling
+from grpo_jax import checkpointing, lora, programs, sampling
 from grpo_jax.sampling import sampling_copy
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
@@ -85,7 +85,10 @@ class Trainer:
         value_params = None
         if self.algorithm.needs_value_model:
             value_params = add_value_head(cfg.model, params, jax.random.key(cfg.run.seed + 1), self.mesh)
-        self.sft_params = params if self.algorithm.data_source.startswith("sft_policy") else None
+        # π_sft of the offline methods: a copy of the starting weights, except under LoRA,
+        # whose frozen base already is them.
+        offline = self.algorithm.data_source.startswith("sft_policy")
+        self.sft_params = params if offline and not lora.enabled(cfg.model) else None
         self.step_fn = programs.train_step(cfg, self.mesh)
         # On the mesh from the start, so a restored checkpoint lands in the same shards.
         self.state = jax.device_put(init_train_state(cfg, params, tx, value_params=value_params, value_tx=value_tx),
@@ -140,7 +143,8 @@ class Trainer:
 
     @property
     def params(self):
-        return self.state.params
+        """π_θ as full weights (a LoRA policy's adapters merged into its base)."""
+        return lora.policy_weights(self.cfg.model, self.state)
 
     def questions(self, step: int) -> list[Example]:
         """The step's questions: a function of (data seed, step) only, so resume is exact."""
@@ -154,7 +158,10 @@ class Trainer:
             prompts, completions = self.sft_data(step)
             return texts_to_batch(tok, prompts, completions, max_new_tokens=rl.max_new_tokens), {}
         examples = self.questions(step)
-        policy = self.state.params if source == "policy" else self.sft_params
+        if source == "policy":
+            policy = self.params
+        else:
+            policy = self.state.base_params if self.sft_params is None else self.sft_params
         g = rl.group_size
         # The rl.sample_dtype copy on the sampling mesh, made once per step; the rollout
         # comes back to the host (gathered from every process), rl.sample_prompts questions per call.
@@ -218,7 +225,7 @@ class Trainer:
                 else:
                     self.bad_steps = 0
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
-                    ev = evaluate(cfg, self.state.params, self.task, self.tokenizer, self.eval_examples,
+                    ev = evaluate(cfg, self.params, self.task, self.tokenizer, self.eval_examples,
                                   key=jax.random.fold_in(self.rng, 10**9 + done), mesh=self.mesh)
                     metrics.update({f"eval_{k}": v for k, v in ev.items()})
                 metrics["step"] = done
