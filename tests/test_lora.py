@@ -22,6 +22,7 @@ TINY = ModelConfig(vocab_size=64, embed_dim=32, num_layers=2, num_heads=4, num_k
                    head_dim=8, mlp_dim=64, max_seq_len=64, lora_rank=4, lora_alpha=8.0)
 P, G, TP, TC = 2, 4, 8, 8
 TOKENS = jnp.arange(1, 17, dtype=jnp.int32)[None] % TINY.vocab_size
+_logits = jax.jit(model.forward_logits, static_argnums=0)
 
 
 def _perturbed(adapters, seed=1):
@@ -53,9 +54,9 @@ def test_zero_b_gives_the_base_logits_exactly():
     adapters = lora.init_adapters(TINY, jax.random.key(1))
     assert all(not np.any(np.asarray(b)) for m in adapters["layers"].values()
                for k, b in m.items() if k.endswith("_lora_b"))
-    want = model.forward_logits(TINY, base, TOKENS)
-    np.testing.assert_array_equal(model.forward_logits(TINY, lora.policy_params(base, adapters), TOKENS), want)
-    moved = model.forward_logits(TINY, lora.policy_params(base, _perturbed(adapters)), TOKENS)
+    want = _logits(TINY, base, TOKENS)
+    np.testing.assert_array_equal(_logits(TINY, lora.policy_params(base, adapters), TOKENS), want)
+    moved = _logits(TINY, lora.policy_params(base, _perturbed(adapters)), TOKENS)
     assert float(jnp.max(jnp.abs(moved - want))) > 1e-3
 
 
@@ -76,8 +77,8 @@ def test_merge_is_base_plus_scaled_product_and_matches_the_in_layer_merge():
     untouched = [("attn", "k"), ("attn", "v"), ("mlp", "gate"), ("mlp", "up")]
     assert all(merged["layers"][m][n] is base["layers"][m][n] for m, n in untouched)
     assert set(adapters["layers"]["attn"]) == {"q_lora_a", "q_lora_b", "o_lora_a", "o_lora_b"}
-    np.testing.assert_allclose(model.forward_logits(cfg, merged, TOKENS),
-                               model.forward_logits(cfg, lora.policy_params(base, adapters), TOKENS),
+    np.testing.assert_allclose(_logits(cfg, merged, TOKENS),
+                               _logits(cfg, lora.policy_params(base, adapters), TOKENS),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -110,7 +111,8 @@ def test_reference_logprobs_are_the_base_models():
     state = ts.TrainState(step=jnp.zeros((), jnp.int32), params=adapters, opt_state=None,
                           base_params=base)
     batch, kw = _batch(), dict(temperature=1.0, chunk_size=cfg.rl.logprob_chunk_size)
-    extras, _ = get_algorithm("grpo").prepare(lora.model_view(state), batch, cfg)
+    prepare = jax.jit(lambda s, b: get_algorithm("grpo").prepare(lora.model_view(s), b, cfg)[0])
+    extras = prepare(state, batch)
     want = sequence_logprobs(TINY, base, batch, **kw)
     np.testing.assert_allclose(extras.ref_logp, want, rtol=1e-6, atol=1e-6)
     policy = sequence_logprobs(TINY, lora.policy_params(base, adapters), batch, **kw)
@@ -137,12 +139,21 @@ class _DigitShare(ArithmeticTask):
 
 
 def test_a_short_lora_grpo_run_trains_its_adapters(tmp_path):
-    from grpo_jax import train_cli
+    from grpo_jax.train_cli import shared_tokenizer
+    from grpo_jax.trainer import Trainer
 
     cfg = load_config("cpu-tiny", [
-        "model.lora_rank=8", "run.steps=2", "run.eval_every=0", "run.checkpoint_every=0",
-        "data.batch_size=2", "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={tmp_path}"])
-    trainer = train_cli.train(cfg, task=_DigitShare(), progress=False)
+        "model.lora_rank=8", "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "model.head_dim=16", "model.mlp_dim=64", "model.max_seq_len=64",
+        "run.steps=2", "run.eval_every=0", "run.checkpoint_every=0", "data.batch_size=2",
+        "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={tmp_path}"])
+    task = _DigitShare()
+    tokenizer = shared_tokenizer(task, str(tmp_path), vocab_size=64)
+    cfg.model = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
+    trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=model.init_params(cfg.model, jax.random.key(0)),
+                      mesh=mesh_from_shape((1, 1, 1)), progress=False)
+    trainer.train()
+    trainer.close()
     assert all(np.isfinite(h["loss"]) for h in trainer.history)
     assert trainer.state.ref_params is None and trainer.state.base_params is not None
     b = [x for m in trainer.state.params["layers"].values() for k, x in m.items() if k.endswith("_lora_b")]
