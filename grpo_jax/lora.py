@@ -20,15 +20,18 @@ Written by hand rather than with qwix: docs/lora.md says why.
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
-from grpo_jax.sharding import DTYPES, logical_to_sharding, mesh_of
+from grpo_jax.errors import CheckpointError
+from grpo_jax.sharding import DTYPES, logical_to_sharding, mesh_of, to_host
 
 Params = Any
 
@@ -160,3 +163,47 @@ def policy_weights(cfg: ModelConfig, state: Any) -> Params:
     if state.base_params is None:
         return state.params
     return merged(cfg, state.base_params, state.params)
+
+
+# Two odd multipliers (Knuth's golden-ratio hash and its square): a leaf's two sums below
+# weigh each element by its position, so moved or changed values change them.
+_MIXERS = (np.uint32(2654435761), np.uint32(2246822519))
+
+
+def _leaf_sums(x: jax.Array) -> jax.Array:
+    """[2] uint32: Σ_i bits(x_i)·(m·i + 1) mod 2^32 for each mixer m, over the raw bits of
+    x. Sums mod 2^32 are exact in any order, so the result does not depend on the mesh."""
+    bits = jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize])
+    bits = bits.astype(jnp.uint32)
+    index = jax.lax.broadcasted_iota(jnp.uint32, x.shape, 0)
+    for axis in range(1, x.ndim):  # the row-major flat index, built without a reshape
+        index = index * jnp.uint32(x.shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
+    return jnp.stack([jnp.sum(bits * (m * index + jnp.uint32(1)), dtype=jnp.uint32) for m in _MIXERS])
+
+
+def fingerprint(params: Params) -> str:
+    """A content hash of a params tree (16 hex digits), computed where the weights lie
+    (each device sums its shards; no weight leaves the devices) and the same for any mesh:
+    a LoRA checkpoint stores its base's, and a restore onto another base is refused."""
+    paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(params)[0])
+    sums = to_host(jax.jit(lambda xs: jnp.stack([_leaf_sums(x) for x in xs]))(list(leaves)))
+    digest = hashlib.sha256()
+    for path, leaf, s in zip(paths, leaves, sums):
+        digest.update(f"{jax.tree_util.keystr(path)}:{leaf.shape}:{leaf.dtype}:{s[0]}:{s[1]};".encode())
+    return digest.hexdigest()[:16]
+
+
+def base_pointer(cfg: Any, base: Params) -> dict:
+    """What a LoRA checkpoint records about the weights it adapts: run.pretrained (empty
+    for a random init) and the base's ``fingerprint``."""
+    return {"path": cfg.run.pretrained, "fingerprint": fingerprint(base)}
+
+
+def check_base(saved: dict | None, current: dict, where: str) -> None:
+    """Refuse (CheckpointError, one line) a LoRA checkpoint saved over another base."""
+    saved = saved or {}
+    if saved.get("fingerprint") != current["fingerprint"]:
+        raise CheckpointError(
+            f"{where} holds LoRA adapters of another base: saved over {saved.get('path')!r} "
+            f"(fingerprint {saved.get('fingerprint')}), this run's base is {current['path']!r} "
+            f"(fingerprint {current['fingerprint']}); load the same base, or use a new run.run_dir")

@@ -96,6 +96,10 @@ class Trainer:
         if self.sft_params is not None:
             self.sft_params = jax.device_put(self.sft_params, self.step_fn.state_shardings.params)
         self.rng = jax.random.key(cfg.run.seed)
+        # A LoRA checkpoint points to its frozen base instead of holding it (lora.base_pointer).
+        self.base_pointer = None
+        if self.state.base_params is not None:
+            self.base_pointer = lora.base_pointer(cfg, self.state.base_params)
         self.eval_examples = list(eval_examples) if eval_examples is not None else \
             task.examples("test", cfg.data.eval_size, cfg.data.seed)
         self.history: list[dict] = []
@@ -123,7 +127,7 @@ class Trainer:
     def _checkpoint_tree(self):
         # The key replicated on the mesh: processes cannot jointly save a host-local array.
         rng = to_global(jax.random.key_data(self.rng), replicated(self.mesh))
-        return {"state": self.state, "rng": rng}
+        return {"state": self.state.replace(base_params=None), "rng": rng}
 
     def _restore(self) -> int | None:
         """Load the newest matching checkpoint into this Trainer; its step, or None if none."""
@@ -132,14 +136,19 @@ class Trainer:
         if restored is None:
             return None
         step, tree, meta = restored
-        self.state, self.rng = tree["state"], jax.random.wrap_key_data(tree["rng"])
+        if self.base_pointer is not None:
+            lora.check_base(meta.get("base"), self.base_pointer, f"checkpoint step {step} in {self.ckpt.directory}")
+        self.state = tree["state"].replace(base_params=self.state.base_params)
+        self.rng = jax.random.wrap_key_data(tree["rng"])
         self.start_step = self.next_step = step
         self.bad_steps = int(meta.get("bad_steps", 0))
         return step
 
     def save(self, step: int) -> None:
-        self.ckpt.save(step, self._checkpoint_tree(), {"step": step, "bad_steps": self.bad_steps,
-                                                       "config": self.cfg.to_dict()})
+        meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}
+        if self.base_pointer is not None:
+            meta["base"] = self.base_pointer
+        self.ckpt.save(step, self._checkpoint_tree(), meta)
 
     @property
     def params(self):

@@ -138,26 +138,62 @@ class _DigitShare(ArithmeticTask):
         return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
-def test_a_short_lora_grpo_run_trains_its_adapters(tmp_path):
-    from grpo_jax.train_cli import shared_tokenizer
+def _lora_trainer(cfg, tokenizer, seed=0, mesh_shape=(1, 1, 1)):
     from grpo_jax.trainer import Trainer
 
+    params = model.init_params(cfg.model, jax.random.key(seed))
+    return Trainer(cfg, task=_DigitShare(), tokenizer=tokenizer, params=params,
+                   mesh=mesh_from_shape(mesh_shape), progress=False)
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """(cfg, tokenizer, trainer): two GRPO steps of a LoRA policy on the arithmetic
+    questions, checkpointed at the end."""
+    from grpo_jax.train_cli import shared_tokenizer
+
+    run_dir = tmp_path_factory.mktemp("lora_run")
     cfg = load_config("cpu-tiny", [
         "model.lora_rank=8", "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2",
         "model.num_kv_heads=1", "model.head_dim=16", "model.mlp_dim=64", "model.max_seq_len=64",
         "run.steps=2", "run.eval_every=0", "run.checkpoint_every=0", "data.batch_size=2",
-        "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={tmp_path}"])
-    task = _DigitShare()
-    tokenizer = shared_tokenizer(task, str(tmp_path), vocab_size=64)
+        "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={run_dir}"])
+    tokenizer = shared_tokenizer(_DigitShare(), str(run_dir), vocab_size=64)
     cfg.model = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
-    trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=model.init_params(cfg.model, jax.random.key(0)),
-                      mesh=mesh_from_shape((1, 1, 1)), progress=False)
+    trainer = _lora_trainer(cfg, tokenizer)
     trainer.train()
     trainer.close()
+    return cfg, tokenizer, trainer
+
+
+def test_a_short_lora_grpo_run_trains_its_adapters(lora_run):
+    _, _, trainer = lora_run
     assert all(np.isfinite(h["loss"]) for h in trainer.history)
     assert trainer.state.ref_params is None and trainer.state.base_params is not None
     b = [x for m in trainer.state.params["layers"].values() for k, x in m.items() if k.endswith("_lora_b")]
     assert len(b) == 7 and all(np.any(np.asarray(x)) for x in b)  # B left 0: gradients reached it
+
+
+def test_lora_checkpoint_holds_adapters_and_restores_onto_another_mesh(lora_run):
+    cfg, tokenizer, trainer = lora_run
+    stored = trainer.ckpt._mngr.item_metadata(2).state
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(stored)[0]]
+    params = [p for p in paths if p.startswith("['state']['params']")]
+    assert params and all("_lora_" in p for p in params) and not any("base_params" in p for p in paths)
+    resumed = _lora_trainer(cfg, tokenizer, mesh_shape=(1, 2, 1))
+    assert resumed.start_step == 2 and resumed.state.base_params is not None
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, resumed.state.params),
+                 jax.tree.map(np.asarray, trainer.state.params))
+    resumed.close()
+
+
+def test_lora_checkpoint_refuses_another_base_in_one_line(lora_run):
+    from grpo_jax.errors import CheckpointError
+
+    cfg, tokenizer, _ = lora_run
+    with pytest.raises(CheckpointError, match="holds LoRA adapters of another base") as e:
+        _lora_trainer(cfg, tokenizer, seed=1)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("override,match", [
