@@ -11,7 +11,7 @@ B its output axes, so both are sharded by the rules table like the weight (the r
 is replicated). ``policy_params(base, adapters)`` puts them beside the weights, where the
 model's layers find them (``model._adapted``); without them the same model is the base.
 This is why LoRA costs no second model: the train state keeps the base once and it is
-π_ref too (``reference``), the optimizer sees only the adapters, and the sampler reads
+π_ref too (``model_view``), the optimizer sees only the adapters, and the sampler reads
 ``merge(base, adapters)``, made once per step.
 
 Written by hand rather than with qwix: docs/lora.md says why.
