@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from grpo_jax import loops, programs
+from grpo_jax import lora, loops, programs
 from grpo_jax import model as model_lib
 from grpo_jax import train_step as ts
 from grpo_jax.algorithms import get_algorithm
@@ -102,13 +102,15 @@ def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh) -> Bat
 def train_state(cfg: Config, mesh):
     """(TrainStep, abstract TrainState): the run's train step (``programs.train_step``) and
     its state as ShapeDtypeStructs sharded like a real run's (policy, optimizer, reference,
-    value model)."""
+    value model; under LoRA the frozen base and the adapters)."""
     step = programs.train_step(cfg, mesh)
     params = model_lib.param_shapes(cfg.model)
+    trained = lora.adapter_shapes(cfg.model) if lora.enabled(cfg.model) else params
     shapes = ts.TrainState(
-        step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-        opt_state=jax.eval_shape(step.tx.init, params),
-        ref_params=params if step.state_shardings.ref_params is not None else None)
+        step=jax.ShapeDtypeStruct((), jnp.int32), params=trained,
+        opt_state=jax.eval_shape(step.tx.init, trained),
+        ref_params=params if step.state_shardings.ref_params is not None else None,
+        base_params=params if step.state_shardings.base_params is not None else None)
     if step.value_tx is not None:
         vparams = model_lib.param_shapes(cfg.model, value_head=True)
         shapes = shapes.replace(value_params=vparams, value_opt_state=jax.eval_shape(step.value_tx.init, vparams))

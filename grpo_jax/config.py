@@ -39,6 +39,8 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # written-out forward over a prompt cache shared by a question's rows (`shared`); `auto`
 # picks one from the sampling mesh's devices (`sampling.resolve_engine`).
 DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
+# The weights a LoRA adapter can target (grpo_jax.lora): attention q/k/v/o, MLP gate/up/down.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 
@@ -88,6 +90,12 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"  # one of REMAT_POLICIES; dots = save matmul outputs only
     attention: str = "xla"  # one of ATTENTION_IMPLS; splash compiles for TPU only
+    # LoRA (grpo_jax.lora): rank 0 trains every weight; rank R > 0 freezes them and trains
+    # W + (lora_alpha / R)·A·B on each weight named in lora_targets (comma-separated
+    # LORA_TARGETS), B starting at 0 so the policy starts equal to the base.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: str = "q,k,v,o,gate,up,down"
 
     def validate(self) -> None:
         for name in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
@@ -103,6 +111,14 @@ class ModelConfig:
         _choice(self, "attention", ATTENTION_IMPLS)
         if self.rope_theta <= 0 or self.rope_scaling_factor <= 0 or self.rms_eps <= 0:
             raise ConfigError("model.rope_theta, rope_scaling_factor and rms_eps must be > 0")
+        if self.lora_rank < 0 or self.lora_alpha <= 0:
+            raise ConfigError(f"model.lora_rank must be >= 0 (0 = off) and model.lora_alpha > 0, "
+                              f"got {self.lora_rank}, {self.lora_alpha}")
+        targets = self.lora_targets.split(",")
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        if unknown or len(set(targets)) != len(targets):
+            raise ConfigError(f"model.lora_targets={self.lora_targets!r} must name distinct weights "
+                              f"of {list(LORA_TARGETS)}, comma-separated")
 
 
 @dataclass(frozen=True)
@@ -367,13 +383,18 @@ class Config:
 
     def unused_options(self) -> list[str]:
         """One message per rl.* field set away from its default that rl.algorithm never
-        reads (``RL_READERS``)."""
+        reads (``RL_READERS``), and per LoRA setting given while LoRA is off."""
         default, out = RLConfig(), []
         for name, readers in RL_READERS.items():
             value = getattr(self.rl, name)
             if self.rl.algorithm not in readers and value != getattr(default, name):
                 out.append(f"rl.{name}={value!r} is ignored by rl.algorithm={self.rl.algorithm} "
                            f"(read only by {', '.join(readers)})")
+        default_model = ModelConfig()
+        if self.model.lora_rank == 0:
+            out += [f"model.{name}={getattr(self.model, name)!r} is ignored with model.lora_rank=0 "
+                    "(LoRA off)" for name in ("lora_alpha", "lora_targets")
+                    if getattr(self.model, name) != getattr(default_model, name)]
         if self.data.skip_bad_rows and self.data.task not in FILE_TASKS:
             out.append(f"data.skip_bad_rows=True is ignored by data.task={self.data.task} "
                        f"(it generates its problems; only {', '.join(FILE_TASKS)} read files)")

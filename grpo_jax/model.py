@@ -80,6 +80,28 @@ def _param(module: nn.Module, name: str, shape, axes, init, cfg: ModelConfig):
                         DTYPES[cfg.param_dtype])
 
 
+def adapted_weight(w: jax.Array, a: jax.Array, b: jax.Array, alpha: float) -> jax.Array:
+    """A weight with its LoRA adapter (Hu et al. 2021, Eq. 3, in the x·W convention):
+
+        W' = W + (alpha / r)·A·B,   w [*in, *out], a [*in, r], b [r, *out] -> [*in, *out]
+
+    summed in the wider of the two dtypes and rounded once to w's dtype (a bfloat16 base
+    meets float32 adapters without rounding A·B first). B = 0 gives W exactly."""
+    delta = (alpha / a.shape[-1]) * jnp.tensordot(a, b, axes=1)
+    return (w + delta).astype(w.dtype)
+
+
+def _adapted(module: nn.Module, name: str, w: jax.Array) -> jax.Array:
+    """The weight ``name`` as the layer uses it: with its adapter when the params carry one
+    (``{name}_lora_a`` / ``{name}_lora_b`` beside it, ``grpo_jax.lora.policy_params``),
+    else as stored. Merged here, where the layer reads it, so that inside the layer scan
+    only one layer's merged weights exist at a time."""
+    if not module.has_variable("params", f"{name}_lora_a"):
+        return w
+    a, b = (module.get_variable("params", f"{name}_lora_{part}") for part in "ab")
+    return adapted_weight(w, a, b, module.cfg.lora_alpha)
+
+
 class RMSNorm(nn.Module):
     cfg: ModelConfig
 
@@ -298,6 +320,7 @@ class Attention(nn.Module):
         wk = _param(self, "k", (cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim), ("embed", "kv_heads", "head_dim"), init, cfg)
         wv = _param(self, "v", (cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim), ("embed", "kv_heads", "head_dim"), init, cfg)
         wo = _param(self, "o", (cfg.num_heads, cfg.head_dim, cfg.embed_dim), ("heads", "head_dim", "embed"), init, cfg)
+        wq, wk, wv, wo = (_adapted(self, name, w) for name, w in zip("qkvo", (wq, wk, wv, wo)))
         q, k, v = (_product("bte,ehd->bthd", x, _operand(w, dt)) for w in (wq, wk, wv))
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
@@ -374,6 +397,7 @@ class MLP(nn.Module):
         gate = _param(self, "gate", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         up = _param(self, "up", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         down = _param(self, "down", (cfg.mlp_dim, cfg.embed_dim), ("mlp", "embed"), init, cfg)
+        gate, up, down = (_adapted(self, name, w) for name, w in zip(("gate", "up", "down"), (gate, up, down)))
         return swiglu(x, _operand(gate, dt), _operand(up, dt), _operand(down, dt))
 
 

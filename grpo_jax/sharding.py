@@ -36,6 +36,7 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
     ("layers", None),
     ("norm", None),
     ("seq", None),
+    ("lora_rank", None),  # a LoRA adapter's rank axis (grpo_jax.lora): a few dozen entries
 )
 _RULES = dict(LOGICAL_RULES)
 

@@ -42,7 +42,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from grpo_jax import loops, losses, splash
+from grpo_jax import loops, lora, losses, splash
 from grpo_jax import model as model_lib
 from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorithm,
                                  split_micro_batches)
@@ -50,7 +50,7 @@ from grpo_jax.batching import Batch
 from grpo_jax.config import Config
 from grpo_jax.sharding import batch_sharding, mesh_of, on_mesh, replicated
 
-__all__ = ["TrainState", "TrainStep", "METRIC_NAMES", "init_train_state", "make_train_step", "reset_reference",
+__all__ = ["TrainState", "TrainStep", "METRIC_NAMES", "init_train_state", "keeps_reference_copy", "make_train_step", "reset_reference",
            "opt_state_shardings", "static_config_key"]
 
 # Always present in the metrics dict (0 where the algorithm has no such quantity,
@@ -65,11 +65,14 @@ class TrainState:
     """Everything the step updates (all device arrays; None fields hold nothing)."""
 
     step: Any  # int32 scalar: train steps taken
-    params: Any
+    params: Any  # what the optimiser trains: the policy's weights, or its LoRA adapters
     opt_state: Any
     ref_params: Any = None  # frozen π_ref; None unless the algorithm needs one (β > 0, DPO)
     value_params: Any = None  # PPO's value model V_ψ (a trunk + value head)
     value_opt_state: Any = None
+    # LoRA (model.lora_rank > 0): the frozen base weights, which are π_ref as well
+    # (ref_params stays None); grpo_jax.lora.model_view shows the state as full weights.
+    base_params: Any = None
 
 
 # ============================================================================ state
@@ -107,12 +110,20 @@ def _init_opt(tx, params):
     return jax.jit(tx.init, out_shardings=shardings)(params)
 
 
+def keeps_reference_copy(cfg: Config) -> bool:
+    """Whether the state holds π_ref as its own weights: the algorithm needs a reference
+    and the policy is not LoRA (whose reference is its base)."""
+    return get_algorithm(cfg.rl.algorithm).needs_reference(cfg) and not lora.enabled(cfg.model)
+
+
 def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
                      value_params=None, value_tx: optax.GradientTransformation | None = None
                      ) -> TrainState:
     """The state for ``cfg.rl.algorithm``: optimiser state(s), and a copy of ``params`` as
     the frozen reference only when the algorithm needs one (GRPO/PPO with β > 0, DPO);
-    β = 0 and SFT/RFT keep no reference at all. PPO needs ``value_params`` (e.g.
+    β = 0 and SFT/RFT keep no reference at all. With LoRA, ``params`` become the frozen
+    base (and the reference) and fresh adapters (seeded by run.seed) are what the
+    optimiser trains. PPO needs ``value_params`` (e.g.
     ``model.add_value_head(cfg.model, params, key, mesh)``) and ``value_tx``.
     ``params`` and ``value_params`` are copied (the step donates the state's buffers, so
     the caller's arrays, e.g. a frozen π_sft used for sampling, stay valid)."""
@@ -122,7 +133,10 @@ def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
     step = jnp.zeros((), jnp.int32)
     if mesh is not None:
         step = jax.device_put(step, replicated(mesh))
-    ref = _copy(params) if algo.needs_reference(cfg) else None
+    base = None
+    if lora.enabled(cfg.model):
+        base, params = params, lora.init_adapters(cfg.model, jax.random.key(cfg.run.seed), mesh)
+    ref = _copy(params) if keeps_reference_copy(cfg) else None
     value_opt_state = None
     if algo.needs_value_model:
         if value_params is None or value_tx is None:
@@ -134,11 +148,14 @@ def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
     else:
         value_params = None
     return TrainState(step=step, params=params, opt_state=_init_opt(tx, params), ref_params=ref,
-                      value_params=value_params, value_opt_state=value_opt_state)
+                      value_params=value_params, value_opt_state=value_opt_state, base_params=base)
 
 
 def reset_reference(state: TrainState) -> TrainState:
     """π_ref ← π_θ (iterative GRPO, Algorithm 1 line 3). No-op when no reference is kept."""
+    if state.base_params is not None:
+        raise ValueError("a LoRA policy's reference is its base: reset_reference would have to "
+                         "merge the adapters into a new base, which is not supported yet")
     if state.ref_params is None:
         return state
     return state.replace(ref_params=_copy(state.params))
@@ -173,28 +190,29 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
     rl = cfg.rl
     num_micro = rl.num_micro_batches
 
-    def loss_fn(params, value_params, micro_batch, extras, hp):
-        num, den, metrics = algo.loss_parts(params, micro_batch, extras, cfg, hp,
+    def loss_fn(params, value_params, micro_batch, extras, hp, base):
+        policy = params if base is None else lora.policy_params(base, params)
+        num, den, metrics = algo.loss_parts(policy, micro_batch, extras, cfg, hp,
                                             value_params=value_params)
         return num, (jnp.asarray(den, jnp.float32), _f32_parts(metrics))
 
     grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
 
-    def one_micro_batch(params, value_params, micro, hp):
-        (num, (den, metrics)), grads = grad_fn(params, value_params, *micro, hp)
+    def one_micro_batch(params, value_params, micro, hp, base):
+        (num, (den, metrics)), grads = grad_fn(params, value_params, *micro, hp, base)
         return grads, num, den, metrics
 
-    def gradients(params, value_params, batch, extras, hp):
+    def gradients(params, value_params, batch, extras, hp, base):
         """Σ over micro-batches of grad(numerator), numerator, denominator, metric parts."""
         if num_micro == 1:
-            return one_micro_batch(params, value_params, (batch, extras), hp)
+            return one_micro_batch(params, value_params, (batch, extras), hp, base)
         micro = split_micro_batches((batch, extras), num_micro, algo.micro_batch_unit)
         first = jax.tree.map(lambda x: x[0], micro)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                             jax.eval_shape(one_micro_batch, params, value_params, first, hp))
+                             jax.eval_shape(one_micro_batch, params, value_params, first, hp, base))
 
         def body(acc, mb):
-            grads, num, den, metrics = one_micro_batch(params, value_params, mb, hp)
+            grads, num, den, metrics = one_micro_batch(params, value_params, mb, hp, base)
             a_grads, a_num, a_den, a_metrics = acc
             return (jax.tree.map(jnp.add, a_grads, grads), a_num + num, a_den + den,
                     _combine(a_metrics, metrics)), None
@@ -208,9 +226,9 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
         keep = lambda new, old: jnp.where(ok, new, old)
         return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
 
-    def update(carry, batch, extras, hp):
+    def update(carry, batch, extras, hp, base):
         params, opt_state, value_params, value_opt_state = carry
-        grads, num, den, metric_parts = gradients(params, value_params, batch, extras, hp)
+        grads, num, den, metric_parts = gradients(params, value_params, batch, extras, hp, base)
         ok = den > 0
         scale = 1.0 / jnp.where(ok, den, 1.0)
         policy_grads, value_grads = jax.tree.map(lambda g: g * scale, grads)
@@ -224,12 +242,13 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
         return (params, opt_state, value_params, value_opt_state), metrics
 
     def step(state: TrainState, batch: Batch, hp: RLHParams):
-        extras, prep_metrics = algo.prepare(state, batch, cfg, hp, group_size=group_size)
+        extras, prep_metrics = algo.prepare(lora.model_view(state), batch, cfg, hp, group_size=group_size)
         carry = (state.params, state.opt_state, state.value_params, state.value_opt_state)
+        base = state.base_params
         if rl.num_updates == 1:
-            carry, metrics = update(carry, batch, extras, hp)
+            carry, metrics = update(carry, batch, extras, hp, base)
         else:
-            carry, per_update = loops.scan(lambda c, _: update(c, batch, extras, hp), carry,
+            carry, per_update = loops.scan(lambda c, _: update(c, batch, extras, hp, base), carry,
                                              None, length=rl.num_updates)
             metrics = {k: v[0] if k in MAX_METRICS else jnp.mean(v) for k, v in per_update.items()}
         params, opt_state, value_params, value_opt_state = carry
@@ -319,7 +338,7 @@ class TrainStep:
                                group_size=self.group_size)
 
     def _check(self, state: TrainState) -> None:
-        wants_ref = self.algorithm.needs_reference(self.cfg)
+        wants_ref = keeps_reference_copy(self.cfg)
         if (state.ref_params is not None) != wants_ref:
             raise ValueError(
                 f"state.ref_params is {'set' if state.ref_params is not None else 'None'} but "
@@ -351,11 +370,15 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, *
         raise ValueError(f"{algo.name} trains a value model: pass value_tx")
     group_size = cfg.rl.group_size if group_size is None else int(group_size)
     param_sh = model_lib.param_shardings(cfg.model, mesh)
-    param_shapes = model_lib.param_shapes(cfg.model)
+    trained_sh, trained_shapes = param_sh, model_lib.param_shapes(cfg.model)
+    if lora.enabled(cfg.model):
+        trained_sh = lora.adapter_shardings(cfg.model, mesh)
+        trained_shapes = lora.adapter_shapes(cfg.model)
     state_sh = TrainState(
-        step=replicated(mesh), params=param_sh,
-        opt_state=opt_state_shardings(tx, param_shapes, param_sh, mesh),
-        ref_params=param_sh if algo.needs_reference(cfg) else None)
+        step=replicated(mesh), params=trained_sh,
+        opt_state=opt_state_shardings(tx, trained_shapes, trained_sh, mesh),
+        ref_params=param_sh if keeps_reference_copy(cfg) else None,
+        base_params=param_sh if lora.enabled(cfg.model) else None)
     if algo.needs_value_model:
         value_sh = model_lib.param_shardings(cfg.model, mesh, value_head=True)
         value_shapes = model_lib.param_shapes(cfg.model, value_head=True)

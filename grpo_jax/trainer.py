@@ -25,7 +25,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, programs, sampling
+from grpo_jax import checkpointing, lora, programs, sampling
 from grpo_jax.sampling import sampling_copy
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
@@ -85,7 +85,10 @@ class Trainer:
         value_params = None
         if self.algorithm.needs_value_model:
             value_params = add_value_head(cfg.model, params, jax.random.key(cfg.run.seed + 1), self.mesh)
-        self.sft_params = params if self.algorithm.data_source.startswith("sft_policy") else None
+        # π_sft of the offline methods: a copy of the starting weights, except under LoRA,
+        # whose frozen base already is them.
+        offline = self.algorithm.data_source.startswith("sft_policy")
+        self.sft_params = params if offline and not lora.enabled(cfg.model) else None
         self.step_fn = programs.train_step(cfg, self.mesh)
         # On the mesh from the start, so a restored checkpoint lands in the same shards.
         self.state = jax.device_put(init_train_state(cfg, params, tx, value_params=value_params, value_tx=value_tx),
@@ -93,6 +96,10 @@ class Trainer:
         if self.sft_params is not None:
             self.sft_params = jax.device_put(self.sft_params, self.step_fn.state_shardings.params)
         self.rng = jax.random.key(cfg.run.seed)
+        # A LoRA checkpoint points to its frozen base instead of holding it (lora.base_pointer).
+        self.base_pointer = None
+        if self.state.base_params is not None:
+            self.base_pointer = lora.base_pointer(cfg, self.state.base_params)
         self.eval_examples = list(eval_examples) if eval_examples is not None else \
             task.examples("test", cfg.data.eval_size, cfg.data.seed)
         self.history: list[dict] = []
@@ -120,7 +127,7 @@ class Trainer:
     def _checkpoint_tree(self):
         # The key replicated on the mesh: processes cannot jointly save a host-local array.
         rng = to_global(jax.random.key_data(self.rng), replicated(self.mesh))
-        return {"state": self.state, "rng": rng}
+        return {"state": self.state.replace(base_params=None), "rng": rng}
 
     def _restore(self) -> int | None:
         """Load the newest matching checkpoint into this Trainer; its step, or None if none."""
@@ -129,18 +136,24 @@ class Trainer:
         if restored is None:
             return None
         step, tree, meta = restored
-        self.state, self.rng = tree["state"], jax.random.wrap_key_data(tree["rng"])
+        if self.base_pointer is not None:
+            lora.check_base(meta.get("base"), self.base_pointer, f"checkpoint step {step} in {self.ckpt.directory}")
+        self.state = tree["state"].replace(base_params=self.state.base_params)
+        self.rng = jax.random.wrap_key_data(tree["rng"])
         self.start_step = self.next_step = step
         self.bad_steps = int(meta.get("bad_steps", 0))
         return step
 
     def save(self, step: int) -> None:
-        self.ckpt.save(step, self._checkpoint_tree(), {"step": step, "bad_steps": self.bad_steps,
-                                                       "config": self.cfg.to_dict()})
+        meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}
+        if self.base_pointer is not None:
+            meta["base"] = self.base_pointer
+        self.ckpt.save(step, self._checkpoint_tree(), meta)
 
     @property
     def params(self):
-        return self.state.params
+        """π_θ as full weights (a LoRA policy's adapters merged into its base)."""
+        return lora.policy_weights(self.cfg.model, self.state)
 
     def questions(self, step: int) -> list[Example]:
         """The step's questions: a function of (data seed, step) only, so resume is exact."""
@@ -154,7 +167,10 @@ class Trainer:
             prompts, completions = self.sft_data(step)
             return texts_to_batch(tok, prompts, completions, max_new_tokens=rl.max_new_tokens), {}
         examples = self.questions(step)
-        policy = self.state.params if source == "policy" else self.sft_params
+        if source == "policy":
+            policy = self.params
+        else:
+            policy = self.state.base_params if self.sft_params is None else self.sft_params
         g = rl.group_size
         # The rl.sample_dtype copy on the sampling mesh, made once per step; the rollout
         # comes back to the host (gathered from every process), rl.sample_prompts questions per call.
@@ -218,7 +234,7 @@ class Trainer:
                 else:
                     self.bad_steps = 0
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
-                    ev = evaluate(cfg, self.state.params, self.task, self.tokenizer, self.eval_examples,
+                    ev = evaluate(cfg, self.params, self.task, self.tokenizer, self.eval_examples,
                                   key=jax.random.fold_in(self.rng, 10**9 + done), mesh=self.mesh)
                     metrics.update({f"eval_{k}": v for k, v in ev.items()})
                 metrics["step"] = done

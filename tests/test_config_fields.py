@@ -83,6 +83,9 @@ CHANGES = {
     "model.param_dtype": ("bfloat16", "grpo", {}),
     "model.scan_layers": (False, "grpo", {}),
     "model.remat": ("full", "grpo", {}),
+    "model.lora_rank": (8, "grpo", {}),
+    "model.lora_alpha": (32.0, "grpo", {"model.lora_rank": 8}),
+    "model.lora_targets": ("q,v", "grpo", {"model.lora_rank": 8}),
     "mesh.ici_data": (2, "grpo", {}),
     "mesh.ici_fsdp": (2, "grpo", {"mesh.ici_data": 2}),
     "mesh.ici_tensor": (2, "grpo", {}),
@@ -189,6 +192,13 @@ def _model_probe(cfg, field):
     from grpo_jax import model as model_lib
 
     shapes = jax.tree.map(lambda s: (s.shape, str(s.dtype)), model_lib.param_shapes(cfg.model))
+    if field.startswith("model.lora_"):  # the adapters' shapes and the merged weights
+        from grpo_jax import lora
+
+        adapters = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), lora.adapter_shapes(cfg.model))
+        merged = lora.merge(model_lib.init_params(cfg.model, jax.random.key(0)), adapters, cfg.model)
+        return (jax.tree.map(lambda x: x.shape, adapters),
+                [float(jnp.sum(x)) for x in jax.tree.leaves(merged)])
     if field not in NUMERIC_MODEL_FIELDS:  # the parameter shapes show the others
         return shapes
     params = model_lib.init_params(cfg.model, jax.random.key(0))

@@ -1,0 +1,215 @@
+"""LoRA policies (grpo_jax.lora): the policy starts as the base, only adapters train, the
+reference is the base, the merge is W + (α/r)·A·B, and the train step needs less memory."""
+
+import dataclasses
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from grpo_jax import aot, batching, lora, model
+from grpo_jax import train_step as ts
+from grpo_jax.algorithms import get_algorithm
+from grpo_jax.config import Config, ConfigError, ConfigWarning, ModelConfig, RLConfig, load_config
+from grpo_jax.logprobs import sequence_logprobs
+from grpo_jax.sharding import mesh_from_shape
+from grpo_jax.tasks.arithmetic import ArithmeticTask
+
+TINY = ModelConfig(vocab_size=64, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=8, mlp_dim=64, max_seq_len=64, lora_rank=4, lora_alpha=8.0)
+P, G, TP, TC = 2, 4, 8, 8
+TOKENS = jnp.arange(1, 17, dtype=jnp.int32)[None] % TINY.vocab_size
+_logits = jax.jit(model.forward_logits, static_argnums=0)
+
+
+def _perturbed(adapters, seed=1):
+    """Adapters with every leaf (B too) random, so the policy differs from the base."""
+    leaves, tree = jax.tree.flatten(adapters)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(tree, [0.3 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+
+
+def _cfg(**rl) -> Config:
+    cfg = Config()
+    cfg.model = TINY
+    cfg.rl = dataclasses.replace(RLConfig(group_size=G, max_new_tokens=TC, logprob_chunk_size=4), **rl)
+    return cfg.validate()
+
+
+def _batch() -> batching.Batch:
+    rng = np.random.default_rng(0)
+    pmask = np.ones((P * G, TP), bool)
+    cmask = np.arange(TC)[None] < np.array([8, 3, 6, 2, 8, 5, 4, 7])[:, None]
+    rewards = np.array([1.0, 0.0, 1.0, 0.5, 0.2, 0.9, 0.3, 0.0])
+    return batching.make_batch(rng.integers(1, 64, (P * G, TP)), pmask,
+                               np.where(cmask, rng.integers(1, 64, (P * G, TC)), 0), cmask,
+                               rewards=rewards, correct=rewards > 0.4, truncated=cmask.all(1))
+
+
+def test_zero_b_gives_the_base_logits_exactly():
+    base = model.init_params(TINY, jax.random.key(0))
+    adapters = lora.init_adapters(TINY, jax.random.key(1))
+    assert all(not np.any(np.asarray(b)) for m in adapters["layers"].values()
+               for k, b in m.items() if k.endswith("_lora_b"))
+    want = _logits(TINY, base, TOKENS)
+    np.testing.assert_array_equal(_logits(TINY, lora.policy_params(base, adapters), TOKENS), want)
+    moved = _logits(TINY, lora.policy_params(base, _perturbed(adapters)), TOKENS)
+    assert float(jnp.max(jnp.abs(moved - want))) > 1e-3
+
+
+def test_merge_is_base_plus_scaled_product_and_matches_the_in_layer_merge():
+    cfg = dataclasses.replace(TINY, lora_targets="q,o,down")
+    base = model.init_params(cfg, jax.random.key(0))
+    adapters = _perturbed(lora.init_adapters(cfg, jax.random.key(1)))
+    merged = lora.merge(base, adapters, cfg)
+    scale = cfg.lora_alpha / cfg.lora_rank
+    for module, name in (("attn", "q"), ("attn", "o"), ("mlp", "down")):
+        a = np.asarray(adapters["layers"][module][f"{name}_lora_a"], np.float64)
+        b = np.asarray(adapters["layers"][module][f"{name}_lora_b"], np.float64)
+        w = np.asarray(base["layers"][module][name], np.float64)
+        a2 = a.reshape(a.shape[0], -1, a.shape[-1])  # [layers, in, r]
+        b2 = b.reshape(b.shape[0], b.shape[1], -1)  # [layers, r, out]
+        want = w + scale * np.einsum("lir,lro->lio", a2, b2).reshape(w.shape)
+        np.testing.assert_allclose(np.asarray(merged["layers"][module][name]), want, rtol=1e-5, atol=1e-6)
+    untouched = [("attn", "k"), ("attn", "v"), ("mlp", "gate"), ("mlp", "up")]
+    assert all(merged["layers"][m][n] is base["layers"][m][n] for m, n in untouched)
+    assert set(adapters["layers"]["attn"]) == {"q_lora_a", "q_lora_b", "o_lora_a", "o_lora_b"}
+    np.testing.assert_allclose(_logits(cfg, merged, TOKENS),
+                               _logits(cfg, lora.policy_params(base, adapters), TOKENS),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_only_adapters_are_trained_and_the_reference_is_the_base():
+    cfg = _cfg(beta=0.04)
+    mesh = mesh_from_shape((1, 1, 1))
+    tx = optax.adamw(1e-2)
+    base = model.init_params(TINY, jax.random.key(0), mesh)
+    state = ts.init_train_state(cfg, base, tx)
+    assert state.ref_params is None  # no second copy of the weights
+    adapter_shapes = {(x.shape, x.dtype) for x in jax.tree.leaves(lora.adapter_shapes(TINY))}
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
+    assert moments and {(x.shape, x.dtype) for x in moments} == adapter_shapes
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(state.params))
+    before_base = jax.tree.map(np.asarray, state.base_params)
+    before = jax.tree.map(np.asarray, state.params)
+    step = ts.make_train_step(cfg, tx, mesh)
+    state, metrics = step(state, _batch())
+    assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state.base_params), before_base)
+    for m, leaves in state.params["layers"].items():
+        for k, x in leaves.items():
+            assert not np.array_equal(np.asarray(x), before["layers"][m][k]), (m, k)
+
+
+def test_reference_logprobs_are_the_base_models():
+    cfg = _cfg(beta=0.04)
+    base = model.init_params(TINY, jax.random.key(0))
+    adapters = _perturbed(lora.init_adapters(TINY, jax.random.key(1)))
+    state = ts.TrainState(step=jnp.zeros((), jnp.int32), params=adapters, opt_state=None,
+                          base_params=base)
+    batch, kw = _batch(), dict(temperature=1.0, chunk_size=cfg.rl.logprob_chunk_size)
+    prepare = jax.jit(lambda s, b: get_algorithm("grpo").prepare(lora.model_view(s), b, cfg)[0])
+    extras = prepare(state, batch)
+    want = sequence_logprobs(TINY, base, batch, **kw)
+    np.testing.assert_allclose(extras.ref_logp, want, rtol=1e-6, atol=1e-6)
+    policy = sequence_logprobs(TINY, lora.policy_params(base, adapters), batch, **kw)
+    assert float(jnp.max(jnp.abs(policy - want))) > 1e-3
+
+
+def test_train_step_peak_bytes_are_lower_with_lora():
+    mesh = mesh_from_shape((1, 1, 1))
+    peaks = {}
+    for rank in (0, 8):
+        cfg = load_config("cpu-tiny", [f"model.lora_rank={rank}", "rl.max_new_tokens=16"])
+        compiled, _ = aot.compile_train_step(cfg, mesh, rows=16, prompt_len=32)
+        peaks[rank] = aot.memory(compiled)
+    assert peaks[8]["argument_bytes"] < peaks[0]["argument_bytes"] / 2, peaks
+    assert peaks[8]["peak_bytes"] < peaks[0]["peak_bytes"], peaks
+
+
+class _DigitShare(ArithmeticTask):
+    """The arithmetic task's questions, rewarded by the share of digits in the completion:
+    an untrained model's outputs differ in it, so every group has advantages to learn from."""
+
+    def reward(self, completion, example):
+        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+def _lora_trainer(cfg, tokenizer, seed=0, mesh_shape=(1, 1, 1)):
+    from grpo_jax.trainer import Trainer
+
+    params = model.init_params(cfg.model, jax.random.key(seed))
+    return Trainer(cfg, task=_DigitShare(), tokenizer=tokenizer, params=params,
+                   mesh=mesh_from_shape(mesh_shape), progress=False)
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """(cfg, tokenizer, trainer): two GRPO steps of a LoRA policy on the arithmetic
+    questions, checkpointed at the end."""
+    from grpo_jax.train_cli import shared_tokenizer
+
+    run_dir = tmp_path_factory.mktemp("lora_run")
+    cfg = load_config("cpu-tiny", [
+        "model.lora_rank=8", "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "model.head_dim=16", "model.mlp_dim=64", "model.max_seq_len=64",
+        "run.steps=2", "run.eval_every=0", "run.checkpoint_every=0", "data.batch_size=2",
+        "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={run_dir}"])
+    tokenizer = shared_tokenizer(_DigitShare(), str(run_dir), vocab_size=64)
+    cfg.model = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
+    trainer = _lora_trainer(cfg, tokenizer)
+    trainer.train()
+    trainer.close()
+    return cfg, tokenizer, trainer
+
+
+def test_a_short_lora_grpo_run_trains_its_adapters(lora_run):
+    _, _, trainer = lora_run
+    assert all(np.isfinite(h["loss"]) for h in trainer.history)
+    assert trainer.state.ref_params is None and trainer.state.base_params is not None
+    b = [x for m in trainer.state.params["layers"].values() for k, x in m.items() if k.endswith("_lora_b")]
+    assert len(b) == 7 and all(np.any(np.asarray(x)) for x in b)  # B left 0: gradients reached it
+
+
+def test_lora_checkpoint_holds_adapters_and_restores_onto_another_mesh(lora_run):
+    cfg, tokenizer, trainer = lora_run
+    stored = trainer.ckpt._mngr.item_metadata(2).state
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(stored)[0]]
+    params = [p for p in paths if p.startswith("['state']['params']")]
+    assert params and all("_lora_" in p for p in params) and not any("base_params" in p for p in paths)
+    resumed = _lora_trainer(cfg, tokenizer, mesh_shape=(1, 2, 1))
+    assert resumed.start_step == 2 and resumed.state.base_params is not None
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, resumed.state.params),
+                 jax.tree.map(np.asarray, trainer.state.params))
+    resumed.close()
+
+
+def test_lora_checkpoint_refuses_another_base_in_one_line(lora_run):
+    from grpo_jax.errors import CheckpointError
+
+    cfg, tokenizer, _ = lora_run
+    with pytest.raises(CheckpointError, match="holds LoRA adapters of another base") as e:
+        _lora_trainer(cfg, tokenizer, seed=1)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override,match", [
+    ("model.lora_targets=q,x", "model.lora_targets='q,x' must name"),
+    ("model.lora_targets=q,q", "model.lora_targets='q,q' must name"),
+    ("model.lora_rank=-1", "model.lora_rank must be >= 0"),
+])
+def test_bad_lora_settings_are_refused_in_one_line(override, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config("cpu-tiny", [override])
+    assert "\n" not in str(e.value)
+
+
+def test_lora_settings_without_a_rank_are_named():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_config("cpu-tiny", ["model.lora_alpha=32"])
+    assert any(issubclass(w.category, ConfigWarning) and "model.lora_alpha=32.0 is ignored" in str(w.message)
+               for w in caught)
