@@ -33,10 +33,8 @@ def _perturbed(adapters, seed=1):
 
 
 def _cfg(**rl) -> Config:
-    cfg = Config()
-    cfg.model = TINY
-    cfg.rl = dataclasses.replace(RLConfig(group_size=G, max_new_tokens=TC, logprob_chunk_size=4), **rl)
-    return cfg.validate()
+    rl = RLConfig(**{"group_size": G, "max_new_tokens": TC, "logprob_chunk_size": 4, **rl})
+    return Config(model=TINY, rl=rl).validate()
 
 
 def _batch() -> batching.Batch:
@@ -159,7 +157,7 @@ def lora_run(tmp_path_factory):
         "run.steps=2", "run.eval_every=0", "run.checkpoint_every=0", "data.batch_size=2",
         "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={run_dir}"])
     tokenizer = shared_tokenizer(_DigitShare(), str(run_dir), vocab_size=64)
-    cfg.model = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
+    cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size})
     trainer = _lora_trainer(cfg, tokenizer)
     trainer.train()
     trainer.close()
