@@ -36,7 +36,6 @@ import dataclasses
 import json
 import logging
 import os
-import tempfile
 import time
 
 from grpo_jax import cli
@@ -44,7 +43,6 @@ from grpo_jax import config as config_lib  # no jax import: --help stays instant
 from grpo_jax.errors import PretrainedError
 
 log = logging.getLogger("train")
-TOKENIZER_FILE = "tokenizer.model"
 TOKENIZER_CORPUS = 2000  # documents of the task's text the tokenizer is trained on
 
 
@@ -71,33 +69,24 @@ def make_task(cfg: config_lib.Config):
     return get_task(d.task)
 
 
-def _path(run_dir: str, name: str):
-    from etils import epath  # local paths and gs:// alike (Orbax uses it too)
-
-    return epath.Path(run_dir) / name
-
-
 def shared_tokenizer(task, run_dir: str, *, vocab_size: int, seed: int = 0):
     """The run's sentencepiece tokenizer, identical on every process.
 
     Process 0 loads `<run_dir>/tokenizer.model` if it exists (a resumed run keeps its
     vocabulary), else trains one on the task's text and saves it there; the model bytes
     then go to every other process (`distributed.broadcast_bytes`)."""
-    from grpo_jax import distributed
+    from grpo_jax import distributed, run_files
     from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
     proto = None
     if distributed.is_main_process():
-        path = _path(run_dir, TOKENIZER_FILE)
+        path = run_files.path(run_dir, run_files.TOKENIZER_FILE)
         if path.exists():
             proto = path.read_bytes()
             log.info("tokenizer: %s", path)
         else:
             tokenizer = train_sentencepiece(task.text_corpus(TOKENIZER_CORPUS, seed=seed), vocab_size=vocab_size)
-            with tempfile.TemporaryDirectory() as tmp:
-                tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))
-                with open(os.path.join(tmp, TOKENIZER_FILE), "rb") as f:
-                    proto = f.read()
+            proto = tokenizer.model_proto
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(proto)
             log.info("tokenizer: trained %d pieces on the %s text, saved to %s",
@@ -141,15 +130,6 @@ def sft_data_fn(cfg: config_lib.Config, task):
     return sft_data
 
 
-def write_config(cfg: config_lib.Config) -> None:
-    from grpo_jax import distributed
-
-    if distributed.is_main_process():
-        path = _path(cfg.run.run_dir, "config.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(cfg.to_json())
-
-
 # ============================================================================ main
 
 def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progress: bool = True):
@@ -174,7 +154,6 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       sft_data=sft_data, progress=progress, resume=True)
-    write_config(cfg)  # after the Trainer's restore: a checkpoint that does not match keeps its config.json
     try:
         if trainer.start_step >= cfg.run.steps:
             log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,
