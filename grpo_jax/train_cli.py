@@ -117,6 +117,18 @@ def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: 
     return params, tokenizer
 
 
+def asked_as_before(cfg: config_lib.Config, task, tokenizer):
+    """`task` as the run dir's checkpoints were trained on it: a run that asked it in a chat
+    prompt style (task.json, e.g. experiments/smollm2_grpo.py's) resumes in that style."""
+    from grpo_jax import run_files
+    from grpo_jax.tasks.chat import chat_task
+
+    asked = run_files.read_task(cfg.run.run_dir, cfg)
+    if asked["task"] == task.name and asked["prompt"] != "task" and task.prompt_form == "task":
+        return chat_task(task, tokenizer, asked["prompt"])
+    return task
+
+
 def sft_data_fn(cfg: config_lib.Config, task):
     """`rl.algorithm=sft`: step -> (prompts, worked solutions), a function of (seed, step)
     only, so a resumed run sees the data an uninterrupted one would have."""
@@ -151,6 +163,7 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     task = make_task(cfg) if task is None else task
     mesh = make_mesh(cfg.mesh)
     params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
+    task = asked_as_before(cfg, task, tokenizer)
     sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       sft_data=sft_data, progress=progress, resume=True)
