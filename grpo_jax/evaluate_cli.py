@@ -111,19 +111,15 @@ def run_config(run_dir: str, saved: dict) -> Config:
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=run_dir))
 
 
-def apply_run_defaults(args, cfg: Config) -> bool:
-    """Fill the options left unset with the run's own evaluation; True when --task is the
-    run's task (then its questions, prompt and data.* knobs are the run's too)."""
-    asked = run_files.read_task(args.model, cfg)
-    same = args.task in (None, asked["task"])
-    args.task = args.task or asked["task"]
-    if same:
+def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
+    """Fill the options left unset with the run's own evaluation: its lengths and decode
+    engine, and when `task` is the run's task (task.json) its prompt and held-out questions."""
+    if task.name == asked["task"]:
         args.prompt = args.prompt or asked["prompt"]
         args.limit = cfg.data.eval_size if args.limit is None else args.limit
         args.seed = cfg.data.seed if args.seed is None else args.seed
     args.max_new_tokens = args.max_new_tokens or cfg.rl.max_new_tokens
     args.decode = args.decode or cfg.rl.decode
-    return same
 
 
 def load_run(cfg: Config, task, mesh):
@@ -202,11 +198,10 @@ def main(argv=None) -> dict:
     if saved is None and args.step is not None:
         raise ConfigError(f"--step needs --model to be a training run dir; {args.model} is not one")
     cfg = run_config(args.model, saved) if saved is not None else None
-    runs_task = cfg is not None and apply_run_defaults(args, cfg)
+    asked = run_files.read_task(args.model, cfg) if cfg is not None else None
+    args.task = args.task or (asked["task"] if asked else None)
     if args.task is None:
         raise ConfigError("--task is required when --model is not a training run dir")
-    args.limit = -1 if args.limit is None else args.limit
-    args.seed = 0 if args.seed is None else args.seed
     out = args.out or os.path.join("runs", "eval", "-".join(
         os.path.basename(os.path.normpath(x)) for x in (args.model, args.task.replace(":", "."), args.split)))
     if args.merge_only:
@@ -218,8 +213,12 @@ def main(argv=None) -> dict:
         return write_curve(out, points, f"{args.model} on {args.task} ({args.split})")
     shards = parse_shard(args.shard)
     # The run's own task: its data.* knobs (operands, digits, ...) decide the questions.
-    same_knobs = runs_task and cfg.data.task == args.task and args.manual_dir is None
+    same_knobs = cfg is not None and cfg.data.task == args.task and args.manual_dir is None
     task = train_cli.make_task(cfg) if same_knobs else make_task(args)
+    if cfg is not None:
+        apply_run_defaults(args, cfg, asked, task)
+    args.limit = -1 if args.limit is None else args.limit
+    args.seed = 0 if args.seed is None else args.seed
     if args.limit < 0 and not isinstance(task, DatasetTask):
         raise ConfigError(f"--task {args.task} generates its questions, so there is no 'all' of "
                           "them: give --limit N")
