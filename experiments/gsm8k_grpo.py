@@ -27,7 +27,7 @@ batch, max length 1024, μ = 1, on DeepSeekMath-Instruct 7B) uses the real `gsm8
 `data.data_dir` holds GSM8K's official `train.jsonl` / `test.jsonl` (read through the
 TFDS builder). Run it on every host of the slice (`launch/run.py`).
 
-Prompts reach the model in its own chat format (`grpo_jax.prompts.build_prompt`: ChatML
+Prompts reach the model in its own chat format (`grpo_jax.tasks.chat.chat_task`: ChatML
 for SmolLM2; DeepSeek's "User: ... Assistant:" form for a non-ChatML template), the
 reward is `grpo_jax.rewards.gsm8k_reward` (1 if the number after `####` — else the last
 number — equals the reference), and sampling stops at the tokenizer's end-of-turn token
@@ -99,52 +99,6 @@ class ChatTokenizer:
 
     def __getattr__(self, name):
         return getattr(self._tok, name)
-
-
-def question_of(example) -> str:
-    """The bare question: `meta["question"]`, else cut out of the gsm8k task's plain prompt."""
-    if "question" in example.meta:
-        return example.meta["question"]
-    return example.prompt.split("Question: ", 1)[1].rsplit("\nAnswer:", 1)[0]
-
-
-def chat_prompt(question: str, tokenizer, style: str = "gsm8k") -> str:
-    from grpo_jax import prompts
-
-    if getattr(tokenizer, "chat_format", "plain") == "unsupported":  # DeepSeek-style template
-        return prompts.DEEPSEEK_CHAT.format(content=prompts.join_blocks(prompts.get_style(style).instruction, question))
-    return prompts.build_prompt(question, tokenizer, task=style)
-
-
-def chat_task(base, tokenizer, style: str | None = None):
-    """`base` with every Example's prompt rewritten in the model's chat format (the prompt
-    style `style`, else `base.prompt_style`, else gsm8k's); scoring unchanged."""
-    import dataclasses
-
-    from grpo_jax.tasks import Task
-
-    class ChatPromptTask(Task):
-        name = base.name
-        stop_strings = ()
-
-        def examples(self, split, n, seed):
-            chosen = style or getattr(base, "prompt_style", "gsm8k")
-            return [dataclasses.replace(ex, prompt=chat_prompt(question_of(ex), tokenizer, chosen))
-                    for ex in base.examples(split, n, seed)]
-
-        def reward(self, completion, example):
-            return base.reward(completion, example)
-
-        def extract_answer(self, completion):
-            return base.extract_answer(completion)
-
-        def is_correct(self, answer, example):
-            return base.is_correct(answer, example)
-
-        def sft_text(self, example, rng=0, wrong_step_prob=0.0):
-            return base.sft_text(example, rng, wrong_step_prob)
-
-    return ChatPromptTask()
 
 
 def make_base_task(cfg):
@@ -242,6 +196,7 @@ def control_accuracy(cfg, params, tokenizer, mesh, style: str, say) -> dict:
 
     from grpo_jax import prompts
     from grpo_jax.evaluation import evaluate
+    from grpo_jax.tasks.chat import chat_task
 
     base, _ = make_base_task(cfg)
     task = chat_task(base, tokenizer, style)
@@ -259,6 +214,8 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
     from grpo_jax import distributed
     from grpo_jax.evaluation import evaluate
     from grpo_jax.plots import plot_history
+    from grpo_jax.prompts import question_of
+    from grpo_jax.tasks.chat import chat_task
     from grpo_jax.trainer import Trainer
 
     t_start = time.perf_counter()

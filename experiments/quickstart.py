@@ -14,6 +14,8 @@
 Each seed (`run.seed`: the model's initialisation, SFT and GRPO randomness; the questions stay
 those of `data.seed`) runs in `<run.run_dir>/seed<N>`; with several seeds, `summary.json` in
 `run.run_dir` holds them all and the gain's 95% t-interval, and `seeds.png` their curves.
+`python experiments/evaluate.py --model runs/quickstart/seed0/grpo` evaluates the GRPO
+checkpoint on the run's own held-out questions (the run dir says how: grpo_jax.run_files).
 """
 
 from __future__ import annotations

@@ -7,12 +7,21 @@
 (`grpo-evaluate` is installed with the package; `python experiments/evaluate.py` is the same.)
 
 --model: a GGUF file, an HF folder (config.json + safetensors), a converted folder,
-"smollm2-135m", or a grpo_jax training run dir (config.json + checkpoints/, as `grpo-train`
-writes it): every saved checkpoint step is evaluated (--step N: one), each into
-<out>/step-N/, and <out>/curve.json + curve.png hold greedy accuracy (and Pass@K / Maj@K at
-K = --k when k > 1) against the step. --task: gsm8k, math, arithmetic, countdown, gsm8k_synth, or a user's task as
-"module:Class". For gsm8k and math the default prompt is the DeepSeekMath chain-of-thought
-format (the task's `paper_prompt`) in the model's chat template; other tasks use their own.
+"smollm2-135m", or a grpo_jax training run dir (config.json + checkpoints/, as every
+training script writes it: grpo_jax.run_files): every saved checkpoint step is evaluated
+(--step N: one), each into <out>/step-N/, and <out>/curve.json + curve.png hold greedy
+accuracy (and Pass@K / Maj@K at K = --k when k > 1) against the step. On a run dir the
+defaults are the run's own evaluation: its task (data.* knobs included), prompt (task.json:
+style and chat template), tokenizer and stop tokens, rl.max_new_tokens, rl.decode, and its
+held-out questions (data.eval_size of them, drawn with data.seed).
+--task: gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth, or a user's task
+as "module:Class".
+--prompt: on a model that is not a run dir, the default is the prompt a chat model is
+trained on the task with (grpo_jax.tasks.chat): the task's prompt style in the model's chat
+template (gsm8k, gsm8k_synth: gsm8k; math: math; chat_arithmetic: arithmetic, the bare
+question), else the task's own text (task: arithmetic, countdown, module:Class). paper: the
+DeepSeekMath chain-of-thought format (the task's `paper_prompt`, gsm8k and math; the Table 5
+protocol). Any other style of grpo_jax.prompts.STYLES asks the bare question that way.
 
 Writes <out>/shard-*.jsonl (one line per question: prompt, completions, extracted answers,
 correctness), <out>/settings.json and <out>/summary.json. A killed evaluation continues
@@ -23,6 +32,7 @@ each process scores its shard of questions on its own devices; process 0 merges
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -30,14 +40,12 @@ import time
 
 import jax
 
-from grpo_jax import checkpointing, cli, distributed, evaluate_run, model, plots, pretrained, train_cli
+from grpo_jax import checkpointing, cli, distributed, evaluate_run, model, plots, pretrained, run_files, train_cli
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
 from grpo_jax.sharding import make_mesh
 from grpo_jax.tasks import get_task, register_task
 from grpo_jax.tasks.dataset_task import DatasetTask
-
-PAPER_TASKS = ("gsm8k", "math", "gsm8k_synth")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,19 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True,
                    help="GGUF file, HF folder, converted folder, smollm2-135m, or a training run dir")
     p.add_argument("--step", type=int, default=None, help="run dir: evaluate only this checkpoint step")
-    p.add_argument("--task", required=True, help="gsm8k, math, arithmetic, countdown, gsm8k_synth or module:Class")
+    p.add_argument("--task", default=None, help="gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth "
+                   "or module:Class (default on a run dir: the run's task)")
     p.add_argument("--split", default="test")
-    p.add_argument("--limit", type=int, default=-1, help="first N questions of the split (-1: all)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="first N questions of the split (-1: all; default: a run dir's data.eval_size, else all)")
     p.add_argument("--k", type=int, default=1, help="samples per question (Pass@K / Maj@K for K <= k; 0: greedy only)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="default: the run's rl.max_new_tokens for a run dir, else 512")
     p.add_argument("--prompt", choices=evaluate_run.PROMPT_STYLES, default=None,
-                   help="paper: the DeepSeekMath CoT format (default for gsm8k/math); task: the task's prompt")
+                   help="default: a run dir's own prompt; else the task's training prompt, its prompt style in "
+                        "the chat template (gsm8k, gsm8k_synth: gsm8k; math: math; chat_arithmetic: arithmetic) "
+                        "or its own text (task: arithmetic, countdown, module:Class). paper: DeepSeekMath's CoT "
+                        "format (gsm8k, math)")
     p.add_argument("--chunk-rows", type=int, default=0,
                    help="sampled rows per sampler call (default 8 per local device, at least --k)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="questions and samples (default: a run dir's data.seed, else 0)")
     p.add_argument("--decode", choices=DECODE_ENGINES, default=None,
                    help="decode engine (default: a run dir's rl.decode, else auto)")
     p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math)")
@@ -91,32 +105,37 @@ def make_task(args):
     return get_task(name, **kwargs)
 
 
-def saved_run_config(path: str) -> dict | None:
-    """The Config dict of a grpo_jax run dir (its config.json, written by train_cli), or None.
-    An HF folder also holds a config.json, so the file must have the Config's sections."""
-    f = os.path.join(path, "config.json")
-    if not os.path.isfile(f):
-        return None
-    with open(f, encoding="utf-8") as fh:
-        saved = json.load(fh)
-    return saved if isinstance(saved, dict) and {"model", "rl", "run"} <= set(saved) else None
+def run_config(run_dir: str, saved: dict) -> Config:
+    cfg = Config.from_dict(saved)
+    # The folder may have been moved or copied since training.
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=run_dir))
 
 
-def load_run(run_dir: str, saved: dict, task, mesh):
+def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
+    """Fill the options left unset with the run's own evaluation: its lengths and decode
+    engine, and when `task` is the run's task (task.json) its prompt and held-out questions."""
+    if task.name == asked["task"]:
+        args.prompt = args.prompt or asked["prompt"]
+        args.limit = cfg.data.eval_size if args.limit is None else args.limit
+        args.seed = cfg.data.seed if args.seed is None else args.seed
+    args.max_new_tokens = args.max_new_tokens or cfg.rl.max_new_tokens
+    args.decode = args.decode or cfg.rl.decode
+
+
+def load_run(cfg: Config, task, mesh):
     """(Config, tokenizer, Checkpointer, saved steps) of a training run, built the way
     train_cli built it: config.json's model section is the model actually trained, and the
     tokenizer is the run's tokenizer.model (or the pretrained model's own)."""
-    cfg = Config.from_dict(saved)
-    cfg = cfg.replace(run={"run_dir": run_dir})  # the folder may have been moved or copied since training
+    run_dir = cfg.run.run_dir
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     # Checkpointer creates its folder: look before, so evaluating writes nothing into the run.
     ckpt = checkpointing.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
     steps = ckpt.all_steps() if ckpt else []
     if not steps:
         raise CheckpointError(f"{run_dir} is a training run dir with no checkpoints under {ckpt_dir}")
-    if not cfg.run.pretrained and not os.path.isfile(os.path.join(run_dir, train_cli.TOKENIZER_FILE)):
+    if not cfg.run.pretrained and not run_files.path(run_dir, run_files.TOKENIZER_FILE).is_file():
         # shared_tokenizer would train a new one, whose ids mean nothing to these weights.
-        raise CheckpointError(f"{run_dir} has no {train_cli.TOKENIZER_FILE}: its tokenizer is lost")
+        raise CheckpointError(f"{run_dir} has no {run_files.TOKENIZER_FILE}: its tokenizer is lost")
     # The initial (or pretrained) params are dropped: each step's come from its checkpoint.
     cfg, _, tokenizer = train_cli.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=cfg.model.vocab_size)
     return cfg, tokenizer, ckpt, steps
@@ -130,7 +149,7 @@ def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh,
         num_samples=args.k, temperature=args.temperature, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, seed=args.seed,
         chunk_rows=args.chunk_rows or max(args.k, 8 * jax.local_device_count()),
-        prompt=args.prompt or ("paper" if args.task in PAPER_TASKS else "task"))
+        prompt=args.prompt or task.prompt_style or "task")
     times = evaluate_run.evaluate_shard(model_cfg, params, tokenizer, task, examples, out, settings,
                                         shard=shard, num_shards=num_shards, mesh=mesh, meta=meta,
                                         progress=not args.no_progress, engine=args.decode or "auto")
@@ -175,11 +194,16 @@ def main(argv=None) -> dict:
     process that does not merge."""
     args = build_parser().parse_args(argv)
     distributed.initialize()
-    out = args.out or os.path.join("runs", "eval", "-".join(
-        os.path.basename(os.path.normpath(x)) for x in (args.model, args.task.replace(":", "."), args.split)))
-    saved = saved_run_config(args.model)
+    saved = run_files.read_config(args.model)
     if saved is None and args.step is not None:
         raise ConfigError(f"--step needs --model to be a training run dir; {args.model} is not one")
+    cfg = run_config(args.model, saved) if saved is not None else None
+    asked = run_files.read_task(args.model, cfg) if cfg is not None else None
+    args.task = args.task or (asked["task"] if asked else None)
+    if args.task is None:
+        raise ConfigError("--task is required when --model is not a training run dir")
+    out = args.out or os.path.join("runs", "eval", "-".join(
+        os.path.basename(os.path.normpath(x)) for x in (args.model, args.task.replace(":", "."), args.split)))
     if args.merge_only:
         if saved is None:
             return report(out, None)
@@ -188,7 +212,13 @@ def main(argv=None) -> dict:
         points = [curve_point(s, report(os.path.join(out, f"step-{s}"), None)) for s in steps]
         return write_curve(out, points, f"{args.model} on {args.task} ({args.split})")
     shards = parse_shard(args.shard)
-    task = make_task(args)
+    # The run's own task: its data.* knobs (operands, digits, ...) decide the questions.
+    same_knobs = cfg is not None and cfg.data.task == args.task and args.manual_dir is None
+    task = train_cli.make_task(cfg) if same_knobs else make_task(args)
+    if cfg is not None:
+        apply_run_defaults(args, cfg, asked, task)
+    args.limit = -1 if args.limit is None else args.limit
+    args.seed = 0 if args.seed is None else args.seed
     if args.limit < 0 and not isinstance(task, DatasetTask):
         raise ConfigError(f"--task {args.task} generates its questions, so there is no 'all' of "
                           "them: give --limit N")
@@ -204,13 +234,11 @@ def main(argv=None) -> dict:
             raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
         return score(args, shards, cfg, params, tokenizer, task, examples, out, mesh, meta, time.perf_counter() - t0) or {}
 
-    cfg, tokenizer, ckpt, steps = load_run(args.model, saved, task, mesh)
+    cfg, tokenizer, ckpt, steps = load_run(cfg, task, mesh)
     if args.step is not None:
         if args.step not in steps:
             raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {steps}")
         steps = [args.step]
-    args.max_new_tokens = args.max_new_tokens or cfg.rl.max_new_tokens
-    args.decode = args.decode or cfg.rl.decode
     abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
     points = []
     for step in steps:

@@ -38,13 +38,15 @@ from typing import Sequence
 
 import jax
 
-from grpo_jax import evaluation, sampling
+from grpo_jax import evaluation, prompts, sampling
 from grpo_jax.prompts import DEEPSEEK_CHAT, is_chat_tokenizer
 from grpo_jax.sharding import to_host
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import encode_prompt
 
-PROMPT_STYLES = ("task", "paper")
+# task: the task's own text; paper: the task's paper_prompt; a prompts.STYLES key: the bare
+# question in the model's chat format, as chat-model training asks it (grpo_jax.tasks.chat).
+PROMPT_STYLES = ("task", "paper", *prompts.STYLES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +80,12 @@ class EvalSettings:
 def prompt_text(task: Task, example: Example, tokenizer, style: str) -> str:
     """The text the model sees. ``task``: the task's own prompt (``example.prompt``).
     ``paper``: the task's ``paper_prompt`` as the user turn, in the tokenizer's chat
-    template, or DeepSeek-LLM's ``User: ...\\n\\nAssistant:`` for a model without one."""
+    template, or DeepSeek-LLM's ``User: ...\\n\\nAssistant:`` for a model without one.
+    A ``prompts.STYLES`` key: ``prompts.chat_prompt`` of the bare question."""
     if style == "task":
         return example.prompt
+    if style in prompts.STYLES:
+        return prompts.chat_prompt(prompts.question_of(example), tokenizer, style)
     fmt = getattr(task, "paper_prompt", None)
     if fmt is None:
         raise ValueError(f"task {task.name!r} has no paper_prompt; use prompt='task'")

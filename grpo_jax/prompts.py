@@ -104,6 +104,22 @@ def build_prompt(question: str, tokenizer, task: str = "gsm8k", *, style: Prompt
     return f"{head}{join_blocks(style.instruction, f'Question: {question.strip()}')}\nAnswer:\n{style.assistant_prefix}"
 
 
+def question_of(example) -> str:
+    """The bare question of a task's Example (`meta["question"]`), which a chat prompt asks."""
+    if "question" not in example.meta:
+        raise ValueError(f"the example {example.prompt[:60]!r} has no meta['question'] to ask in a chat prompt")
+    return example.meta["question"]
+
+
+def chat_prompt(question: str, tokenizer, style: str) -> str:
+    """`question` asked in prompt style `style` in the model's chat format: `build_prompt`,
+    or DeepSeek-LLM's format for a tokenizer whose template is not ChatML. What chat-model
+    training (`grpo_jax.tasks.chat`) and its evaluation (`grpo-evaluate`) both send."""
+    if getattr(tokenizer, "chat_format", "plain") == "unsupported":
+        return DEEPSEEK_CHAT.format(content=join_blocks(get_style(style).instruction, question))
+    return build_prompt(question, tokenizer, task=style)
+
+
 def join_blocks(*parts: str) -> str:
     """Non-empty parts, a blank line between them (a style may have no instruction)."""
     return "\n\n".join(p for p in parts if p)

@@ -59,7 +59,7 @@ class SentencePieceTokenizer:
         import sentencepiece as spm
 
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
-        self._proto = model_proto
+        self.model_proto = model_proto  # the serialised model: what `save` writes
         self.vocab_size = self._sp.get_piece_size()
         self.pad_id, self.bos_id, self.eos_id = self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id()
         self.add_bos = True
@@ -71,7 +71,7 @@ class SentencePieceTokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "wb") as f:
-            f.write(self._proto)
+            f.write(self.model_proto)
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
         ids = self._sp.encode(text)

@@ -34,7 +34,6 @@ import argparse
 import json
 import logging
 import os
-import tempfile
 import time
 
 from grpo_jax import cli
@@ -42,7 +41,6 @@ from grpo_jax import config as config_lib  # no jax import: --help stays instant
 from grpo_jax.errors import PretrainedError
 
 log = logging.getLogger("train")
-TOKENIZER_FILE = "tokenizer.model"
 TOKENIZER_CORPUS = 2000  # documents of the task's text the tokenizer is trained on
 
 
@@ -69,33 +67,24 @@ def make_task(cfg: config_lib.Config):
     return get_task(d.task)
 
 
-def _path(run_dir: str, name: str):
-    from etils import epath  # local paths and gs:// alike (Orbax uses it too)
-
-    return epath.Path(run_dir) / name
-
-
 def shared_tokenizer(task, run_dir: str, *, vocab_size: int, seed: int = 0):
     """The run's sentencepiece tokenizer, identical on every process.
 
     Process 0 loads `<run_dir>/tokenizer.model` if it exists (a resumed run keeps its
     vocabulary), else trains one on the task's text and saves it there; the model bytes
     then go to every other process (`distributed.broadcast_bytes`)."""
-    from grpo_jax import distributed
+    from grpo_jax import distributed, run_files
     from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
     proto = None
     if distributed.is_main_process():
-        path = _path(run_dir, TOKENIZER_FILE)
+        path = run_files.path(run_dir, run_files.TOKENIZER_FILE)
         if path.exists():
             proto = path.read_bytes()
             log.info("tokenizer: %s", path)
         else:
             tokenizer = train_sentencepiece(task.text_corpus(TOKENIZER_CORPUS, seed=seed), vocab_size=vocab_size)
-            with tempfile.TemporaryDirectory() as tmp:
-                tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))
-                with open(os.path.join(tmp, TOKENIZER_FILE), "rb") as f:
-                    proto = f.read()
+            proto = tokenizer.model_proto
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(proto)
             log.info("tokenizer: trained %d pieces on the %s text, saved to %s",
@@ -125,6 +114,18 @@ def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: 
     return cfg, params, tokenizer
 
 
+def asked_as_before(cfg: config_lib.Config, task, tokenizer):
+    """`task` as the run dir's checkpoints were trained on it: a run that asked it in a chat
+    prompt style (task.json, e.g. experiments/smollm2_grpo.py's) resumes in that style."""
+    from grpo_jax import run_files
+    from grpo_jax.tasks.chat import chat_task
+
+    asked = run_files.read_task(cfg.run.run_dir, cfg)
+    if asked["task"] == task.name and asked["prompt"] != "task" and task.prompt_form == "task":
+        return chat_task(task, tokenizer, asked["prompt"])
+    return task
+
+
 def sft_data_fn(cfg: config_lib.Config, task):
     """`rl.algorithm=sft`: step -> (prompts, worked solutions), a function of (seed, step)
     only, so a resumed run sees the data an uninterrupted one would have."""
@@ -136,15 +137,6 @@ def sft_data_fn(cfg: config_lib.Config, task):
         return [ex.prompt for ex, _ in pairs], [solution for _, solution in pairs]
 
     return sft_data
-
-
-def write_config(cfg: config_lib.Config) -> None:
-    from grpo_jax import distributed
-
-    if distributed.is_main_process():
-        path = _path(cfg.run.run_dir, "config.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(cfg.to_json())
 
 
 # ============================================================================ main
@@ -168,10 +160,10 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     task = make_task(cfg) if task is None else task
     mesh = make_mesh(cfg.mesh)
     cfg, params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
+    task = asked_as_before(cfg, task, tokenizer)
     sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       sft_data=sft_data, progress=progress, resume=True)
-    write_config(cfg)  # after the Trainer's restore: a checkpoint that does not match keeps its config.json
     try:
         if trainer.start_step >= cfg.run.steps:
             log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,

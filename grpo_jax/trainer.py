@@ -25,7 +25,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, lora, programs, sampling
+from grpo_jax import checkpointing, lora, programs, run_files, sampling
 from grpo_jax.sampling import sampling_copy
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
@@ -109,10 +109,12 @@ class Trainer:
         self.ckpt = checkpointing.Checkpointer(os.path.join(cfg.run.run_dir, "checkpoints"),
                                                keep=cfg.run.keep_checkpoints,
                                                every=max(cfg.run.checkpoint_every, 1))
-        # Restore before the metrics writer opens its files: a checkpoint that does not match
-        # fails with the run dir untouched.
+        # Restore before the metrics writer and the run's files (run_files): a checkpoint that
+        # does not match fails with the run dir untouched.
         restored = self._restore() if resume else None
         self.writer = MetricsWriter(cfg.run.run_dir)
+        if is_main_process():
+            run_files.write(cfg, task, tokenizer)
         if restored is not None:
             self.writer.truncate_after(restored)
             log.info("resumed from step %d in %s", self.start_step, cfg.run.run_dir)

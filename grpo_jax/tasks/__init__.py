@@ -61,6 +61,13 @@ class Task:
     name: str = ""
     # A sampler may stop once one of these is generated; it stays part of the completion.
     stop_strings: tuple[str, ...] = ()
+    # How a chat model is asked this task: a `grpo_jax.prompts.STYLES` key (the bare
+    # question, `meta["question"]`, in the model's chat format), or None for the task's own
+    # text only. `grpo_jax.tasks.chat.chat_task` trains with it; `grpo-evaluate` defaults to it.
+    prompt_style: str | None = None
+    # What `Example.prompt` is: "task" (the task's own text) or the prompt style a chat
+    # wrapper put the question in. A run records it, so its evaluation asks the same way.
+    prompt_form: str = "task"
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` examples of ``split``; the same (split, n, seed) always gives the same list."""

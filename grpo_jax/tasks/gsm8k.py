@@ -33,6 +33,7 @@ class Gsm8kTask(DatasetTask):
     name = "gsm8k"
     dataset = "gsm8k"
     stop_strings = ("\n\nQuestion:",)
+    prompt_style = "gsm8k"
 
     def to_example(self, record: dict) -> Example:
         final = rewards.gsm8k_extract(record["answer"])

@@ -29,6 +29,7 @@ PROMPT = (
 class MathTask(DatasetTask):
     name = "math"
     dataset = "math"
+    prompt_style = "math"
 
     def to_example(self, record: dict) -> Example:
         boxed = rewards.last_boxed(record["solution"])

@@ -1,0 +1,66 @@
+"""The files beside a run's checkpoints from which `grpo-evaluate` and a resumed `grpo-train`
+rebuild the run: the Trainer writes them, so every script's run dir carries them.
+
+    <run_dir>/config.json       the Config, its model section the model actually trained
+    <run_dir>/tokenizer.model   a randomly initialised model's sentencepiece tokenizer
+                                (a pretrained model's comes with `run.pretrained`)
+    <run_dir>/task.json         {"task": the task's name, "prompt": how its questions were
+                                asked: "task" (the task's own text) or a prompts.STYLES key
+                                (the bare question in the model's chat format)}
+
+Paths go through epath: a run dir may be gs:// on a pod slice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from etils import epath
+
+from grpo_jax.config import Config
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.model"
+TASK_FILE = "task.json"
+
+
+def path(run_dir: str, name: str) -> epath.Path:
+    return epath.Path(run_dir) / name
+
+
+def write(cfg: Config, task, tokenizer) -> None:
+    """Write the run's files (call on process 0). Rewritten on every start, so they describe
+    the model, tokenizer and prompts the checkpoints that follow are trained with."""
+    root = epath.Path(cfg.run.run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / CONFIG_FILE).write_text(cfg.to_json())
+    (root / TASK_FILE).write_text(json.dumps({"task": task.name, "prompt": task.prompt_form}))
+    if cfg.run.pretrained:
+        return
+    if hasattr(tokenizer, "model_proto"):
+        (root / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
+    else:
+        log.warning("%s: the tokenizer (%s) cannot be saved, so grpo-evaluate cannot rebuild this run",
+                    cfg.run.run_dir, type(tokenizer).__name__)
+
+
+def read_config(run_dir: str) -> dict | None:
+    """The Config dict of a run dir, or None when `run_dir` is not one. An HF folder also
+    holds a config.json, so the file must have the Config's sections."""
+    f = path(run_dir, CONFIG_FILE)
+    if not f.is_file():
+        return None
+    saved = json.loads(f.read_text())
+    return saved if isinstance(saved, dict) and {"model", "rl", "run"} <= set(saved) else None
+
+
+def read_task(run_dir: str, cfg: Config) -> dict:
+    """{"task", "prompt"} of a run dir. A run dir without task.json was written by
+    `grpo-train` before the file existed: it trained `data.task` on the task's own text."""
+    f = path(run_dir, TASK_FILE)
+    if f.is_file():
+        return json.loads(f.read_text())
+    return {"task": cfg.data.task, "prompt": "task"}
