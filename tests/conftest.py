@@ -14,6 +14,10 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Two xdist workers share two cores: torch's OpenMP pool of one thread per core spins
+# against the other worker (transformers' forward passes slowed by tens of times), so the
+# reference libraries get one thread each.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _made_cache_dir = None
 

@@ -423,8 +423,10 @@ SMOL_LEN = 96  # every SmolLM2 forward below has shape [1, SMOL_LEN]: one compil
 @pytest.fixture(scope="module")
 def smol_forward(smollm2):
     cfg, params = smollm2[0], smollm2[1]
-    fn = jax.jit(lambda t, m: model_lib.forward_logits(cfg, params, t, m))
-    return lambda tokens, mask: np.asarray(fn(tokens, mask))
+    # params an argument, not a closure: closed over, they would be constants of the program,
+    # hashed and written whole into the compilation cache.
+    fn = jax.jit(lambda p, t, m: model_lib.forward_logits(cfg, p, t, m))
+    return lambda tokens, mask: np.asarray(fn(params, tokens, mask))
 
 
 def _right_padded(ids, pad):
