@@ -15,12 +15,13 @@ pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
 
 
 def test_7b_widths_train_step_on_v5p_128_is_fully_sharded():
-    # Same widths as the 7B preset, 2 layers (the property is per weight matrix, not per
-    # depth), on the real v5p-128 mesh: 64 chips, fsdp=64.
+    # Same widths as the 7B preset, 2 layers and 64 + 64 tokens (the property is per weight
+    # matrix, not per depth or length), on the real v5p-128 mesh: 64 chips, fsdp=64.
     cfg = apply_overrides(get_preset("deepseekmath-rl-7b"),
-                          ["model.num_layers=2", "data.batch_size=1", "rl.num_micro_batches=1"])
+                          ["model.num_layers=2", "data.batch_size=1", "rl.num_micro_batches=1",
+                           "rl.max_new_tokens=64", "model.max_seq_len=512"])
     mesh, _ = aot.topology_mesh(cfg, "v5p-128")
-    compiled, _ = aot.compile_train_step(cfg, mesh, cfg.rl.group_size, 256)
+    compiled, _ = aot.compile_train_step(cfg, mesh, cfg.rl.group_size, 64)
     m = cfg.model
     # FSDP gathers one layer's weights inside the layer loop and the unembedding
     # [embed, vocab] where the log-probs use it (found by this test: 1.7 GB f32 per chip on
