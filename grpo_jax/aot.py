@@ -31,6 +31,7 @@ from grpo_jax import train_step as ts
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.config import Config
 from grpo_jax.batching import Batch
+from grpo_jax.shapes import bucket_length
 from grpo_jax.sharding import batch_sharding, make_mesh, replicated
 from grpo_jax.slices import get_slice
 from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of
@@ -353,7 +354,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     cache slots are; nothing else depends on it)."""
     from grpo_jax import sampling
 
-    tc = sampling.bucket_length(cfg.rl.max_new_tokens)
+    tc = bucket_length(cfg.rl.max_new_tokens)
     windows = sampling.cache_plan(programs.decode_engine(cfg, programs.sampler_mesh(mesh)), prompt_len, tc)[1]
     pre, dec = {}, {w: {} for w in dict.fromkeys((windows[0], windows[-1]))}
     with _threefry_unrolled_on_cpu():
@@ -490,7 +491,7 @@ def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: 
     engine = programs.decode_engine(cfg, smesh)
     prefill, decode = programs.sampler(cfg, smesh, unrolled=unrolled)
     num_prompts, rows = sampling.padded_rows(prompts, group_size, smesh, engine)
-    tc = sampling.bucket_length(cfg.rl.max_new_tokens)
+    tc = bucket_length(cfg.rl.max_new_tokens)
     feature_major = engine == "feature_major"
     cache_len, windows = sampling.cache_plan(engine, prompt_len, tc)
     if cost_steps is not None:

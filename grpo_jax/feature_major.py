@@ -141,7 +141,8 @@ def attend(q, k, v, allowed):
 
 
 def attend_summed(q, k, v, allowed):
-    """`attend` with the scores as a product summed over the head dimension instead of
+    """`attend` (q [B, K, G, D], k [B, K, D, S], v [B, K, S, D], allowed [B, 1, S]
+    -> [B, 1, K, G, D]) with the scores as a product summed over the head dimension instead of
     B·K small [G, D] x [D, S] dots: one fused loop over the cache as it lies, where the dot
     kernel spends its time per small product. ``python benchmarks/bench_layouts.py`` times
     both forms (benchmarks/NOTES.md, "Figures behind code comments": faster from batch 32,

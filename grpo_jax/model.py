@@ -13,6 +13,12 @@ positions. RoPE uses explicit per-token positions, so left-padded prompts get po
 at their first real token. With ``model.attention=splash`` a forward pass without a cache
 (training, scoring) runs jax's Pallas TPU kernel instead (`grpo_jax.splash`); a real
 token's output is the same.
+
+Building blocks other modules compute with (the feature-major decode step, the splash
+kernel's checks, benchmarks), so that every path computes what the model computes:
+`product` / `operand` (a matmul with a weight as the layer holds it), `attend`,
+`attend_scored`, `attend_many`, `attend_causal`, `attend_with_prefix` and `slot_attention`
+(attention over cache slots), `rope_tables` / `rope`, and `NEG` (a masked key's score).
 """
 
 from __future__ import annotations

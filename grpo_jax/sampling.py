@@ -108,9 +108,9 @@ from grpo_jax import feature_major as feature_major_lib
 from grpo_jax import loops
 from grpo_jax import model as model_lib
 from grpo_jax.config import DECODE_ENGINES, ConfigError, ModelConfig
+from grpo_jax.shapes import bucket_length
 from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, on_mesh, replicated, to_global, to_host
 
-MIN_BUCKET = 16
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
 
 
@@ -141,11 +141,6 @@ class SampleInfo:
 
 
 # ============================================================================ host side
-
-def bucket_length(n: int, minimum: int = MIN_BUCKET) -> int:
-    """The static length used for n: the next power of two, at least `minimum`."""
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
-
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
@@ -255,6 +250,9 @@ def _validate(cfg: ModelConfig, prompts, *, group_size, max_new_tokens, temperat
 
 @dataclasses.dataclass
 class HostBatch:
+    """One call's inputs as the host lays them out (`host_batch`): Pp prefill slots of Tp
+    tokens, Bp sample rows."""
+
     prompt_tokens: np.ndarray  # [Pp, Tp] left-padded, in `prefill_layout` order
     prompt_mask: np.ndarray  # [Pp, Tp]
     src_rows: np.ndarray  # [Bp] prefill slot each sample row copies its cache from

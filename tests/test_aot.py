@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import aot, loops, sampling
+from grpo_jax import aot, loops, shapes
 from grpo_jax.config import apply_overrides, get_preset
 from grpo_jax.model import param_shapes as model_param_shapes, param_shardings as model_param_shardings
 from grpo_jax.tpu_specs import chip_of
@@ -133,7 +133,7 @@ def test_sampler_cost_counts_every_layer_and_token():
     np.testing.assert_allclose(counted["decode"][1], whole[1], rtol=0.10)
     m = cfg.model
     rows_per_chip = prompts * g // mesh.size
-    slots = PROMPT + sampling.bucket_length(cfg.rl.max_new_tokens)
+    slots = PROMPT + shapes.bucket_length(cfg.rl.max_new_tokens)
     flops = rows_per_chip * (2 * aot.matmul_params(m) + 4 * m.num_layers * m.num_heads * m.head_dim * slots)
     assert abs(counted["decode_per_token"][0] / flops - 1) < 0.20, (counted["decode_per_token"][0], flops)
     floor = aot.decode_bytes_analytic(cfg, mesh, prompts, g, PROMPT)

@@ -60,10 +60,6 @@ def _sample(params, prompts=PROMPTS, **kw):
     return sampling.sample(CFG, params, prompts, **kw)
 
 
-def test_bucket_length():
-    assert [sampling.bucket_length(n) for n in (1, 15, 16, 17, 100, 128, 129)] == [16, 16, 16, 32, 128, 128, 256]
-
-
 def test_rollout_layout(params):
     r = _sample(params, max_new_tokens=12)
     assert r.prompt_tokens.shape == r.prompt_mask.shape == (6, 16)
