@@ -109,7 +109,8 @@ from grpo_jax import loops
 from grpo_jax import model as model_lib
 from grpo_jax.config import DECODE_ENGINES, ConfigError, ModelConfig
 from grpo_jax.shapes import bucket_length
-from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, on_mesh, replicated, to_global, to_host
+from grpo_jax.sharding import (batch_sharding, constrain, logical_to_sharding, mesh_of, on_mesh, replicated,
+                               to_global, to_host)
 
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
 
@@ -368,22 +369,31 @@ def _uniforms(key, step, row_ids):
     return 1.0 - jax.vmap(draw)(row_ids)
 
 
+# The logical axes of a stacked ``model.KVCache``'s k, v and mask (its index is a scalar).
+_CACHE_AXES = (("layers", "batch", "kv_heads", "head_dim", "seq"),
+               ("layers", "batch", "kv_heads", "seq", "head_dim"),
+               ("batch", "seq"))
+
+
 def cache_sharding(mesh: Mesh, cache: model_lib.KVCache) -> model_lib.KVCache:
-    v_names = ("layers", "batch", "kv_heads", "seq", "head_dim")
-    k_names = ("layers", "batch", "kv_heads", "head_dim", "seq")
-    return model_lib.KVCache(
-        k=logical_to_sharding(k_names, cache.k.shape, mesh),
-        v=logical_to_sharding(v_names, cache.v.shape, mesh),
-        mask=batch_sharding(mesh, 2, cache.mask.shape[0]),
-        index=replicated(mesh))
+    """The shardings of a stacked cache on ``mesh``, by the rules table: rows over
+    ('data', 'fsdp'), kv heads over 'tensor', the index replicated."""
+    k, v, mask = (logical_to_sharding(names, x.shape, mesh)
+                  for names, x in zip(_CACHE_AXES, (cache.k, cache.v, cache.mask)))
+    return model_lib.KVCache(k=k, v=v, mask=mask, index=replicated(mesh))
 
 
-def _constrain(x, mesh: Mesh | None, sharding_fn):
-    return x if mesh is None else jax.lax.with_sharding_constraint(x, sharding_fn(mesh, x))
+def constrain_cache(cache: model_lib.KVCache) -> model_lib.KVCache:
+    """A stacked cache constrained to `cache_sharding` on the mesh being traced under
+    (``sharding.constrain``); unchanged without one (the per-layer cache of the
+    feature-major engine only exists there)."""
+    k, v, mask = (constrain(x, names) for names, x in zip(_CACHE_AXES, (cache.k, cache.v, cache.mask)))
+    return model_lib.KVCache(k=k, v=v, mask=mask, index=constrain(cache.index, ()))
 
 
-def _batch_constrain(x, mesh):
-    return _constrain(x, mesh, lambda m, a: batch_sharding(m, a.ndim, a.shape[0]))
+def _constrain_rows(x):
+    """x [B, ...] with its rows sharded like the batch (``sharding.constrain``)."""
+    return constrain(x, ("batch",) + (None,) * (x.ndim - 1))
 
 
 def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_tokens, prompt_mask,
@@ -409,11 +419,11 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
     num_prompts, tp = prompt_tokens.shape
     chunks = prefill_chunks(num_prompts, tp, engine, chunk_tokens)
     if chunks == 1:
-        last, cache = _prompt_forward(cfg, mesh, params, prompt_tokens, prompt_mask)
+        last, cache = _prompt_forward(cfg, params, prompt_tokens, prompt_mask)
     else:
         rows = -(-num_prompts // chunks)
         split = lambda x: jnp.pad(x, ((0, chunks * rows - num_prompts), (0, 0))).reshape(chunks, rows, tp)
-        last, cache = loops.map(lambda a: _prompt_forward(cfg, mesh, params, *a),
+        last, cache = loops.map(lambda a: _prompt_forward(cfg, params, *a),
                                   (split(prompt_tokens), split(prompt_mask)))
         # [chunks, layers, rows, ...] -> [layers, chunks * rows, ...], without the padding rows
         join = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], chunks * rows, *x.shape[3:])[:, :num_prompts]
@@ -435,7 +445,7 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
     logits = model_lib.logits_from_hidden(cfg, params, last)
     if src_rows is not None:  # None: one sample per prompt, rows already in place
         cache, logits = _copy_to_rows(cache, logits, src_rows, mesh)
-    return _constrain(cache, mesh, cache_sharding), _batch_constrain(logits, mesh)
+    return constrain_cache(cache), _constrain_rows(logits)
 
 
 # Prefill chunk size of the feature-major engine (one CPU device): XLA's CPU backend ran a
@@ -455,11 +465,10 @@ def prefill_chunks(num_prompts: int, tp: int, engine: str, chunk_tokens: int | N
     return -(-num_prompts // rows)
 
 
-def _prompt_forward(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_mask):
+def _prompt_forward(cfg: ModelConfig, params, prompt_tokens, prompt_mask):
     """Prompts [P, Tp] through the model against a cache of their own Tp slots -> (the last
     column's hidden state [P, E], the cache)."""
-    cache = _constrain(model_lib.init_cache(cfg, prompt_tokens.shape[0], prompt_tokens.shape[1]),
-                       mesh, cache_sharding)
+    cache = constrain_cache(model_lib.init_cache(cfg, prompt_tokens.shape[0], prompt_tokens.shape[1]))
     positions = model_lib.default_positions(prompt_mask)
     hidden, cache = model_lib.forward_hidden(cfg, params, prompt_tokens, prompt_mask, positions,
                                              cache=cache, unroll=False)
@@ -582,7 +591,7 @@ def _engine_cache(engine: str, cache: model_lib.KVCache, num_layers: int) -> mod
     return cache
 
 
-def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
+def _decode(cfg: ModelConfig, engine: str, filtered: bool,
             params, cache, logits0, prompt_lens, row_ids, row_valid, key, temperature, top_k,
             top_p, max_new_tokens, stop_mask, pad_id, *, num_cols: int,
             windows: tuple[int, ...] | None = None, cost_steps: int | None = None):
@@ -619,8 +628,8 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
     prefix = None
     if engine == "shared":
         prefix = model_lib.PrefixCache(k=cache.k, v=cache.v, mask=cache.mask)
-        logits0 = _batch_constrain(jnp.repeat(logits0, bsz // logits0.shape[0], axis=0), mesh)
-        cache = _constrain(model_lib.init_cache(cfg, bsz, windows[0], cache.k.dtype), mesh, cache_sharding)
+        logits0 = _constrain_rows(jnp.repeat(logits0, bsz // logits0.shape[0], axis=0))
+        cache = constrain_cache(model_lib.init_cache(cfg, bsz, windows[0], cache.k.dtype))
     pick = functools.partial(_next_token, temperature=temperature, top_k=top_k, top_p=top_p,
                              filtered=filtered)
 
@@ -649,9 +658,9 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
     state = _DecodeState(
         step=jnp.zeros((), jnp.int32), cache=_engine_cache(engine, cache, num_layers),
         last=jnp.zeros((bsz,), jnp.int32), last_real=jnp.zeros((bsz,), bool), done=~row_valid,
-        tokens=_batch_constrain(jnp.full((bsz, num_cols), pad_id, jnp.int32), mesh),
-        mask=_batch_constrain(jnp.zeros((bsz, num_cols), bool), mesh),
-        logps=_batch_constrain(jnp.zeros((bsz, num_cols), jnp.float32), mesh),
+        tokens=_constrain_rows(jnp.full((bsz, num_cols), pad_id, jnp.int32)),
+        mask=_constrain_rows(jnp.zeros((bsz, num_cols), bool)),
+        logps=_constrain_rows(jnp.zeros((bsz, num_cols), jnp.float32)),
         finished=jnp.zeros((bsz,), bool))
     state = emit(state, logits0.T)
     tp = windows[-1] - num_cols
@@ -675,7 +684,7 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
             hidden, c = model_lib.forward_hidden(cfg, step_params(), s.last[:, None], s.last_real[:, None],
                                                  positions, cache=c, unroll=engine != "scan",
                                                  rope_cs=rope_cs, prefix=prefix)
-            c = _engine_cache(engine, _constrain(c, mesh, cache_sharding), num_layers)
+            c = _engine_cache(engine, constrain_cache(c), num_layers)
             logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0]).T  # [V, B]
         return emit(s.replace(cache=c), logits)
 
@@ -697,8 +706,9 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
 
 class OnMesh:
     """A jitted program that is traced, lowered and run on its mesh (``sharding.on_mesh``), so
-    the model's activation constraints apply; the mesh is entered outside the trace, as jax
-    requires. ``unrolled``: traced inside ``loops.unrolled()`` (the cost twin of ``aot``)."""
+    its activation constraints apply (``sharding.constrain``, the model's and the sampler's);
+    the mesh is entered outside the trace, as jax requires. ``unrolled``: traced inside
+    ``loops.unrolled()`` (the cost twin of ``aot``). ``programs`` returns these."""
 
     def __init__(self, jitted: Any, mesh: Mesh | None, unrolled: bool = False):
         self.jitted, self.mesh, self.unrolled = jitted, mesh, unrolled
@@ -734,7 +744,7 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static
         # The cache is donated so that the loop updates it in place; the feature-major decode
         # grows it between phases instead, so its output cache is not the input's shape, and
         # the shared decode only reads it (its completion cache is its own).
-        jitted = jax.jit(functools.partial(_decode, cfg, mesh, engine, *static),
+        jitted = jax.jit(functools.partial(_decode, cfg, engine, *static),
                          static_argnames=("num_cols", "windows", "cost_steps"),
                          donate_argnums=() if engine in ("feature_major", "shared") else (1,))
     return OnMesh(jitted, mesh, unrolled)
