@@ -37,7 +37,6 @@ copy does (`feature_major.dense`: bf16 operands, float32 sums): it tells whether
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 
 import common

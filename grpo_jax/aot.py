@@ -280,7 +280,7 @@ def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
 # einsum: each trip all-gathers or reduce-scatters one block while multiplying another),
 # which a cost twin may not hold. Off in the twins: the same dots, each counted whole.
 TWIN_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
-                         "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}}
+                        "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}}
 
 
 def loop_free_cost(name: str, lowered, mesh) -> np.ndarray:

@@ -583,7 +583,7 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> j
     """hidden [..., E] -> logits [..., vocab] float32 (the unembedding as `unembedding` gives it)."""
     w, vocab_major = unembedding(cfg, params)
     return product("...e,ve->...v" if vocab_major else "...e,ev->...v", hidden.astype(jnp.float32),
-                    operand(w, jnp.float32))
+                   operand(w, jnp.float32))
 
 
 def forward_logits(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array | None = None) -> jax.Array:

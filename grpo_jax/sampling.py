@@ -264,7 +264,7 @@ class HostBatch:
 
 
 def host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, pad_id: int,
-                mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0, engine: str = "scan") -> HostBatch:
+               mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0, engine: str = "scan") -> HostBatch:
     """Left-pad the prompts into `prompt_bucket`, lay them out for the prefill
     (the engine's `_layout`) and lay out the (padded) sample rows, whose randomness indices start
     at `row_offset` (the call's first row in the whole batch)."""
@@ -280,7 +280,7 @@ def host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, p
     valid = np.arange(bp) < len(prompts) * group_size
     lens = mask.sum(1).astype(np.int32)[src]
     return HostBatch(tokens, mask, src, row_offset + np.arange(bp, dtype=np.int32), valid, lens,
-                      bucket_length(max_new_tokens))
+                     bucket_length(max_new_tokens))
 
 
 # ============================================================================ device side

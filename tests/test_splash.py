@@ -20,7 +20,7 @@ B, T, H, K, D = 2, 100, 4, 2, 32  # T: not a multiple of 128, so the kernel pads
 def _cache_layout_attention(q, k, v, allowed):
     """model.attend_many on [B,T,H,D] / [B,T,K,D] inputs -> [B,T,H,D]."""
     out = model.attend_many(q.reshape(B, T, K, H // K, D), jnp.transpose(k, (0, 2, 3, 1)),
-                             jnp.swapaxes(v, 1, 2), allowed)
+                            jnp.swapaxes(v, 1, 2), allowed)
     return out.reshape(B, T, H, D)
 
 

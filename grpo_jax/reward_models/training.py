@@ -235,7 +235,7 @@ def train_reward_model(
                          f"{cfg_model.vocab_size}")
 
     source = BatchSource(tokenizer, samples, history, kind=kind, loss=loss, batch_size=batch_size,
-                          replay_fraction=replay_fraction, max_len=cfg_model.max_seq_len, seed=seed)
+                         replay_fraction=replay_fraction, max_len=cfg_model.max_seq_len, seed=seed)
 
     # Device side: params, AdamW, one jitted update.
     prior_steps = init_params.trained_steps if isinstance(init_params, RewardModel) else 0
