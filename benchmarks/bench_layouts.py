@@ -20,24 +20,23 @@ checked before trusting the sampler's choice (issue #20):
 * **decode attention**: one new token per row against 30 layers' KV caches of 192 slots
   (SmolLM2's 3 kv heads × 3 query heads × 64), in the two forms the feature-major step
   picks between by batch size: the model's two small dots per (row, kv head), and the
-  scores as a summed product (`feature_major._attend_summed`, from
-  `feature_major._SUMMED_SCORES_FROM` rows on). Speedup = dots / summed.
-* **prefill in row chunks**: the sampler's prefill (`sampling._prefill`, SmolLM2's shapes,
+  scores as a summed product (`feature_major.attend_summed`, from
+  `feature_major.SUMMED_SCORES_FROM` rows on). Speedup = dots / summed.
+* **prefill in row chunks**: the sampler's prefill (`sampling.programs`, SmolLM2's shapes,
   B prompts of 64 tokens) in one pass and, as it runs on a single CPU device, in chunks
-  of at most `sampling._PREFILL_CHUNK_TOKENS` tokens one after the other; tok/s. Where
+  of at most `sampling.PREFILL_CHUNK_TOKENS` tokens one after the other; tok/s. Where
   one pass gets slower per token as the batch grows, the chunks keep it level.
 
 Random float32 weights (the values do not matter to the timing); reps interleaved, median
 and range of the seconds per call after a warm-up. Speedup = row-major / feature-major.
 A third column runs the feature-major products from bfloat16 weights as the sampler's bf16
-copy does (`feature_major._dense`: bf16 operands, float32 sums): it tells whether
+copy does (`feature_major.dense`: bf16 operands, float32 sums): it tells whether
 `rl.sample_dtype=bfloat16` pays on this CPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 
 import common
@@ -49,7 +48,7 @@ import numpy as np
 from grpo_jax import model as model_lib
 from grpo_jax import sampling
 from grpo_jax.config import get_preset
-from grpo_jax.feature_major import _SUMMED_SCORES_FROM, _attend_summed, _dense
+from grpo_jax.feature_major import SUMMED_SCORES_FROM, attend_summed, dense
 
 EMBED, MLP, VOCAB, LAYERS = 576, 1536, 49152, 30
 KV_HEADS, GROUP, HEAD_DIM, SLOTS = 3, 3, 64, 192
@@ -90,10 +89,10 @@ def mlp_programs(layers: int):
             x = x + down @ (jax.nn.silu(gate @ x) * (up @ x))
         return x
 
-    def features_bf16(x, ws):  # the same, from bf16 weights (feature_major._dense)
+    def features_bf16(x, ws):  # the same, from bf16 weights (feature_major.dense)
         f32 = jnp.float32
         for gate, up, down in ws:
-            x = x + _dense(down, jax.nn.silu(_dense(gate, x, f32)) * _dense(up, x, f32), f32)
+            x = x + dense(down, jax.nn.silu(dense(gate, x, f32)) * dense(up, x, f32), f32)
         return x
     return jax.jit(rows), jax.jit(features), jax.jit(features_bf16)
 
@@ -104,7 +103,7 @@ def unembed_programs():
         return jnp.log(jnp.sum(jnp.exp(logits - jnp.max(logits, -1, keepdims=True)), -1))
 
     def features(x, emb):  # x [E, B] -> [V, B]; emb float32 or (the bf16 column) bfloat16
-        logits = _dense(emb, x, jnp.float32)
+        logits = dense(emb, x, jnp.float32)
         return jnp.log(jnp.sum(jnp.exp(logits - jnp.max(logits, 0, keepdims=True)), 0))
     return jax.jit(rows), jax.jit(features)
 
@@ -116,8 +115,8 @@ def attention_programs():
                 q = q + attend(q, k, v, allowed)
             return q
         return jax.jit(run)
-    return chain(lambda q, k, v, a: model_lib._attend(q[:, None], k, v, a)[:, 0]), \
-        chain(lambda q, k, v, a: _attend_summed(q, k, v, a)[:, 0])
+    return chain(lambda q, k, v, a: model_lib.attend(q[:, None], k, v, a)[:, 0]), \
+        chain(lambda q, k, v, a: attend_summed(q, k, v, a)[:, 0])
 
 
 def attention_inputs(rng, b: int, layers: int):
@@ -129,14 +128,14 @@ def attention_inputs(rng, b: int, layers: int):
     return normal(b, KV_HEADS, GROUP, HEAD_DIM), ks, vs, allowed
 
 
-def prefill_programs(cfg, params, prompt_tokens, prompt_mask, cache_len: int) -> dict:
+def prefill_programs(cfg, params, prompt_tokens, prompt_mask, cache_len: int,
+                     chunk_tokens: int = sampling.PREFILL_CHUNK_TOKENS) -> dict:
     """{"one_pass", "chunked"}: the sampler's prefill for these prompts, compiled with the
-    row chunks off (one chunk as large as the batch) and on."""
-    prefill = jax.jit(functools.partial(sampling._prefill, cfg, None, "feature_major"),
-                      static_argnames=("cache_len", "chunk_tokens"))
+    row chunks off (one chunk as large as the batch) and on (chunks of chunk_tokens)."""
+    prefill, _ = sampling.programs(cfg, None, engine="feature_major", filtered=False)
     return {name: prefill.lower(params, prompt_tokens, prompt_mask, None, cache_len=cache_len,
                                 chunk_tokens=chunk).compile()
-            for name, chunk in (("one_pass", prompt_tokens.size), ("chunked", sampling._PREFILL_CHUNK_TOKENS))}
+            for name, chunk in (("one_pass", prompt_tokens.size), ("chunked", chunk_tokens))}
 
 
 def main(argv=None) -> int:
@@ -190,7 +189,7 @@ def main(argv=None) -> int:
         s.update(a)
         d, m = a["attention_dots"], a["attention_summed"]
         rep.results[f"layout_attention_summed_speedup_b{b}"] = d["median"] / m["median"]
-        used = "summed" if b >= _SUMMED_SCORES_FROM else "dots"
+        used = "summed" if b >= SUMMED_SCORES_FROM else "dots"
         att_table.append([b, _ms(d), _ms(m), f"{d['median'] / m['median']:.2f}×", used])
         for part in ("mlp", "unembed"):
             r, f, h = s[f"{part}_rows"], s[f"{part}_features"], s[f"{part}_bf16"]
@@ -217,7 +216,7 @@ def main(argv=None) -> int:
     rep.emit()
     rep.table(["batch", "two dots ms", "summed scores ms", "speedup", "the step uses"], att_table)
     rep.emit(f"Speedup > 1: the summed scores are faster; the feature-major step uses them from "
-             f"{_SUMMED_SCORES_FROM} rows on (`feature_major._SUMMED_SCORES_FROM`).")
+             f"{SUMMED_SCORES_FROM} rows on (`feature_major.SUMMED_SCORES_FROM`).")
     rep.emit()
     prefill_table(rep, args, reps, rng)
     return rep.finish()
@@ -235,15 +234,15 @@ def prefill_table(rep, args, reps: int, rng) -> None:
         o, c = s["one_pass"], s["chunked"]
         rate = lambda t: b * PROMPT / t
         rep.results[f"layout_prefill_chunked_speedup_b{b}"] = o["median"] / c["median"]
-        table.append([b, sampling._prefill_chunks(b, PROMPT, "feature_major"), f"{rate(o['median']):.0f} ({rate(o['max']):.0f}–{rate(o['min']):.0f})",
+        table.append([b, sampling.prefill_chunks(b, PROMPT, "feature_major"), f"{rate(o['median']):.0f} ({rate(o['max']):.0f}–{rate(o['min']):.0f})",
                       f"{rate(c['median']):.0f} ({rate(c['max']):.0f}–{rate(c['min']):.0f})", f"{o['median'] / c['median']:.2f}×"])
         rep.details[f"prefill_b{b}"] = s
     rep.emit(f"### The sampler's prefill, {cfg.num_layers} layers of SmolLM2-135M (random weights), prompts of "
              f"{PROMPT} tokens, float32; median (range) of {reps} interleaved reps")
     rep.emit()
-    rep.table(["batch", "chunks", "one pass tok/s", f"chunks of ≤ {sampling._PREFILL_CHUNK_TOKENS} tokens tok/s",
+    rep.table(["batch", "chunks", "one pass tok/s", f"chunks of ≤ {sampling.PREFILL_CHUNK_TOKENS} tokens tok/s",
                "speedup"], table)
-    rep.emit("The feature-major engine (one CPU device) runs the sampler's prefill in the chunks (`sampling._prefill_chunks`); "
+    rep.emit("The feature-major engine (one CPU device) runs the sampler's prefill in the chunks (`sampling.prefill_chunks`); "
              "speedup > 1 where that pays.")
     rep.emit()
 

@@ -51,7 +51,7 @@ class Point:
             lambda mb: logprobs.sequence_logprobs(mcfg, p, mb, temperature=1.0,
                                                   chunk_size=cfg.rl.logprob_chunk_size), b, num))
         rows = prompts * group
-        from grpo_jax.sampling import bucket_length
+        from grpo_jax.shapes import bucket_length
 
         self.cache_bytes = (2 * mcfg.num_layers * rows * (bucket_length(prompt_len) + bucket_length(new_tokens))
                             * mcfg.num_kv_heads * mcfg.head_dim * 4)

@@ -184,8 +184,8 @@ def prepare(out_dir: Path, batches: list[int], plen: int) -> None:
     np.save(out_dir / "ref_ids.npy", np.asarray(check_ids, np.int32))
     (out_dir / "prompts.json").write_text(json.dumps(prompts))
     (out_dir / "meta.json").write_text(json.dumps({
-        "hf_dir": str(hf_dir), "transformers": common._version("transformers"),
-        "torch": common._version("torch")}))
+        "hf_dir": str(hf_dir), "transformers": common.package_version("transformers"),
+        "torch": common.package_version("torch")}))
 
 
 def run_reference(python: str, batches: list[int], plen: int, out_dir: Path) -> None:
@@ -409,7 +409,7 @@ def main(argv=None) -> int:
     reps = common.reps_of(args, full=3, quick=1)
     n = args.new_tokens or (16 if args.quick else 128)
     rep = common.Report("tunix", args)
-    versions = {m: common._version(m) for m in ("google-tunix", "jax", "jaxlib", "flax", "numpy", "safetensors")}
+    versions = {m: common.package_version(m) for m in ("google-tunix", "jax", "jaxlib", "flax", "numpy", "safetensors")}
     machine = common.machine_info()
     cpu = machine["cpu"]
     rep.emit(f"## Tunix {versions['google-tunix']} vanilla `Sampler`: SmolLM2-135M (imported weights), prompts "

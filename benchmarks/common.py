@@ -144,11 +144,13 @@ class Report:
                   f"{self.load_start[0]:.1f} at start, {payload['load_end'][0]:.1f} at end_")
         payload["markdown"] = "\n".join(self.lines)
         if getattr(self.args, "json", None):
-            Path(self.args.json).write_text(json.dumps(payload, indent=2, default=_jsonable))
+            Path(self.args.json).write_text(json.dumps(payload, indent=2, default=jsonable))
         return 0
 
 
-def _jsonable(x):
+def jsonable(x):
+    """x as json.dumps can write it (its ``default``): numpy scalars as numbers, arrays as
+    lists, anything else as its str."""
     try:
         import numpy as np
 
@@ -180,7 +182,8 @@ def reps_of(args, full: int = 5, quick: int = 2) -> int:
 
 # ============================================================================ machine
 
-def _version(module: str) -> str | None:
+def package_version(module: str) -> str | None:
+    """The installed version of distribution ``module``, None when it is not installed."""
     try:
         from importlib.metadata import version
 
@@ -228,7 +231,7 @@ def machine_info() -> dict:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu": cpu, "cpu_flags": flags, "cores": os.cpu_count(), "memory_bytes": mem,
         "platform": platform.platform(), "python": platform.python_version(),
-        "versions": {m: _version(m) for m in ("jax", "jaxlib", "flax", "optax", "numpy", "torch",
+        "versions": {m: package_version(m) for m in ("jax", "jaxlib", "flax", "optax", "numpy", "torch",
                                               "transformers", "accelerate", "trl")},
         "git_commit": commit, "load_average": os.getloadavg(),
     }

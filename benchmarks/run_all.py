@@ -298,7 +298,8 @@ def summary_rows(results: dict) -> tuple[list[list[str]], dict]:
     return rows, targets
 
 
-def _status(run: dict) -> str:
+def status(run: dict) -> str:
+    """A run's status column: ok, FAILED (its return code) or skipped."""
     if run.get("skipped"):
         return "skipped (venv missing)"
     return "ok" if run["ok"] else f"FAILED ({run['returncode']})"
@@ -351,7 +352,7 @@ def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir
         lines += [extra.read_text().strip(), ""]
     lines += ["## Runs", "",
               common.markdown_table(["benchmark", "command", "status", "wall", "load avg start → end"],
-                                    [[r["name"], f"`{r['command']}`", _status(r),
+                                    [[r["name"], f"`{r['command']}`", status(r),
                                       f"{r['seconds'] / 60:.1f} min", f"{r['load_start'][0]:.1f} → {r['load_end'][0]:.1f}"]
                                      for r in runs]), ""]
     for r in runs:
@@ -374,7 +375,7 @@ def write_outputs(runs: list[dict], args, machine: dict, started: float, out_dir
                "details": {r["name"]: r.get("payload", {}).get("details") for r in runs},
                "markdown": {r["name"]: r.get("payload", {}).get("markdown") for r in runs},
                "errors": {r["name"]: r["error"] for r in runs if "error" in r}}
-    (out_dir / "results.json").write_text(json.dumps(payload, indent=2, default=common._jsonable))
+    (out_dir / "results.json").write_text(json.dumps(payload, indent=2, default=common.jsonable))
     print(f"\nwrote {out_dir / 'RESULTS.md'} and {out_dir / 'results.json'}")
     print(common.markdown_table(["result", "ours", "theirs", "ratio", "target", "met?"], rows))
 

@@ -4,7 +4,7 @@
     JAX_PLATFORMS=cpu python benchmarks/splash_aot.py train_step [--cost]
 
 ``kernel``: one v5p chip's attention of the 7B train step (4 rows x 1279 tokens, 32 heads of
-128, bfloat16), forward and forward + backward, the model's own (``model._slot_attention``,
+128, bfloat16), forward and forward + backward, the model's own (``model.slot_attention``,
 in ``model.causal_blocks`` query blocks) and splash: what XLA's ``cost_analysis()``
 counts (FLOPs, bytes) and ``memory_analysis()``'s temporaries, beside the analytic count.
 ``train_step``: the ``deepseekmath-rl-7b`` train step for v5p-128 with
@@ -41,7 +41,7 @@ def kernel() -> None:
 
     def xla(q, k, v, mask):  # the model's own, as its cache-free forward calls it (causal query blocks)
         slots = jnp.broadcast_to(jnp.arange(SEQ), (ROWS, SEQ))
-        return model._slot_attention(q, k, v, slots, mask, None, 0, jnp.bfloat16)[0]
+        return model.slot_attention(q, k, v, slots, mask, None, 0, jnp.bfloat16)[0]
 
     def with_backward(f):
         loss = lambda q, k, v, mask: jnp.sum(f(q, k, v, mask).astype(jnp.float32))

@@ -31,6 +31,7 @@ from grpo_jax import train_step as ts
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.config import Config
 from grpo_jax.batching import Batch
+from grpo_jax.shapes import bucket_length
 from grpo_jax.sharding import batch_sharding, make_mesh, replicated
 from grpo_jax.slices import get_slice
 from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of
@@ -278,17 +279,17 @@ def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
 # The TPU SPMD partitioner may split a sharded dot into a loop over its shards (windowed
 # einsum: each trip all-gathers or reduce-scatters one block while multiplying another),
 # which a cost twin may not hold. Off in the twins: the same dots, each counted whole.
-_TWIN_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
-                         "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}}
+TWIN_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+                        "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}}
 
 
-def _loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
+def loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
     """[FLOPs, bytes accessed] per chip of a cost twin lowered for ``mesh``, compiled;
     RuntimeError if a loop is left in it (its body would be counted once), NotCounted if
     the compiler runs out of HBM for it (written out, a program holds more at once)."""
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.devices()[0].platform
     try:
-        compiled = lowered.compile(compiler_options=_TWIN_OPTIONS.get(platform, {}))
+        compiled = lowered.compile(compiler_options=TWIN_OPTIONS.get(platform, {}))
     except Exception as e:  # jax raises JaxRuntimeError; match on XLA's status text
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
@@ -353,7 +354,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     cache slots are; nothing else depends on it)."""
     from grpo_jax import sampling
 
-    tc = sampling.bucket_length(cfg.rl.max_new_tokens)
+    tc = bucket_length(cfg.rl.max_new_tokens)
     windows = sampling.cache_plan(programs.decode_engine(cfg, programs.sampler_mesh(mesh)), prompt_len, tc)[1]
     pre, dec = {}, {w: {} for w in dict.fromkeys((windows[0], windows[-1]))}
     with _threefry_unrolled_on_cpu():
@@ -365,9 +366,9 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
                                           cost_steps=steps, window=w)
                     if steps == 1 and layers not in pre:
                         program, args, kwargs = calls["prefill"]
-                        pre[layers] = _loop_free_cost("sample_prefill", program.lower(*args, **kwargs), mesh)
+                        pre[layers] = loop_free_cost("sample_prefill", program.lower(*args, **kwargs), mesh)
                     program, args, kwargs = calls["decode"]
-                    dec[w][layers, steps] = _loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
+                    dec[w][layers, steps] = loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
     depth = cfg.model.num_layers
     prefill = pre[1] + (depth - 1) * (pre[2] - pre[1])
     per_window = {w: _bilinear(c, depth, 2) - _bilinear(c, depth, 1) for w, c in dec.items()}
@@ -397,7 +398,7 @@ def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
             variant = _variant(cfg, layers, num_micro_batches=a * j)
             with loops.unrolled():
                 lowered = lower_train_step(variant, mesh, per_micro * a * j, prompt_len)
-            cost[layers, j] = _loop_free_cost("train_step", lowered, mesh)
+            cost[layers, j] = loop_free_cost("train_step", lowered, mesh)
     return _bilinear(cost, cfg.model.num_layers, micro / a)
 
 
@@ -483,13 +484,14 @@ def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: 
     the cost twin (every loop written out, ``cost_steps`` decode steps over one phase's
     cache: ``window`` slots, default the last phase's)."""
     from grpo_jax import sampling
+    from grpo_jax.feature_major import decode_weights
 
     m = cfg.model
     smesh = programs.sampler_mesh(mesh)
     engine = programs.decode_engine(cfg, smesh)
     prefill, decode = programs.sampler(cfg, smesh, unrolled=unrolled)
     num_prompts, rows = sampling.padded_rows(prompts, group_size, smesh, engine)
-    tc = sampling.bucket_length(cfg.rl.max_new_tokens)
+    tc = bucket_length(cfg.rl.max_new_tokens)
     feature_major = engine == "feature_major"
     cache_len, windows = sampling.cache_plan(engine, prompt_len, tc)
     if cost_steps is not None:
@@ -513,7 +515,7 @@ def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: 
         cache = _abstract(cache, sampling.cache_sharding(smesh, cache))
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=None if smesh is None else replicated(smesh))
-    decode_params = jax.eval_shape(sampling._weights_program(m), params) if feature_major else params
+    decode_params = jax.eval_shape(lambda p: decode_weights(m, p), params) if feature_major else params
     dec_args = (decode_params, cache, bs(logits0.shape, logits0.dtype), bs((rows,), jnp.int32),
                 bs((rows,), jnp.int32), bs((rows,), bool), key, host((), np.float32), host((), np.int32),
                 host((), np.float32), host((), np.int32), rep((m.vocab_size,), bool), host((), np.int32))

@@ -19,7 +19,7 @@ import flax.struct
 import jax
 import numpy as np
 
-from grpo_jax import sampling
+from grpo_jax import shapes
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, char_to_token_index, encode_prompt
 
@@ -142,7 +142,7 @@ def score_rollout(task: Task, tokenizer: Tokenizer, examples: Sequence[Example],
         steps_per_row = [list(steps) if ids else [] for ids, steps in zip(ids_per_row, steps_per_row)]
     # Every step is kept: the step axis grows to the batch's most steps, rounded up to a
     # power of two so the train step compiles for few shapes.
-    s = sampling.bucket_length(max(len(x) for x in steps_per_row), minimum=1) if process else 1
+    s = shapes.bucket_length(max(len(x) for x in steps_per_row), minimum=1) if process else 1
     step_rewards = np.zeros((b, s), np.float32)
     step_end = np.zeros((b, s), np.int32)
     step_mask = np.zeros((b, s), bool)
@@ -162,7 +162,7 @@ def texts_to_batch(tokenizer: Tokenizer, prompts: Sequence[str], completions: Se
     """Teacher-forced batch (SFT data): left-padded prompts, right-padded completions + eos."""
     p_ids = [encode_prompt(tokenizer, p) for p in prompts]
     c_ids = [(tokenizer.encode(c) + [tokenizer.eos_id])[:max_new_tokens] for c in completions]
-    tp = prompt_bucket or sampling.bucket_length(max(len(x) for x in p_ids))
+    tp = prompt_bucket or shapes.bucket_length(max(len(x) for x in p_ids))
     if max(len(x) for x in p_ids) > tp:
         raise ValueError(f"a prompt has {max(len(x) for x in p_ids)} tokens, more than the bucket {tp}")
     b = len(prompts)

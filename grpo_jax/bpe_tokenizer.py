@@ -294,7 +294,7 @@ class BPETokenizer:
             texts = self._tok.decode_batch([ids[: i + 1] for i in range(len(ids))],
                                            skip_special_tokens=skip_special_tokens)
             return [len(t) for t in texts]
-        table = self._bytes_table()
+        table = self.bytes_table()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         out, n = [], 0
         for i, tid in enumerate(ids):
@@ -349,7 +349,7 @@ class BPETokenizer:
         """The underlying `tokenizers.Tokenizer`."""
         return self._tok
 
-    def _bytes_table(self) -> list[bytes]:
+    def bytes_table(self) -> list[bytes]:
         """Bytes of every id: the byte-alphabet spelling undone; added tokens verbatim."""
         if self._token_bytes is None:
             inverse = {c: b for b, c in byte_alphabet().items()}

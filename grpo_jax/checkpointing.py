@@ -130,6 +130,11 @@ class Checkpointer:
         _check_shapes(abstract_params, out["state"]["params"], step)
         return out["state"]["params"]
 
+    def stored_metadata(self, step: int) -> Any:
+        """The metadata tree of the state saved at ``step`` (each array's shape and dtype as
+        stored), read without restoring any array."""
+        return self._mngr.item_metadata(step).state
+
     def _stored_shape_mismatches(self, step: int, abstract_state: Any) -> list[tuple[str, tuple, tuple]]:
         """(parameter path, stored shape, wanted shape) for each array of `abstract_state`
         whose stored shape at `step` differs. Orbax's own error for this names neither the
@@ -137,7 +142,7 @@ class Checkpointer:
         as plain key strings; arrays that do not appear in both trees, and steps whose
         metadata is unreadable, are left to the restore itself."""
         try:
-            stored = self._mngr.item_metadata(step).state
+            stored = self.stored_metadata(step)
         except Exception:  # an unreadable step: restore() falls back or reports it
             return []
         stored_shapes = {_path_key(p): tuple(m.shape) for p, m in

@@ -218,7 +218,7 @@ class RLConfig:
     sample_prompts: int = _rl(0, "sampling", _SAMPLED)
     # The policy copy the sampler uses: bfloat16 halves its memory and read bandwidth when
     # master weights are float32, and its matmuls take bf16 operands with float32 sums
-    # (model._product; on CPU, faster only where the dot has bf16 kernels and enough rows:
+    # (model.product; on CPU, faster only where the dot has bf16 kernels and enough rows:
     # benchmarks/NOTES.md, "Figures behind code comments"). Its log-probs then
     # differ slightly from the trainer's: logged as logprob_mismatch_*, corrected by rl.tis_cap.
     sample_dtype: str = _rl("float32", "sampling", _SAMPLED)

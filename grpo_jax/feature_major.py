@@ -14,7 +14,7 @@ reads the cache in its ``model.KVCache`` layout).
 
 Its weights are ``[out, in]`` copies of the parameters (``decode_weights``), which the
 sampler makes once per policy and reuses while the params are the same arrays
-(``sampling._feature_major_weights``): one pass over the weights, against one per token
+(``sampling.feature_major_weights``): one pass over the weights, against one per token
 for the steps. The sampler uses this step on a single CPU device only
 (``sampling.programs``); on meshes and on TPU it runs the model's own forward, whose
 layouts the TPU compiler chooses itself and which keeps no second copy of the weights.
@@ -63,13 +63,13 @@ def _norm(x, scale, eps):
     return (y * scale.astype(jnp.float32)[:, None]).astype(x.dtype)
 
 
-def _dense(w, x, dt):
-    """w [out, in] @ x [in, B] -> [out, B], by the model's rule (``model._product``): a
+def dense(w, x, dt):
+    """w [out, in] @ x [in, B] -> [out, B], by the model's rule (``model.product``): a
     bfloat16 weight under float32 compute meets bf16-rounded activations and sums in float32."""
-    return model_lib._product("oi,ib->ob", model_lib._operand(w, dt), x)
+    return model_lib.product("oi,ib->ob", model_lib.operand(w, dt), x)
 
 
-def _embed(table, tokens):
+def embed(table, tokens):
     """table [V, E] rows at tokens [B]. A bfloat16 table is gathered as its 16-bit patterns:
     XLA's CPU backend has no bf16 gather and would convert the whole table to float32 (a
     [V, E] float32 temporary) in every decode call to take B rows of it."""
@@ -84,7 +84,7 @@ def _to_rows(x):
     return jax.lax.optimization_barrier(x).T
 
 
-def _to_features(x, bf16: bool):
+def to_features(x, bf16: bool):
     """[B, N] -> [N, B] for the next dot.
 
     float32: a layout change only (XLA lowers a transpose to one), so the dot reads the
@@ -113,7 +113,7 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
     """
     s = ks[0].shape[-1]
     bf16 = weights["unembedding"].dtype == jnp.bfloat16
-    x = _to_features(_embed(weights["embedding"], tokens).astype(DTYPES[cfg.dtype]), bf16)  # [E, B]
+    x = to_features(embed(weights["embedding"], tokens).astype(DTYPES[cfg.dtype]), bf16)  # [E, B]
     key_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, real[:, None], index, axis=1)
     allowed = ((jnp.arange(s) <= index)[None, :] & key_mask)[:, None, :]  # [B, 1, S]
     new_ks, new_vs = [], []
@@ -122,33 +122,34 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
         new_ks.append(k_cache)
         new_vs.append(v_cache)
     hidden = _norm(x, weights["final_norm"], cfg.rms_eps)
-    logits = _dense(weights["unembedding"], hidden.astype(jnp.float32), jnp.float32)
+    logits = dense(weights["unembedding"], hidden.astype(jnp.float32), jnp.float32)
     return logits, new_ks, new_vs, key_mask
 
 
-_SUMMED_SCORES_FROM = 16
+SUMMED_SCORES_FROM = 16
 
 
-def _attend(q, k, v, allowed):
-    """``model._attend`` for one new token: q [B, K, G, D], caches as ``model.KVCache``,
+def attend(q, k, v, allowed):
+    """``model.attend`` for one new token: q [B, K, G, D], caches as ``model.KVCache``,
     allowed [B, 1, S] -> [B, 1, K, G, D].
 
-    From _SUMMED_SCORES_FROM rows on, `_attend_summed`; below, the model's two dots.
+    From SUMMED_SCORES_FROM rows on, `attend_summed`; below, the model's two dots.
     """
-    if q.shape[0] < _SUMMED_SCORES_FROM:
-        return model_lib._attend(q[:, None], k, v, allowed)
-    return _attend_summed(q, k, v, allowed)
+    if q.shape[0] < SUMMED_SCORES_FROM:
+        return model_lib.attend(q[:, None], k, v, allowed)
+    return attend_summed(q, k, v, allowed)
 
 
-def _attend_summed(q, k, v, allowed):
-    """`_attend` with the scores as a product summed over the head dimension instead of
+def attend_summed(q, k, v, allowed):
+    """`attend` (q [B, K, G, D], k [B, K, D, S], v [B, K, S, D], allowed [B, 1, S]
+    -> [B, 1, K, G, D]) with the scores as a product summed over the head dimension instead of
     B·K small [G, D] x [D, S] dots: one fused loop over the cache as it lies, where the dot
     kernel spends its time per small product. ``python benchmarks/bench_layouts.py`` times
     both forms (benchmarks/NOTES.md, "Figures behind code comments": faster from batch 32,
     not at batch 8).
     """
     scores = jnp.sum(q[..., None].astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=3)
-    return model_lib._attend_scored(scores, v, allowed)
+    return model_lib.attend_scored(scores, v, allowed)
 
 
 @jax.named_scope("layers")  # the model's op names, for benchmarks/profile_ops.py
@@ -159,7 +160,7 @@ def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_
     h, kh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     with jax.named_scope("attn"):
         y = _norm(x, w["attn_norm"], cfg.rms_eps)
-        q, k, v = (_dense(w[n], y, dt) for n in "qkv")  # [H·D, B], [K·D, B], [K·D, B]
+        q, k, v = (dense(w[n], y, dt) for n in "qkv")  # [H·D, B], [K·D, B], [K·D, B]
         if cfg.attention_bias:
             q, k, v = (t + w[f"{n}_bias"].astype(dt) for t, n in zip((q, k, v), "qkv"))
         q = model_lib.rope(_to_rows(q).reshape(b, 1, h, d), rope_cs)
@@ -167,9 +168,9 @@ def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_
         v = _to_rows(v).reshape(b, kh, 1, d)
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k[..., None].astype(k_cache.dtype), index, axis=3)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=2)
-        out = _attend(q.reshape(b, kh, h // kh, d), k_cache.astype(dt), v_cache.astype(dt), allowed)
-        x = x + _dense(w["o"], _to_features(out.reshape(b, h * d), bf16), dt)
+        out = attend(q.reshape(b, kh, h // kh, d), k_cache.astype(dt), v_cache.astype(dt), allowed)
+        x = x + dense(w["o"], to_features(out.reshape(b, h * d), bf16), dt)
     with jax.named_scope("mlp"):
         y = _norm(x, w["mlp_norm"], cfg.rms_eps)
-        x = x + _dense(w["down"], jax.nn.silu(_dense(w["gate"], y, dt)) * _dense(w["up"], y, dt), dt)
+        x = x + dense(w["down"], jax.nn.silu(dense(w["gate"], y, dt)) * dense(w["up"], y, dt), dt)
     return x, k_cache, v_cache

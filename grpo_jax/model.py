@@ -13,6 +13,12 @@ positions. RoPE uses explicit per-token positions, so left-padded prompts get po
 at their first real token. With ``model.attention=splash`` a forward pass without a cache
 (training, scoring) runs jax's Pallas TPU kernel instead (`grpo_jax.splash`); a real
 token's output is the same.
+
+Building blocks other modules compute with (the feature-major decode step, the splash
+kernel's checks, benchmarks), so that every path computes what the model computes:
+`product` / `operand` (a matmul with a weight as the layer holds it), `attend`,
+`attend_scored`, `attend_many`, `attend_causal`, `attend_with_prefix` and `slot_attention`
+(attention over cache slots), `rope_tables` / `rope`, and `NEG` (a masked key's score).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from grpo_jax.config import ModelConfig
 from grpo_jax.sharding import DTYPES, constrain, logical_to_sharding
 
 Params = Any
-_NEG = -1e30  # finite: a fully masked row (a pad query) must give a uniform softmax, not NaN
+NEG = -1e30  # finite: a fully masked row (a pad query) must give a uniform softmax, not NaN
 
 
 @flax.struct.dataclass
@@ -131,7 +137,7 @@ def rope(x: jax.Array, tables: tuple[jax.Array, jax.Array]) -> jax.Array:
     return out.astype(x.dtype)
 
 
-def _attend(q, k, v, allowed):
+def attend(q, k, v, allowed):
     """Grouped-query attention. q [B,T,K,G,D] (G query heads per kv head), k [B,K,D,S],
     v [B,K,S,D] (the cache layouts), allowed [B,T,S] -> [B,T,K,G,D].
 
@@ -142,15 +148,15 @@ def _attend(q, k, v, allowed):
     faster one, so it stays there (benchmarks/NOTES.md, "Figures behind code comments").
     """
     if q.shape[1] == 1:
-        return _attend_scored(jnp.einsum("bkgd,bkds->bkgs", q[:, 0], k).astype(jnp.float32), v, allowed)
-    return _attend_many(q, k, v, allowed)
+        return attend_scored(jnp.einsum("bkgd,bkds->bkgs", q[:, 0], k).astype(jnp.float32), v, allowed)
+    return attend_many(q, k, v, allowed)
 
 
-def _attend_scored(scores, v, allowed):
+def attend_scored(scores, v, allowed):
     """The rest of a decode step's attention: unscaled scores q·k [B,K,G,S] float32,
     v [B,K,S,D], allowed [B,1,S] -> [B,1,K,G,D] in v's dtype."""
     scores = scores / jnp.sqrt(v.shape[-1]).astype(jnp.float32)
-    scores = jnp.where(allowed[:, :, None, :], scores, _NEG)  # [B,1,1,S]: same keys for all heads
+    scores = jnp.where(allowed[:, :, None, :], scores, NEG)  # [B,1,1,S]: same keys for all heads
     # Softmax with the division after the second matmul: it divides [B,K,G,D] values instead
     # of [B,K,G,S], fewer whenever the cache has more slots than a head has dimensions.
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
@@ -170,9 +176,9 @@ def attend_with_prefix(q, k, v, allowed, pk, pv, prefix_mask):
     scale = jnp.sqrt(d).astype(jnp.float32)
     qp = q[:, 0].reshape(p, r, kh, g, d)
     sp = jnp.einsum("prkgd,pkds->prkgs", qp, pk).astype(jnp.float32) / scale
-    sp = jnp.where(prefix_mask[:, None, None, None, :], sp, _NEG)
+    sp = jnp.where(prefix_mask[:, None, None, None, :], sp, NEG)
     sc = jnp.einsum("bkgd,bkds->bkgs", q[:, 0], k).astype(jnp.float32) / scale
-    sc = jnp.where(allowed[:, :, None, :], sc, _NEG)  # [B,1,1,S]: same keys for all heads
+    sc = jnp.where(allowed[:, :, None, :], sc, NEG)  # [B,1,1,S]: same keys for all heads
     top = jnp.maximum(jnp.max(sp, axis=-1).reshape(b, kh, g), jnp.max(sc, axis=-1))[..., None]
     ep = jnp.exp(sp - top.reshape(p, r, kh, g, 1))
     ec = jnp.exp(sc - top)
@@ -184,9 +190,9 @@ def attend_with_prefix(q, k, v, allowed, pk, pv, prefix_mask):
 
 
 def _scores(q, k, allowed):
-    """[B,K,G,T,S] float32 scaled scores, _NEG where a key is not allowed."""
+    """[B,K,G,T,S] float32 scaled scores, NEG where a key is not allowed."""
     scores = jnp.einsum("btkgd,bkds->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1]).astype(jnp.float32)
-    return jnp.where(allowed[:, None, None, :, :], scores, _NEG)
+    return jnp.where(allowed[:, None, None, :, :], scores, NEG)
 
 
 def _softmax_parts(q, k, allowed):
@@ -198,8 +204,8 @@ def _softmax_parts(q, k, allowed):
 
 
 @jax.custom_vjp
-def _attend_many(q, k, v, allowed):
-    """`_attend` for T > 1 (training, prefill), with the backward pass written out: it
+def attend_many(q, k, v, allowed):
+    """`attend` for T > 1 (training, prefill), with the backward pass written out: it
     keeps only each row's softmax max and sum and recomputes the probabilities, where
     autodiff kept two [B,K,G,T,S] float32 arrays per layer, zero-filled and copied at every
     step: quadratic in the sequence length, where the max and sum are linear."""
@@ -227,7 +233,7 @@ def _attend_many_bwd(res, d_out):
     return d_q, d_k, d_v, None
 
 
-_attend_many.defvjp(_attend_many_fwd, _attend_many_bwd)
+attend_many.defvjp(_attend_many_fwd, _attend_many_bwd)
 
 # Query blocks of a forward pass without a cache (training, scoring): block i of n needs keys
 # up to its own last row only, which skips (n - 1) / 2n of the score and softmax work.
@@ -236,27 +242,27 @@ _MIN_CAUSAL_BLOCK = 32
 
 
 def causal_blocks(seq_len: int) -> int:
-    """How many query blocks `_attend_causal` splits a cache-free forward of seq_len into
+    """How many query blocks `attend_causal` splits a cache-free forward of seq_len into
     (1: it does not)."""
     return max(1, min(_CAUSAL_BLOCKS, seq_len // _MIN_CAUSAL_BLOCK))
 
 
-def _attend_causal(q, k, v, allowed, num_blocks: int):
-    """`_attend_many` where key slot s is allowed for query t only if s <= t (a forward
+def attend_causal(q, k, v, allowed, num_blocks: int):
+    """`attend_many` where key slot s is allowed for query t only if s <= t (a forward
     pass without a cache, slots = token indices), with the queries in num_blocks row
     blocks, each over the keys up to its last row. q [B,T,K,G,D], k [B,K,D,T],
     v [B,K,T,D], allowed [B,T,T]. A real query's keys all lie in its block's range, so its
-    output is `_attend_many`'s up to rounding; a pad query (no allowed key) averages its
+    output is `attend_many`'s up to rounding; a pad query (no allowed key) averages its
     block's values instead of all T."""
     t = q.shape[1]
     bounds = [round(i * t / num_blocks) for i in range(num_blocks + 1)]
     return jnp.concatenate([
-        _attend_many(q[:, lo:hi], k[..., :hi], v[:, :, :hi], allowed[:, lo:hi, :hi])
+        attend_many(q[:, lo:hi], k[..., :hi], v[:, :, :hi], allowed[:, lo:hi, :hi])
         for lo, hi in zip(bounds[:-1], bounds[1:])], axis=1)
 
 
-def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """einsum(spec, a, b), one operand a weight as the layer holds it (see `_operand`). A
+def product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """einsum(spec, a, b), one operand a weight as the layer holds it (see `operand`). A
     bfloat16 weight meeting float32 activations (the sampler's ``rl.sample_dtype=bfloat16``
     copy under float32 compute) is not upcast: the product rounds the activations to bf16
     and sums in float32, as a TPU's matmul unit does, which lets XLA's CPU dot run its bf16
@@ -267,13 +273,13 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(spec, a, b)
 
 
-def _operand(w: jax.Array, dt) -> jax.Array:
-    """A weight as `_product` takes it: cast to the compute dtype dt, except a bfloat16
+def operand(w: jax.Array, dt) -> jax.Array:
+    """A weight as `product` takes it: cast to the compute dtype dt, except a bfloat16
     weight under float32 compute, which stays bf16."""
     return w if w.dtype == jnp.bfloat16 and dt == jnp.float32 else w.astype(dt)
 
 
-def _slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=None):
+def slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=None):
     """The model's own attention over cache slots (module docstring). q [B,T,H,D], k/v
     [B,T,K,D] (this call's tokens, in slots write_index...), q_slot [B,T], key_mask [B,S],
     kv: the (k, v) cache layers, (k, v, prefix_k, prefix_v) for one token over a shared
@@ -299,9 +305,9 @@ def _slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=
         out = attend_with_prefix(q, k.astype(dt), v.astype(dt), allowed, prefix[0].astype(dt),
                                  prefix[1].astype(dt), prefix_mask)
     elif blocks > 1:
-        out = _attend_causal(q, k.astype(dt), v.astype(dt), allowed, blocks)
+        out = attend_causal(q, k.astype(dt), v.astype(dt), allowed, blocks)
     else:
-        out = _attend(q, k.astype(dt), v.astype(dt), allowed)
+        out = attend(q, k.astype(dt), v.astype(dt), allowed)
     return out.reshape(b, t, h, d), new_kv
 
 
@@ -321,7 +327,7 @@ class Attention(nn.Module):
         wv = _param(self, "v", (cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim), ("embed", "kv_heads", "head_dim"), init, cfg)
         wo = _param(self, "o", (cfg.num_heads, cfg.head_dim, cfg.embed_dim), ("heads", "head_dim", "embed"), init, cfg)
         wq, wk, wv, wo = (_adapted(self, name, w) for name, w in zip("qkvo", (wq, wk, wv, wo)))
-        q, k, v = (_product("bte,ehd->bthd", x, _operand(w, dt)) for w in (wq, wk, wv))
+        q, k, v = (product("bte,ehd->bthd", x, operand(w, dt)) for w in (wq, wk, wv))
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
             q = q + _param(self, "q_bias", (cfg.num_heads, cfg.head_dim), ("heads", "head_dim"), zeros, cfg).astype(dt)
@@ -332,10 +338,10 @@ class Attention(nn.Module):
         if kv is None and cfg.attention == "splash":
             out, new_kv = splash.attention(q, k, v, key_mask), None
         else:
-            out, new_kv = _slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask)
+            out, new_kv = slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask)
         b, t, h, d = q.shape
         # One contracting dim of h*d: with two (h, d) XLA transposed the weight at every call.
-        return _product("btf,fe->bte", out.reshape(b, t, h * d), _operand(wo, dt).reshape(h * d, -1)), new_kv
+        return product("btf,fe->bte", out.reshape(b, t, h * d), operand(wo, dt).reshape(h * d, -1)), new_kv
 
 
 @jax.custom_vjp
@@ -351,16 +357,16 @@ def swiglu(x, gate, up, down):
     recomputes the SiLU from them next to six matmuls.
     """
     a, b = _swiglu_preactivations(x, gate, up)
-    return _product("...f,fe->...e", jax.nn.silu(a) * b, down)
+    return product("...f,fe->...e", jax.nn.silu(a) * b, down)
 
 
 def _swiglu_preactivations(x, gate, up):
-    return _product("...e,ef->...f", x, gate), _product("...e,ef->...f", x, up)
+    return product("...e,ef->...f", x, gate), product("...e,ef->...f", x, up)
 
 
 def _swiglu_fwd(x, gate, up, down):
     a, b = _swiglu_preactivations(x, gate, up)
-    return _product("...f,fe->...e", jax.nn.silu(a) * b, down), (x, a, b, gate, up, down)
+    return product("...f,fe->...e", jax.nn.silu(a) * b, down), (x, a, b, gate, up, down)
 
 
 def _swiglu_bwd(res, dy):
@@ -398,7 +404,7 @@ class MLP(nn.Module):
         up = _param(self, "up", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         down = _param(self, "down", (cfg.mlp_dim, cfg.embed_dim), ("mlp", "embed"), init, cfg)
         gate, up, down = (_adapted(self, name, w) for name, w in zip(("gate", "up", "down"), (gate, up, down)))
-        return swiglu(x, _operand(gate, dt), _operand(up, dt), _operand(down, dt))
+        return swiglu(x, operand(gate, dt), operand(up, dt), operand(down, dt))
 
 
 class Block(nn.Module):
@@ -576,8 +582,8 @@ def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:
 def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
     """hidden [..., E] -> logits [..., vocab] float32 (the unembedding as `unembedding` gives it)."""
     w, vocab_major = unembedding(cfg, params)
-    return _product("...e,ve->...v" if vocab_major else "...e,ev->...v", hidden.astype(jnp.float32),
-                    _operand(w, jnp.float32))
+    return product("...e,ve->...v" if vocab_major else "...e,ev->...v", hidden.astype(jnp.float32),
+                   operand(w, jnp.float32))
 
 
 def forward_logits(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array | None = None) -> jax.Array:

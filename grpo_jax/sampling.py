@@ -108,9 +108,10 @@ from grpo_jax import feature_major as feature_major_lib
 from grpo_jax import loops
 from grpo_jax import model as model_lib
 from grpo_jax.config import DECODE_ENGINES, ConfigError, ModelConfig
-from grpo_jax.sharding import batch_sharding, logical_to_sharding, mesh_of, on_mesh, replicated, to_global, to_host
+from grpo_jax.shapes import bucket_length
+from grpo_jax.sharding import (batch_sharding, constrain, logical_to_sharding, mesh_of, on_mesh, replicated,
+                               to_global, to_host)
 
-MIN_BUCKET = 16
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
 
 
@@ -142,11 +143,6 @@ class SampleInfo:
 
 # ============================================================================ host side
 
-def bucket_length(n: int, minimum: int = MIN_BUCKET) -> int:
-    """The static length used for n: the next power of two, at least `minimum`."""
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
-
-
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -164,12 +160,12 @@ def padded_rows(num_prompts: int, group_size: int, mesh: Mesh | None, engine: st
 
 
 def _layout(engine: str, num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
-    """(slot_prompt, src) of `_shared_layout` for the shared engine, else `_prefill_layout`."""
-    return (_shared_layout if engine == "shared" else _prefill_layout)(num_prompts, group_size, degree)
+    """(slot_prompt, src) of `shared_layout` for the shared engine, else `prefill_layout`."""
+    return (shared_layout if engine == "shared" else prefill_layout)(num_prompts, group_size, degree)
 
 
-def _shared_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
-    """`_prefill_layout`'s (slot_prompt, src) for the shared engine, whose rows read their
+def shared_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
+    """`prefill_layout`'s (slot_prompt, src) for the shared engine, whose rows read their
     prompt's cache in place (``model.PrefixCache``): every slot serves r consecutive rows,
     r = gcd(rows per shard, group_size), so a shard's rows are whole runs of one slot and a
     question's G rows use G / r copies of its prompt (one per shard they span when G
@@ -182,7 +178,7 @@ def _shared_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.n
     return slot_prompt, (np.arange(bp) // r).astype(np.int32)
 
 
-def _prefill_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
+def prefill_layout(num_prompts: int, group_size: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
     """(slot_prompt [D*k], src [Bp]): prefill slot j holds prompt slot_prompt[j] (-1: a
     dummy prompt); sample row r copies the cache of slot src[r]. Rows and slots are split
     into D equal contiguous blocks (the batch sharding), and every row's slot lies in its
@@ -254,8 +250,11 @@ def _validate(cfg: ModelConfig, prompts, *, group_size, max_new_tokens, temperat
 
 
 @dataclasses.dataclass
-class _HostBatch:
-    prompt_tokens: np.ndarray  # [Pp, Tp] left-padded, in `_prefill_layout` order
+class HostBatch:
+    """One call's inputs as the host lays them out (`host_batch`): Pp prefill slots of Tp
+    tokens, Bp sample rows."""
+
+    prompt_tokens: np.ndarray  # [Pp, Tp] left-padded, in `prefill_layout` order
     prompt_mask: np.ndarray  # [Pp, Tp]
     src_rows: np.ndarray  # [Bp] prefill slot each sample row copies its cache from
     row_ids: np.ndarray  # [Bp] = 0..Bp-1 (the randomness index)
@@ -264,8 +263,8 @@ class _HostBatch:
     completion_bucket: int
 
 
-def _host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, pad_id: int,
-                mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0, engine: str = "scan") -> _HostBatch:
+def host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, pad_id: int,
+               mesh: Mesh | None, prompt_bucket: int, row_offset: int = 0, engine: str = "scan") -> HostBatch:
     """Left-pad the prompts into `prompt_bucket`, lay them out for the prefill
     (the engine's `_layout`) and lay out the (padded) sample rows, whose randomness indices start
     at `row_offset` (the call's first row in the whole batch)."""
@@ -280,16 +279,16 @@ def _host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, 
     bp = len(src)
     valid = np.arange(bp) < len(prompts) * group_size
     lens = mask.sum(1).astype(np.int32)[src]
-    return _HostBatch(tokens, mask, src, row_offset + np.arange(bp, dtype=np.int32), valid, lens,
-                      bucket_length(max_new_tokens))
+    return HostBatch(tokens, mask, src, row_offset + np.arange(bp, dtype=np.int32), valid, lens,
+                     bucket_length(max_new_tokens))
 
 
 # ============================================================================ device side
 
-_DRAW_BLOCK = 1024  # vocabulary entries per block of the two-level inverse-CDF draw
+DRAW_BLOCK = 1024  # vocabulary entries per block of the two-level inverse-CDF draw
 
 
-def _first_max(x):
+def first_max(x):
     """argmax over the vocabulary (first index of the maximum) of x [V,B] -> [B] int32.
 
     `jnp.argmax` lowers to a variadic (value, index) reduce that XLA's CPU backend does not
@@ -301,7 +300,7 @@ def _first_max(x):
     return jnp.where(first < x.shape[0], first, 0).astype(jnp.int32)
 
 
-def _inverse_cdf(weights, u):
+def inverse_cdf(weights, u):
     """Draw one index per column with probability proportional to weights [V,B] >= 0 (each
     column with some positive weight): the first index whose cumulative weight reaches
     u * total, u [B] in (0, 1].
@@ -314,8 +313,8 @@ def _inverse_cdf(weights, u):
     predecessor's sum). If rounding leaves the target above every sum inside the block, the
     block's last index with positive weight is taken."""
     vocab, bsz = weights.shape
-    blocks = -(-vocab // _DRAW_BLOCK)
-    w = jnp.pad(weights, ((0, blocks * _DRAW_BLOCK - vocab), (0, 0))).reshape(blocks, _DRAW_BLOCK, bsz)
+    blocks = -(-vocab // DRAW_BLOCK)
+    w = jnp.pad(weights, ((0, blocks * DRAW_BLOCK - vocab), (0, 0))).reshape(blocks, DRAW_BLOCK, bsz)
     block_sum = jnp.sum(w, axis=1)  # [blocks, B]
     block_cum = jnp.cumsum(block_sum, axis=0)
     target = u * block_cum[-1]  # [B], <= the total, so some block reaches it
@@ -323,8 +322,8 @@ def _inverse_cdf(weights, u):
     before = jnp.take_along_axis(block_cum - block_sum, j[None, :], axis=0)  # [1, B]
     inner = jnp.take_along_axis(w, j[None, None, :], axis=0)[0]  # [block, B]
     i = jnp.sum(before + jnp.cumsum(inner, axis=0) < target, axis=0)
-    last = jnp.max(jnp.where(inner > 0, jnp.arange(_DRAW_BLOCK)[:, None], -1), axis=0)
-    return (j * _DRAW_BLOCK + jnp.minimum(i, last)).astype(jnp.int32)
+    last = jnp.max(jnp.where(inner > 0, jnp.arange(DRAW_BLOCK)[:, None], -1), axis=0)
+    return (j * DRAW_BLOCK + jnp.minimum(i, last)).astype(jnp.int32)
 
 
 def _next_token(logits, u, temperature, top_k, top_p, *, filtered: bool):
@@ -358,7 +357,7 @@ def _next_token(logits, u, temperature, top_k, top_p, *, filtered: bool):
         # policy's). Greedy keeps the T = 1 convention.
         log_norm = jnp.where(greedy, log_norm, jnp.log(jnp.sum(weights, axis=0)))
     # Greedy is one setting for the whole batch: only the branch it needs runs.
-    token = jax.lax.cond(greedy, lambda: _first_max(scaled), lambda: _inverse_cdf(weights, u))
+    token = jax.lax.cond(greedy, lambda: first_max(scaled), lambda: inverse_cdf(weights, u))
     logp = jnp.take_along_axis(scaled - top, token[None, :], axis=0)[0] - log_norm
     return token, logp
 
@@ -370,22 +369,31 @@ def _uniforms(key, step, row_ids):
     return 1.0 - jax.vmap(draw)(row_ids)
 
 
+# The logical axes of a stacked ``model.KVCache``'s k, v and mask (its index is a scalar).
+_CACHE_AXES = (("layers", "batch", "kv_heads", "head_dim", "seq"),
+               ("layers", "batch", "kv_heads", "seq", "head_dim"),
+               ("batch", "seq"))
+
+
 def cache_sharding(mesh: Mesh, cache: model_lib.KVCache) -> model_lib.KVCache:
-    v_names = ("layers", "batch", "kv_heads", "seq", "head_dim")
-    k_names = ("layers", "batch", "kv_heads", "head_dim", "seq")
-    return model_lib.KVCache(
-        k=logical_to_sharding(k_names, cache.k.shape, mesh),
-        v=logical_to_sharding(v_names, cache.v.shape, mesh),
-        mask=batch_sharding(mesh, 2, cache.mask.shape[0]),
-        index=replicated(mesh))
+    """The shardings of a stacked cache on ``mesh``, by the rules table: rows over
+    ('data', 'fsdp'), kv heads over 'tensor', the index replicated."""
+    k, v, mask = (logical_to_sharding(names, x.shape, mesh)
+                  for names, x in zip(_CACHE_AXES, (cache.k, cache.v, cache.mask)))
+    return model_lib.KVCache(k=k, v=v, mask=mask, index=replicated(mesh))
 
 
-def _constrain(x, mesh: Mesh | None, sharding_fn):
-    return x if mesh is None else jax.lax.with_sharding_constraint(x, sharding_fn(mesh, x))
+def constrain_cache(cache: model_lib.KVCache) -> model_lib.KVCache:
+    """A stacked cache constrained to `cache_sharding` on the mesh being traced under
+    (``sharding.constrain``); unchanged without one (the per-layer cache of the
+    feature-major engine only exists there)."""
+    k, v, mask = (constrain(x, names) for names, x in zip(_CACHE_AXES, (cache.k, cache.v, cache.mask)))
+    return model_lib.KVCache(k=k, v=v, mask=mask, index=constrain(cache.index, ()))
 
 
-def _batch_constrain(x, mesh):
-    return _constrain(x, mesh, lambda m, a: batch_sharding(m, a.ndim, a.shape[0]))
+def _constrain_rows(x):
+    """x [B, ...] with its rows sharded like the batch (``sharding.constrain``)."""
+    return constrain(x, ("batch",) + (None,) * (x.ndim - 1))
 
 
 def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_tokens, prompt_mask,
@@ -400,8 +408,8 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
     The prompts run against a cache of their own Tp slots, padded to `cache_len` afterwards:
     attending over the empty completion slots too would make the prefill attention
     (Tp + new tokens) / Tp times larger for nothing (they are masked out). A long prefill
-    runs in row chunks with the feature-major engine, one after the other (`_prefill_chunks`; `chunk_tokens` overrides
-    _PREFILL_CHUNK_TOKENS, for benchmarks).
+    runs in row chunks with the feature-major engine, one after the other (`prefill_chunks`; `chunk_tokens` overrides
+    PREFILL_CHUNK_TOKENS, for benchmarks).
 
     For the feature-major engine (whose decode carries a buffer per layer) the
     cache's k and v are lists of per-layer arrays ([Bp, K, D, S] / [Bp, K, S, D]): the pad
@@ -409,13 +417,13 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
     decode (and stacking it again at its end) copies the whole cache twice per call."""
     TRACE_COUNTS["prefill"] += 1
     num_prompts, tp = prompt_tokens.shape
-    chunks = _prefill_chunks(num_prompts, tp, engine, chunk_tokens)
+    chunks = prefill_chunks(num_prompts, tp, engine, chunk_tokens)
     if chunks == 1:
-        last, cache = _prompt_forward(cfg, mesh, params, prompt_tokens, prompt_mask)
+        last, cache = _prompt_forward(cfg, params, prompt_tokens, prompt_mask)
     else:
         rows = -(-num_prompts // chunks)
         split = lambda x: jnp.pad(x, ((0, chunks * rows - num_prompts), (0, 0))).reshape(chunks, rows, tp)
-        last, cache = loops.map(lambda a: _prompt_forward(cfg, mesh, params, *a),
+        last, cache = loops.map(lambda a: _prompt_forward(cfg, params, *a),
                                   (split(prompt_tokens), split(prompt_mask)))
         # [chunks, layers, rows, ...] -> [layers, chunks * rows, ...], without the padding rows
         join = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], chunks * rows, *x.shape[3:])[:, :num_prompts]
@@ -437,31 +445,30 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
     logits = model_lib.logits_from_hidden(cfg, params, last)
     if src_rows is not None:  # None: one sample per prompt, rows already in place
         cache, logits = _copy_to_rows(cache, logits, src_rows, mesh)
-    return _constrain(cache, mesh, cache_sharding), _batch_constrain(logits, mesh)
+    return constrain_cache(cache), _constrain_rows(logits)
 
 
 # Prefill chunk size of the feature-major engine (one CPU device): XLA's CPU backend ran a
 # long prefill slower in one pass than in row chunks of this many tokens (benchmarks/NOTES.md,
 # "Prefill at batch 64 per token"; `python benchmarks/bench_layouts.py` times both).
-_PREFILL_CHUNK_TOKENS = 2048
+PREFILL_CHUNK_TOKENS = 2048
 
 
-def _prefill_chunks(num_prompts: int, tp: int, engine: str, chunk_tokens: int | None = None) -> int:
+def prefill_chunks(num_prompts: int, tp: int, engine: str, chunk_tokens: int | None = None) -> int:
     """How many row chunks the prefill of num_prompts x tp tokens runs in, one after the other:
     one except for the feature-major engine (one CPU device), where a chunk holds at most
-    chunk_tokens (default _PREFILL_CHUNK_TOKENS) tokens, or one row; meshes and accelerators
+    chunk_tokens (default PREFILL_CHUNK_TOKENS) tokens, or one row; meshes and accelerators
     gain from large matmuls."""
     if engine != "feature_major":
         return 1
-    rows = max(1, (_PREFILL_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens) // tp)
+    rows = max(1, (PREFILL_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens) // tp)
     return -(-num_prompts // rows)
 
 
-def _prompt_forward(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, prompt_mask):
+def _prompt_forward(cfg: ModelConfig, params, prompt_tokens, prompt_mask):
     """Prompts [P, Tp] through the model against a cache of their own Tp slots -> (the last
     column's hidden state [P, E], the cache)."""
-    cache = _constrain(model_lib.init_cache(cfg, prompt_tokens.shape[0], prompt_tokens.shape[1]),
-                       mesh, cache_sharding)
+    cache = constrain_cache(model_lib.init_cache(cfg, prompt_tokens.shape[0], prompt_tokens.shape[1]))
     positions = model_lib.default_positions(prompt_mask)
     hidden, cache = model_lib.forward_hidden(cfg, params, prompt_tokens, prompt_mask, positions,
                                              cache=cache, unroll=False)
@@ -470,7 +477,7 @@ def _prompt_forward(cfg: ModelConfig, mesh: Mesh | None, params, prompt_tokens, 
 
 
 def _copy_to_rows(cache: model_lib.KVCache, logits, src_rows, mesh: Mesh | None):
-    """Sample row r gets prefill slot src_rows[r]'s cache and logits. `_prefill_layout`
+    """Sample row r gets prefill slot src_rows[r]'s cache and logits. `prefill_layout`
     puts every row's slot in the row's own shard, so under a mesh each device copies from
     its own block (a shard_map with block-local indices): no cache bytes cross devices.
     A per-layer cache (lists, see `_prefill`) is only made without a mesh."""
@@ -584,7 +591,7 @@ def _engine_cache(engine: str, cache: model_lib.KVCache, num_layers: int) -> mod
     return cache
 
 
-def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
+def _decode(cfg: ModelConfig, engine: str, filtered: bool,
             params, cache, logits0, prompt_lens, row_ids, row_valid, key, temperature, top_k,
             top_p, max_new_tokens, stop_mask, pad_id, *, num_cols: int,
             windows: tuple[int, ...] | None = None, cost_steps: int | None = None):
@@ -600,10 +607,10 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
       layer). The optimization barrier keeps XLA from hoisting the loop-invariant weight
       stack out of the loop, which would bring the copies back;
     * `feature_major` (one CPU device): `feature_major.step`, with `params` from
-      `_feature_major_weights(cfg, params)` and the cache per layer from the prefill;
+      `feature_major_weights(cfg, params)` and the cache per layer from the prefill;
     * `shared`: the unrolled forward over a cache of completion slots only, made here,
       each row attending to its prompt slot's keys in `cache` (the prefill's, P slots of r
-      rows each, `_shared_layout`; ``model.PrefixCache``) instead of a copy of them, and
+      rows each, `shared_layout`; ``model.PrefixCache``) instead of a copy of them, and
       logits0 per slot. The completion cache grows by phase (`windows`), so a step reads
       the filled slots and at most one phase's share of empty ones.
 
@@ -621,8 +628,8 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
     prefix = None
     if engine == "shared":
         prefix = model_lib.PrefixCache(k=cache.k, v=cache.v, mask=cache.mask)
-        logits0 = _batch_constrain(jnp.repeat(logits0, bsz // logits0.shape[0], axis=0), mesh)
-        cache = _constrain(model_lib.init_cache(cfg, bsz, windows[0], cache.k.dtype), mesh, cache_sharding)
+        logits0 = _constrain_rows(jnp.repeat(logits0, bsz // logits0.shape[0], axis=0))
+        cache = constrain_cache(model_lib.init_cache(cfg, bsz, windows[0], cache.k.dtype))
     pick = functools.partial(_next_token, temperature=temperature, top_k=top_k, top_p=top_p,
                              filtered=filtered)
 
@@ -651,9 +658,9 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
     state = _DecodeState(
         step=jnp.zeros((), jnp.int32), cache=_engine_cache(engine, cache, num_layers),
         last=jnp.zeros((bsz,), jnp.int32), last_real=jnp.zeros((bsz,), bool), done=~row_valid,
-        tokens=_batch_constrain(jnp.full((bsz, num_cols), pad_id, jnp.int32), mesh),
-        mask=_batch_constrain(jnp.zeros((bsz, num_cols), bool), mesh),
-        logps=_batch_constrain(jnp.zeros((bsz, num_cols), jnp.float32), mesh),
+        tokens=_constrain_rows(jnp.full((bsz, num_cols), pad_id, jnp.int32)),
+        mask=_constrain_rows(jnp.zeros((bsz, num_cols), bool)),
+        logps=_constrain_rows(jnp.zeros((bsz, num_cols), jnp.float32)),
         finished=jnp.zeros((bsz,), bool))
     state = emit(state, logits0.T)
     tp = windows[-1] - num_cols
@@ -677,7 +684,7 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
             hidden, c = model_lib.forward_hidden(cfg, step_params(), s.last[:, None], s.last_real[:, None],
                                                  positions, cache=c, unroll=engine != "scan",
                                                  rope_cs=rope_cs, prefix=prefix)
-            c = _engine_cache(engine, _constrain(c, mesh, cache_sharding), num_layers)
+            c = _engine_cache(engine, constrain_cache(c), num_layers)
             logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0]).T  # [V, B]
         return emit(s.replace(cache=c), logits)
 
@@ -697,10 +704,11 @@ def _decode(cfg: ModelConfig, mesh: Mesh | None, engine: str, filtered: bool,
     return state.tokens, state.mask, state.logps, state.finished, state.step, cache
 
 
-class _OnMesh:
+class OnMesh:
     """A jitted program that is traced, lowered and run on its mesh (``sharding.on_mesh``), so
-    the model's activation constraints apply; the mesh is entered outside the trace, as jax
-    requires. ``unrolled``: traced inside ``loops.unrolled()`` (the cost twin of ``aot``)."""
+    its activation constraints apply (``sharding.constrain``, the model's and the sampler's);
+    the mesh is entered outside the trace, as jax requires. ``unrolled``: traced inside
+    ``loops.unrolled()`` (the cost twin of ``aot``). ``programs`` returns these."""
 
     def __init__(self, jitted: Any, mesh: Mesh | None, unrolled: bool = False):
         self.jitted, self.mesh, self.unrolled = jitted, mesh, unrolled
@@ -726,7 +734,7 @@ class _OnMesh:
 
 
 @functools.lru_cache(maxsize=32)
-def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static, unrolled: bool = False) -> _OnMesh:
+def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static, unrolled: bool = False) -> OnMesh:
     """One jit object per (kind, model shape, mesh, engine, compile-time settings); jax's own
     cache then keys on array shapes. ``unrolled`` programs are separate jit objects, so their
     traces never mix with the run's."""
@@ -736,10 +744,10 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static
         # The cache is donated so that the loop updates it in place; the feature-major decode
         # grows it between phases instead, so its output cache is not the input's shape, and
         # the shared decode only reads it (its completion cache is its own).
-        jitted = jax.jit(functools.partial(_decode, cfg, mesh, engine, *static),
+        jitted = jax.jit(functools.partial(_decode, cfg, engine, *static),
                          static_argnames=("num_cols", "windows", "cost_steps"),
                          donate_argnums=() if engine in ("feature_major", "shared") else (1,))
-    return _OnMesh(jitted, mesh, unrolled)
+    return OnMesh(jitted, mesh, unrolled)
 
 
 def resolve_engine(engine: str, mesh: Mesh | None) -> str:
@@ -764,13 +772,13 @@ def resolve_engine(engine: str, mesh: Mesh | None) -> str:
 
 
 def programs(cfg: ModelConfig, mesh: Mesh | None, *, engine: str, filtered: bool,
-             unrolled: bool = False) -> tuple[_OnMesh, _OnMesh]:
+             unrolled: bool = False) -> tuple[OnMesh, OnMesh]:
     """(prefill, decode): the sampler's two jitted programs for a model on a mesh with a
     resolved decode ``engine`` (``resolve_engine``), ``filtered``: top-k / top-p on. The
     sampler runs these; ``grpo_jax.aot`` lowers the same ones (``unrolled``: its cost twin).
     Forward only, over a KV cache: remat and model.attention (the cache-free forward's
     kernel) change training, not sampling, so every remat policy and attention share them.
-    The feature-major decode takes `_feature_major_weights(cfg, params)` instead of the
+    The feature-major decode takes `feature_major_weights(cfg, params)` instead of the
     params and a per-layer cache from the prefill."""
     if engine not in DECODE_ENGINES[1:]:
         raise ValueError(f"programs needs a resolved decode engine (resolve_engine), got {engine!r}")
@@ -799,7 +807,7 @@ class _HeldWeights:
 _HELD_WEIGHTS: dict[tuple, _HeldWeights] = {}  # (cfg, dtype of the params) -> copy
 
 
-def _feature_major_weights(cfg: ModelConfig, params):
+def feature_major_weights(cfg: ModelConfig, params):
     """`feature_major.decode_weights(cfg, params)`, made once per policy: the copy (a pass over
     every weight) is reused while `params` holds the same array objects
     (evaluation samples each batch twice, `sample_to_host` calls once per chunk) and
@@ -825,7 +833,7 @@ def sampling_copy(cfg: ModelConfig, params, dtype: str, mesh: Mesh | None = None
     (the sampler's mesh, ``sharding.make_sample_mesh``) or, when None, where they are.
     float32 on the params' own placement returns ``params`` itself. A bfloat16 copy halves
     the weights' memory and the bytes each decode step reads, and under float32 compute its
-    matmuls round their activations to bf16 and sum in float32 (``model._product``), so its
+    matmuls round their activations to bf16 and sum in float32 (``model.product``), so its
     log-probs differ slightly from the float32 trainer's (logged as logprob_mismatch_*;
     ``benchmarks/bench_rollout.py --bf16`` measures it)."""
     if dtype == "float32" and (mesh is None or mesh == mesh_of(params)):
@@ -926,7 +934,7 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     """One prefill + decode for validated prompts, left-padded to `prompt_bucket`; sample
     row r draws its randomness as row `row_offset + r`."""
     # -- host: pad
-    host = _host_batch(prompts, group_size, max_new_tokens, pad_id, mesh, prompt_bucket, row_offset, engine)
+    host = host_batch(prompts, group_size, max_new_tokens, pad_id, mesh, prompt_bucket, row_offset, engine)
     stop_mask = np.zeros((cfg.vocab_size,), bool)
     stop_mask[list(stop_tokens)] = True
     prompt_arrays = (host.prompt_tokens, host.prompt_mask)
@@ -945,7 +953,7 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     copy_to = src_rows if group_size > 1 and engine != "shared" else None
     cache_len, windows = cache_plan(engine, tp, tc)
     cache, logits0 = prefill(params, *prompt_arrays, copy_to, cache_len=cache_len)
-    decode_params = _feature_major_weights(cfg, params) if engine == "feature_major" else params
+    decode_params = feature_major_weights(cfg, params) if engine == "feature_major" else params
     tokens, mask, logps, finished, steps, _ = decode(
         decode_params, cache, logits0, prompt_lens, row_ids, row_valid, key,
         np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(max_new_tokens), stop_mask,

@@ -2,7 +2,7 @@
 (``jax.experimental.pallas.ops.tpu.splash_attention``) for the forward passes without a KV
 cache (training, scoring), chosen by ``model.attention=splash``.
 
-The model's own attention (``model._attend_many``) writes the [B, K, G, T, T] scores to
+The model's own attention (``model.attend_many``) writes the [B, K, G, T, T] scores to
 memory; the kernel streams key blocks through on-chip memory with an online softmax, keeps
 only each row's log-sum-exp for its backward kernels, and skips the key blocks the causal
 mask hides.
@@ -99,7 +99,7 @@ def _rows_attention(q, k, v, key_mask, *, interpret: bool):
     return jnp.swapaxes(out, 1, 2)[:, :t]
 
 
-def _specs(mesh, q_shape, kv_shape) -> tuple[P, P, P]:
+def specs(mesh, q_shape, kv_shape) -> tuple[P, P, P]:
     """shard_map specs (q and the output, k and v, key_mask): rows per the 'batch' rule,
     heads per 'heads' / 'kv_heads' only when both shard (a query head must find its kv head
     on its own device)."""
@@ -126,7 +126,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, *,
     local = functools.partial(_rows_attention, interpret=interpret)
     if mesh.empty:
         return local(q, k, v, key_mask)
-    q_spec, kv_spec, mask_spec = _specs(mesh, q.shape, k.shape)
+    q_spec, kv_spec, mask_spec = specs(mesh, q.shape, k.shape)
     # check_vma=False: Pallas calls do not declare how their outputs vary over the mesh.
     return jax.shard_map(local, in_specs=(q_spec, kv_spec, kv_spec, mask_spec), out_specs=q_spec,
                          check_vma=False)(q, k, v, key_mask)

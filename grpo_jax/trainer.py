@@ -126,7 +126,10 @@ class Trainer:
         n = updates_applied(self.cfg.optimizer, train_steps, self.cfg.rl.num_updates)
         return float(self.lr_schedule(n - 1)) if n > 0 else 0.0
 
-    def _checkpoint_tree(self):
+    def checkpoint_tree(self):
+        """What a checkpoint of this run holds: {"state": the TrainState without the frozen
+        LoRA base, "rng": the key's data}; ``checkpointing.abstract_like`` of it is what
+        ``Checkpointer.restore`` takes to read one back."""
         # The key replicated on the mesh: processes cannot jointly save a host-local array.
         rng = to_global(jax.random.key_data(self.rng), replicated(self.mesh))
         return {"state": self.state.replace(base_params=None), "rng": rng}
@@ -134,7 +137,7 @@ class Trainer:
     def _restore(self) -> int | None:
         """Load the newest matching checkpoint into this Trainer; its step, or None if none."""
         self.ckpt.check_config(self.cfg.to_dict())
-        restored = self.ckpt.restore(checkpointing.abstract_like(self._checkpoint_tree()))
+        restored = self.ckpt.restore(checkpointing.abstract_like(self.checkpoint_tree()))
         if restored is None:
             return None
         step, tree, meta = restored
@@ -150,7 +153,7 @@ class Trainer:
         meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}
         if self.base_pointer is not None:
             meta["base"] = self.base_pointer
-        self.ckpt.save(step, self._checkpoint_tree(), meta)
+        self.ckpt.save(step, self.checkpoint_tree(), meta)
 
     @property
     def params(self):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import aot, loops, sampling
+from grpo_jax import aot, loops, shapes
 from grpo_jax.config import apply_overrides, get_preset
 from grpo_jax.model import param_shapes as model_param_shapes, param_shardings as model_param_shardings
 from grpo_jax.tpu_specs import chip_of
@@ -52,11 +52,11 @@ def test_the_run_program_has_loops_and_the_cost_twin_none(tiny, monkeypatch):
     wide, _ = aot.topology_mesh(small, "v5e:2x4")
     with loops.unrolled():
         twin = aot.lower_train_step(small, wide, 32, 256)
-    flops, _ = aot._loop_free_cost("train_step", twin, wide)
+    flops, _ = aot.loop_free_cost("train_step", twin, wide)
     assert flops > 0
-    monkeypatch.setitem(aot._TWIN_OPTIONS, "tpu", {})
+    monkeypatch.setitem(aot.TWIN_OPTIONS, "tpu", {})
     with pytest.raises(RuntimeError, match="train_step: the cost twin still holds a while loop"):
-        aot._loop_free_cost("train_step", twin, wide)
+        aot.loop_free_cost("train_step", twin, wide)
 
 
 class _OutOfHBM:
@@ -78,9 +78,9 @@ def test_a_cost_twin_out_of_hbm_leaves_the_time_not_counted(tiny):
 
     cfg, mesh, topology, rows, compiled = tiny
     with pytest.raises(aot.NotCounted, match="^train_step: its cost twin .* RESOURCE_EXHAUSTED: Ran out of memory"):
-        aot._loop_free_cost("train_step", _OutOfHBM("RESOURCE_EXHAUSTED"), mesh)
+        aot.loop_free_cost("train_step", _OutOfHBM("RESOURCE_EXHAUSTED"), mesh)
     with pytest.raises(RuntimeError, match="^INTERNAL"):
-        aot._loop_free_cost("train_step", _OutOfHBM("INTERNAL"), mesh)
+        aot.loop_free_cost("train_step", _OutOfHBM("INTERNAL"), mesh)
     chip = chip_of(topology)
     lost = aot.report(compiled, chip, aot.NotCounted("train_step: twin"), 1e12)
     assert {k: lost[k] for k in aot.fit(compiled, chip)} == aot.fit(compiled, chip)
@@ -109,7 +109,7 @@ def test_train_cost_counts_every_layer_and_micro_batch():
     rows, prompt = 12, 16
     counted = aot.train_cost(cfg, mesh, rows, prompt)
     with loops.unrolled():
-        whole = aot._loop_free_cost("train_step", aot.lower_train_step(cfg, mesh, rows, prompt), mesh)
+        whole = aot.loop_free_cost("train_step", aot.lower_train_step(cfg, mesh, rows, prompt), mesh)
     np.testing.assert_allclose(counted, whole, rtol=0.05)
     analytic = aot.train_flops(cfg, rows, prompt) / mesh.size
     assert abs(counted[0] / analytic - 1) < 0.20, (counted[0], analytic)
@@ -128,12 +128,12 @@ def test_sampler_cost_counts_every_layer_and_token():
     prompts, g = cfg.data.batch_size, cfg.rl.group_size
     counted = aot.sampler_cost(cfg, mesh, prompts, g, PROMPT)
     program, args, kwargs = aot.sampler_calls(cfg, mesh, prompts, g, PROMPT, unrolled=True, cost_steps=6)["decode"]
-    whole = aot._loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
+    whole = aot.loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
     np.testing.assert_allclose(counted["decode"][0], whole[0], rtol=0.01)
     np.testing.assert_allclose(counted["decode"][1], whole[1], rtol=0.10)
     m = cfg.model
     rows_per_chip = prompts * g // mesh.size
-    slots = PROMPT + sampling.bucket_length(cfg.rl.max_new_tokens)
+    slots = PROMPT + shapes.bucket_length(cfg.rl.max_new_tokens)
     flops = rows_per_chip * (2 * aot.matmul_params(m) + 4 * m.num_layers * m.num_heads * m.head_dim * slots)
     assert abs(counted["decode_per_token"][0] / flops - 1) < 0.20, (counted["decode_per_token"][0], flops)
     floor = aot.decode_bytes_analytic(cfg, mesh, prompts, g, PROMPT)

@@ -50,7 +50,7 @@ def test_calibration_rows_ratios_and_claim_flags(bench_estimator):
 def test_cpu_decode_estimate_matches_the_analytic_flops(bench_estimator):
     """The single-device (feature-major) decode's FLOPs per token: 2 per multiply-add of every
     row's matmuls plus attention over every cache slot, within 20%."""
-    from grpo_jax import aot, sampling
+    from grpo_jax import aot, shapes
 
     cfg = bench_estimator.sampler_config(24, preset="cpu-tiny")
     prompts, prompt_len = 4, 16
@@ -60,7 +60,7 @@ def test_cpu_decode_estimate_matches_the_analytic_flops(bench_estimator):
     cpu_rule = mlir._platform_specific_lowerings["cpu"][tf.threefry2x32_p]
     cost = bench_estimator.estimator_cost(cfg, prompts, prompt_len)
     m = cfg.model
-    slots = prompt_len + sampling.bucket_length(cfg.rl.max_new_tokens)
+    slots = prompt_len + shapes.bucket_length(cfg.rl.max_new_tokens)
     flops = prompts * (2 * aot.matmul_params(m) + 4 * m.num_layers * m.num_heads * m.head_dim * slots)
     assert abs(cost["decode_per_token"][0] / flops - 1) < 0.20, (cost["decode_per_token"][0], flops)
     np.testing.assert_allclose(cost["decode"], cost["decode_per_token"] * (cfg.rl.max_new_tokens - 1),

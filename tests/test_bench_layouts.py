@@ -85,10 +85,9 @@ def test_prefill_in_one_pass_and_in_chunks_agree(monkeypatch):
     params = model.init_params(cfg, jax.random.key(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, cfg.vocab_size, (3, 8)), jnp.int32)
     mask = jnp.ones((3, 8), bool).at[0, :3].set(False)
-    monkeypatch.setattr(sampling, "_PREFILL_CHUNK_TOKENS", 16)
-    progs = bench_layouts.prefill_programs(cfg, params, tokens, mask, 12)
+    progs = bench_layouts.prefill_programs(cfg, params, tokens, mask, 12, chunk_tokens=16)
     (one_cache, one_logits), (chunk_cache, chunk_logits) = (p(params, tokens, mask, None) for p in progs.values())
-    assert sampling._prefill_chunks(3, 8, "feature_major") == 2 and len(one_cache.k) == cfg.num_layers
+    assert sampling.prefill_chunks(3, 8, "feature_major", 16) == 2 and len(one_cache.k) == cfg.num_layers
     for a, b in zip(jax.tree.leaves((one_cache, one_logits)), jax.tree.leaves((chunk_cache, chunk_logits))):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
 

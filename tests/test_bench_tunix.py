@@ -84,7 +84,7 @@ def test_run_all_compares_with_tunix_and_skips_without_its_venv(bench, monkeypat
     args = argparse.Namespace(quick=True, timeout=5, out_dir=str(tmp_path))
     run = run_all.run_one("tunix", "bench_tunix.py", {}, args, tmp_path)
     assert run["ok"] and run["returncode"] == "skipped" and "make tunix-env" in run["skipped"]
-    assert run_all._status(run) == "skipped (venv missing)"
+    assert run_all.status(run) == "skipped (venv missing)"
 
 
 def test_paired_decode_ratios_are_rep_by_rep(bench):

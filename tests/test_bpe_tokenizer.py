@@ -85,7 +85,7 @@ def test_token_end_offsets(tiny):
     assert len(ends) == len(ids)
     assert ends == sorted(ends) and ends[-1] == len(text)
     for i, end in enumerate(ends):  # each offset is a whole-character prefix of the text
-        assert text[:end].encode() == b"".join(tiny._bytes_table()[t] for t in ids[: i + 1])[: len(text[:end].encode())]
+        assert text[:end].encode() == b"".join(tiny.bytes_table()[t] for t in ids[: i + 1])[: len(text[:end].encode())]
     ascii_ids = tiny.encode("the the in")
     assert tiny.token_end_offsets(ascii_ids) == [len(tiny.decode(ascii_ids[: i + 1])) for i in range(len(ascii_ids))]
     # a process-supervision step ending after "the the" ends on the token "Ġthe"

@@ -105,8 +105,8 @@ def test_loader_host_shards_are_disjoint(data_dir):
 def test_default_shard_is_the_jax_process():
     import jax
 
-    assert loading._default_shard(None, None) == (jax.process_index(), jax.process_count())
-    assert loading._default_shard(3, 4) == (3, 4)
+    assert loading.default_shard(None, None) == (jax.process_index(), jax.process_count())
+    assert loading.default_shard(3, 4) == (3, 4)
 
 
 def test_iterator_state_survives_json_and_resumes(data_dir):

@@ -53,7 +53,7 @@ def test_run_dir_curve_has_one_point_per_step_equal_to_evaluate(run, tmp_path):
     ckpt = checkpointing.Checkpointer(f"{run_dir}/checkpoints")
     sampled = []
     for point in curve["points"]:
-        step, tree, _ = ckpt.restore(checkpointing.abstract_like(trainer._checkpoint_tree()), step=point["step"])
+        step, tree, _ = ckpt.restore(checkpointing.abstract_like(trainer.checkpoint_tree()), step=point["step"])
         # The CLI's key for question chunk 0: fold_in(PRNGKey(seed), 0); evaluate samples with fold_in(key, 1) too.
         want = evaluation.evaluate(cfg, tree["state"].params, task, trainer.tokenizer, examples, mesh=mesh,
                                    key=jax.random.fold_in(jax.random.PRNGKey(0), 0), num_samples=K,

@@ -59,7 +59,7 @@ def test_step_equals_the_models_cached_forward(cfg, atol):
                                        atol=atol, rtol=atol)
 
 
-@pytest.mark.parametrize("b", [3, feature_major._SUMMED_SCORES_FROM])
+@pytest.mark.parametrize("b", [3, feature_major.SUMMED_SCORES_FROM])
 def test_attention_of_one_token_equals_the_models_in_both_forms(b):
     """Below _SUMMED_SCORES_FROM rows the step uses the model's attention (two dots); from
     there on its scores are a summed product (one dot left): the same output either way,
@@ -70,11 +70,11 @@ def test_attention_of_one_token_equals_the_models_in_both_forms(b):
     k = jax.random.normal(keys[1], (b, kh, d, s))
     v = jax.random.normal(keys[2], (b, kh, s, d))
     allowed = (jax.random.uniform(keys[3], (b, 1, s)) < 0.6).at[:, :, 0].set(True)
-    got = feature_major._attend(q, k, v, allowed)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(model._attend(q[:, None], k, v, allowed)),
+    got = feature_major.attend(q, k, v, allowed)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(model.attend(q[:, None], k, v, allowed)),
                                atol=1e-5, rtol=1e-5)
-    dots = str(jax.make_jaxpr(feature_major._attend)(q, k, v, allowed)).count("dot_general")
-    assert dots == (2 if b < feature_major._SUMMED_SCORES_FROM else 1)
+    dots = str(jax.make_jaxpr(feature_major.attend)(q, k, v, allowed)).count("dot_general")
+    assert dots == (2 if b < feature_major.SUMMED_SCORES_FROM else 1)
 
 
 def test_decode_weights_are_the_parameters_transposed():
@@ -149,24 +149,26 @@ def test_decode_weights_are_made_once_per_policy_and_freed_with_it():
     """The sampler reuses one policy's copy while its params are the same arrays, makes a new
     one for new params (never a stale copy), and drops it when the params are freed."""
     import gc
+    import weakref
 
     cfg = dataclasses.replace(TINY, vocab_size=83)
     old = model.init_params(cfg, jax.random.key(6))
-    first = sampling._feature_major_weights(cfg, old)
-    assert sampling._feature_major_weights(cfg, old) is first
+    first = sampling.feature_major_weights(cfg, old)
+    assert sampling.feature_major_weights(cfg, old) is first
     new = jax.tree.map(lambda x: x + 1.0, old)
-    second = sampling._feature_major_weights(cfg, new)
+    second = sampling.feature_major_weights(cfg, new)
     assert second is not first
     np.testing.assert_array_equal(np.asarray(second["layers"][0]["up"]),
                                   np.asarray(new["layers"]["mlp"]["up"][0]).T)
     low = sampling.sampling_copy(cfg, new, "bfloat16")  # another dtype: held beside it
-    third = sampling._feature_major_weights(cfg, low)
-    assert sampling._feature_major_weights(cfg, new) is second
-    assert sampling._feature_major_weights(cfg, low) is third
+    third = sampling.feature_major_weights(cfg, low)
+    assert sampling.feature_major_weights(cfg, new) is second
+    assert sampling.feature_major_weights(cfg, low) is third
     assert third["layers"][0]["up"].dtype == jnp.bfloat16
-    del new, low
+    copies = [weakref.ref(w["layers"][0]["up"]) for w in (second, third)]
+    del new, low, second, third
     gc.collect()
-    assert not [k for k in sampling._HELD_WEIGHTS if k[0] == cfg]
+    assert [c() for c in copies] == [None, None]  # the sampler holds no copy of freed params
 
 
 def test_a_sampler_held_copy_dies_quietly_at_interpreter_exit(tmp_path):
@@ -198,23 +200,23 @@ def test_bf16_weights_multiply_bf16_inputs_in_float32():
     the float64 product of the rounded operands; float32 weights are a plain float32 dot."""
     rng = np.random.default_rng(0)
     w, x = rng.standard_normal((48, 40)), rng.standard_normal((40, 8))
-    got = feature_major._dense(jnp.asarray(w, jnp.bfloat16), jnp.asarray(x, jnp.float32), jnp.float32)
+    got = feature_major.dense(jnp.asarray(w, jnp.bfloat16), jnp.asarray(x, jnp.float32), jnp.float32)
     assert got.dtype == jnp.float32
     want = _bf16_round(w) @ _bf16_round(x)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     assert np.abs(want - w @ x).max() > 1e-3  # the rounding of x is visible, so it is checked
-    got32 = feature_major._dense(jnp.asarray(w, jnp.float32), jnp.asarray(x, jnp.float32), jnp.float32)
+    got32 = feature_major.dense(jnp.asarray(w, jnp.float32), jnp.asarray(x, jnp.float32), jnp.float32)
     np.testing.assert_allclose(np.asarray(got32), w @ x, rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_transpose_and_row_gather_are_exact():
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.standard_normal((8, 40)), jnp.float32)
-    np.testing.assert_array_equal(np.asarray(jax.jit(feature_major._to_features, static_argnums=1)(x, True)),
+    np.testing.assert_array_equal(np.asarray(jax.jit(feature_major.to_features, static_argnums=1)(x, True)),
                                   np.asarray(x).T)
     table = jnp.asarray(rng.standard_normal((97, 40)), jnp.bfloat16)
     tokens = jnp.asarray([5, 0, 96, 5])
-    got = jax.jit(feature_major._embed)(table, tokens)
+    got = jax.jit(feature_major.embed)(table, tokens)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(table, np.float32)[[5, 0, 96, 5]])
 
@@ -224,7 +226,7 @@ def test_bf16_step_keeps_every_weight_in_bf16_and_tracks_the_model():
     matrix (XLA upcasts a bf16 dot whose right operand is not row-major [in, B], and converts
     a table it gathers from in bf16: either doubles the step's time), and its logits equal the
     model's forward on the same bf16 weights, which rounds the same operands to bf16
-    (`model._product`): far closer than the bf16 rounding itself (checked against an upcast
+    (`model.product`): far closer than the bf16 rounding itself (checked against an upcast
     forward)."""
     import re
 

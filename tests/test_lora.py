@@ -174,7 +174,7 @@ def test_a_short_lora_grpo_run_trains_its_adapters(lora_run):
 
 def test_lora_checkpoint_holds_adapters_and_restores_onto_another_mesh(lora_run):
     cfg, tokenizer, trainer = lora_run
-    stored = trainer.ckpt._mngr.item_metadata(2).state
+    stored = trainer.ckpt.stored_metadata(2)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(stored)[0]]
     params = [p for p in paths if p.startswith("['state']['params']")]
     assert params and all("_lora_" in p for p in params) and not any("base_params" in p for p in paths)

@@ -141,7 +141,7 @@ def test_attention_with_a_prefix_equals_attention_over_the_joined_cache():
     joined_k = jnp.concatenate([jnp.repeat(pk, r, axis=0), k], axis=-1)
     joined_v = jnp.concatenate([jnp.repeat(pv, r, axis=0), v], axis=-2)
     joined = jnp.concatenate([jnp.repeat(prefix_mask, r, axis=0)[:, None], allowed], axis=-1)
-    np.testing.assert_allclose(got, model._attend(q, joined_k, joined_v, joined), atol=1e-5)
+    np.testing.assert_allclose(got, model.attend(q, joined_k, joined_v, joined), atol=1e-5)
 
 
 def _loss_and_grads(cfg, params, tokens):
@@ -187,7 +187,7 @@ def test_swiglu_backward_equals_autodiff_of_its_formula(dtype):
 
 def test_swiglu_with_bf16_weights_under_float32_compute():
     """A bf16 weight meets float32 activations as a bf16 product summed in float32 (the
-    sampler's bf16 copy; `model._product`): the output equals the float64 formula on
+    sampler's bf16 copy; `model.product`): the output equals the float64 formula on
     bf16-rounded operands, and the gradients come back in each input's dtype, equal to
     autodiff of that same rounded formula."""
     ks = jax.random.split(jax.random.key(13), 5)
@@ -223,10 +223,10 @@ def test_attention_backward_equals_autodiff_including_fully_masked_rows():
 
     def reference(q, k, v):
         scores = jnp.einsum("btkgd,bkds->bkgts", q, k) / np.sqrt(d)
-        scores = jnp.where(allowed[:, None, None], scores, model._NEG)
+        scores = jnp.where(allowed[:, None, None], scores, model.NEG)
         return jnp.einsum("bkgts,bksd->btkgd", jax.nn.softmax(scores, -1), v)
 
-    ours = lambda q, k, v: model._attend_many(q, k, v, allowed)
+    ours = lambda q, k, v: model.attend_many(q, k, v, allowed)
     np.testing.assert_allclose(ours(q, k, v), reference(q, k, v), atol=1e-6)
     np.testing.assert_allclose(ours(q, k, v)[0, 0], jnp.broadcast_to(v[0].mean(1), (g, kh, d)).swapaxes(0, 1),
                                atol=1e-6)  # uniform over the 5 slots
@@ -247,8 +247,8 @@ def test_causal_blocks_equal_one_pass_for_every_real_query():
     real = jnp.arange(t)[None, :] >= jnp.array([[2], [0]])  # row 0: two left pads
     allowed = (jnp.arange(t)[None, None, :] <= jnp.arange(t)[None, :, None]) & real[:, None, :]
     cot = jax.random.normal(ks[3], (b, t, kh, g, d)) * real[:, :, None, None, None]
-    one = lambda q, k, v: model._attend_many(q, k, v, allowed)
-    blocks = lambda q, k, v: model._attend_causal(q, k, v, allowed, 3)
+    one = lambda q, k, v: model.attend_many(q, k, v, allowed)
+    blocks = lambda q, k, v: model.attend_causal(q, k, v, allowed, 3)
     got, want = blocks(q, k, v), one(q, k, v)
     np.testing.assert_allclose(got[0, 2:], want[0, 2:], atol=1e-6)
     np.testing.assert_allclose(got[1], want[1], atol=1e-6)

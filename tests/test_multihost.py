@@ -176,7 +176,7 @@ def test_two_process_checkpoint_restores_in_one_process(two_process_run, one_pro
     run_dir, _, params = two_process_run
     ckpt = checkpointing.Checkpointer(os.path.join(run_dir, "checkpoints"))
     try:
-        step, tree, meta = ckpt.restore(checkpointing.abstract_like(one_process_run._checkpoint_tree()))
+        step, tree, meta = ckpt.restore(checkpointing.abstract_like(one_process_run.checkpoint_tree()))
     finally:
         ckpt.close()
     assert step == meta["step"] == worker.STEPS

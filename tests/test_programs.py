@@ -24,7 +24,7 @@ def _record(monkeypatch) -> dict:
     """Lowered HLO text and abstract arguments of every sampler and train-step program the
     trainer calls, recorded as it calls them."""
     seen = {}
-    real_call, real_lower = sampling._OnMesh.__call__, TrainStep.lower
+    real_call, real_lower = sampling.OnMesh.__call__, TrainStep.lower
 
     def call(self, *args, **kwargs):
         kind = "prefill" if "cache_len" in kwargs else "decode"
@@ -36,7 +36,7 @@ def _record(monkeypatch) -> dict:
         seen.setdefault("train_step", (lowered.as_text(), batch))
         return lowered
 
-    monkeypatch.setattr(sampling._OnMesh, "__call__", call)
+    monkeypatch.setattr(sampling.OnMesh, "__call__", call)
     monkeypatch.setattr(TrainStep, "lower", lower)
     return seen
 

@@ -144,7 +144,7 @@ def test_step_ends_map_to_the_newline_tokens(tok):
 def test_pairs_prefer_the_same_prompt():
     a_good, a_bad = _sample("A", "x", True), _sample("A", "y", False)
     b_good, c_bad = _sample("B", "x", True), _sample("C", "y", False)
-    pairs, same = rm_training._pairs([a_good, a_bad, b_good, c_bad], random.Random(0))
+    pairs, same = rm_training.labelled_pairs([a_good, a_bad, b_good, c_bad], random.Random(0))
     assert same == 1 and pairs[0] == (0, 1)
     samples = [a_good, a_bad, b_good, c_bad]
     assert all(samples[c].correct and not samples[w].correct for c, w in pairs)
@@ -188,8 +188,8 @@ def test_training_batches_hold_the_replay_fraction(tok, data):
     new, old = train[:400], train[400:1200]
     for kind, loss, batch_size, want in [("outcome", "pointwise", 20, 2), ("process", "pointwise", 32, 3),
                                          ("outcome", "pairwise", 20, 1), ("outcome", "pairwise", 64, 3)]:
-        source = rm_training._BatchSource(tok, new, old, kind=kind, loss=loss, batch_size=batch_size,
-                                     replay_fraction=0.1, max_len=48, seed=0)
+        source = rm_training.BatchSource(tok, new, old, kind=kind, loss=loss, batch_size=batch_size,
+                                    replay_fraction=0.1, max_len=48, seed=0)
         for _ in range(5):
             batch, from_history = source.next()
             assert from_history == want
@@ -197,8 +197,8 @@ def test_training_batches_hold_the_replay_fraction(tok, data):
             if loss == "pairwise":  # rows [0, P) chosen, [P, 2P) rejected
                 p = batch_size // 2
                 assert batch["label"][:p].all() and not batch["label"][p:].any()
-    source = rm_training._BatchSource(tok, new, [], kind="outcome", loss="pointwise", batch_size=20,
-                                 replay_fraction=0.1, max_len=48, seed=0)
+    source = rm_training.BatchSource(tok, new, [], kind="outcome", loss="pointwise", batch_size=20,
+                                     replay_fraction=0.1, max_len=48, seed=0)
     assert source.next()[1] == 0  # no history: nothing to mix
 
 

@@ -60,10 +60,6 @@ def _sample(params, prompts=PROMPTS, **kw):
     return sampling.sample(CFG, params, prompts, **kw)
 
 
-def test_bucket_length():
-    assert [sampling.bucket_length(n) for n in (1, 15, 16, 17, 100, 128, 129)] == [16, 16, 16, 32, 128, 128, 256]
-
-
 def test_rollout_layout(params):
     r = _sample(params, max_new_tokens=12)
     assert r.prompt_tokens.shape == r.prompt_mask.shape == (6, 16)
@@ -163,15 +159,15 @@ def test_inverse_cdf_draw_is_the_first_index_reaching_the_target():
     with the last one padded, runs of zero weight (a whole zero block included), the first
     and last index, and u = 1."""
     rng = np.random.default_rng(0)
-    vocab = 2 * sampling._DRAW_BLOCK + 300
+    vocab = 2 * sampling.DRAW_BLOCK + 300
     weights = rng.integers(0, 4, size=(6, vocab)).astype(np.float32)
-    weights[1, : sampling._DRAW_BLOCK + 10] = 0  # a whole empty block, then some
+    weights[1, : sampling.DRAW_BLOCK + 10] = 0  # a whole empty block, then some
     weights[2] = 0
     weights[2, [0, vocab - 1]] = [1, 2]  # mass only at both ends
     weights[3, :-1] = 0
     weights[3, -1] = 5  # mass only on the last (padded block's) index
     cums = np.cumsum(weights.astype(np.float64), axis=1)
-    draws = jax.jit(sampling._inverse_cdf)
+    draws = jax.jit(sampling.inverse_cdf)
     for trial in range(40):
         k = np.array([rng.integers(0, c[-1]) for c in cums], np.float64)
         u = (k + 0.5) / cums[:, -1]
@@ -189,7 +185,7 @@ def test_first_max_is_numpy_argmax_with_ties():
     x = rng.integers(0, 5, size=(8, 3000)).astype(np.float32)  # many ties at the maximum
     x[3] = -1.0
     x[4, -1] = 9.0
-    np.testing.assert_array_equal(np.asarray(jax.jit(sampling._first_max)(jnp.asarray(x.T))),
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.first_max)(jnp.asarray(x.T))),
                                   np.argmax(x, axis=-1))
 
 
@@ -313,7 +309,7 @@ def test_every_decode_engine_draws_what_the_scan_engine_draws(params, engine):
 @pytest.mark.parametrize("num,group,degree", [(3, 2, 4), (16, 64, 64), (5, 3, 4), (2, 16, 8),
                                                (7, 1, 4), (1, 8, 8), (3, 5, 1)])
 def test_prefill_layout_keeps_every_rows_prompt_on_its_shard(num, group, degree):
-    slots, src = sampling._prefill_layout(num, group, degree)
+    slots, src = sampling.prefill_layout(num, group, degree)
     rows = num * group
     assert len(slots) % degree == 0 and len(src) % degree == 0 and len(src) - rows < degree
     per_slot_block, per_row_block = len(slots) // degree, len(src) // degree
@@ -332,7 +328,7 @@ def test_prefill_layout_keeps_every_rows_prompt_on_its_shard(num, group, degree)
 def test_shared_layout_gives_each_slot_a_run_of_rows_on_one_shard(num, group, degree):
     """The shared engine's rows read their slot's cache in place: slot of row b is b // r for
     one r, every slot's rows lie on one shard, and every real row's slot holds its prompt."""
-    slots, src = sampling._shared_layout(num, group, degree)
+    slots, src = sampling.shared_layout(num, group, degree)
     rows = num * group
     assert len(src) % degree == 0 and len(src) - rows < degree
     r = len(src) // len(slots)
@@ -380,7 +376,7 @@ def test_prefill_moves_no_cache_between_devices():
 
     mesh = mesh_from_shape((8, 1, 1))
     p8 = model.init_params(CFG, jax.random.key(0), mesh)
-    host = sampling._host_batch([[1, 2, 3], [4, 5]], 16, 16, 0, mesh, 16)
+    host = sampling.host_batch([[1, 2, 3], [4, 5]], 16, 16, 0, mesh, 16)
     prefill, _ = sampling.programs(CFG, mesh, engine="unrolled", filtered=False)
     put = lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim, x.shape[0]))
     lowered = prefill.lower(p8, put(host.prompt_tokens), put(host.prompt_mask), put(host.src_rows),
@@ -457,40 +453,35 @@ def test_bad_input_raises_clear_errors(params, prompts, kwargs, error, match):
 
 
 def test_prefill_chunks_hold_at_most_the_chunk_tokens():
-    tokens = sampling._PREFILL_CHUNK_TOKENS
+    tokens = sampling.PREFILL_CHUNK_TOKENS
     fm = "feature_major"
-    assert sampling._prefill_chunks(64, 64, fm) == -(-64 * 64 // tokens) > 1
-    assert sampling._prefill_chunks(3, tokens, fm) == 3  # one row each
-    assert sampling._prefill_chunks(3, 2 * tokens, fm) == 3  # a row is never split
-    assert sampling._prefill_chunks(tokens // 16, 16, fm) == 1
+    assert sampling.prefill_chunks(64, 64, fm) == -(-64 * 64 // tokens) > 1
+    assert sampling.prefill_chunks(3, tokens, fm) == 3  # one row each
+    assert sampling.prefill_chunks(3, 2 * tokens, fm) == 3  # a row is never split
+    assert sampling.prefill_chunks(tokens // 16, 16, fm) == 1
     for engine in ("scan", "unrolled"):  # the model's forward: one pass
-        assert sampling._prefill_chunks(64, 64, engine) == 1
+        assert sampling.prefill_chunks(64, 64, engine) == 1
 
 
-def test_prefill_in_row_chunks_equals_one_pass(params, monkeypatch):
-    """3 prompts in chunks of 2 rows (the last one padded with a dummy row) sample what one
-    prefill pass samples."""
-    one = _sample(params, temperature=1.0)
-    monkeypatch.setattr(sampling, "_PREFILL_CHUNK_TOKENS", 2 * 16)  # 2 rows of the 16-token bucket
-    sampling._jitted.cache_clear()
-    try:
-        chunked, info = sampling.sample_with_info(CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
-                                                  max_new_tokens=12, temperature=1.0)
-        assert info.prompt_bucket == 16 and sampling._prefill_chunks(3, 16, "feature_major") == 2
-    finally:
-        sampling._jitted.cache_clear()
-    for name in ("prompt_tokens", "tokens", "mask", "finished"):
-        np.testing.assert_array_equal(np.asarray(getattr(one, name)), np.asarray(getattr(chunked, name)), err_msg=name)
-    np.testing.assert_allclose(np.asarray(one.logprobs), np.asarray(chunked.logprobs), atol=1e-5)
+def test_prefill_in_row_chunks_equals_one_pass(params):
+    """3 prompts in chunks of 2 rows (the last one padded with a dummy row), each prompt's
+    cache then copied to its G rows: the cache and logits of one prefill pass."""
+    host = sampling.host_batch(PROMPTS, G, 12, 0, None, 16, 0)
+    prefill, _ = sampling.programs(CFG, None, engine="feature_major", filtered=False)
+    run = lambda chunk: prefill(params, host.prompt_tokens, host.prompt_mask, host.src_rows, cache_len=32,
+                                chunk_tokens=chunk)
+    assert sampling.prefill_chunks(3, 16, "feature_major", 2 * 16) == 2
+    one, chunked = run(None), run(2 * 16)  # 2 rows of the 16-token bucket
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(chunked)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
 
 
 def test_per_layer_prefill_cache_equals_the_stacked_one(params):
     """The feature-major decode's cache comes from the prefill as one buffer per layer; it
     holds what the stacked cache holds, row copies of the shared prefill included."""
-    host = sampling._host_batch(PROMPTS, G, 12, 0, None, 16, 0)
+    host = sampling.host_batch(PROMPTS, G, 12, 0, None, 16, 0)
     args = (params, host.prompt_tokens, host.prompt_mask, host.src_rows)
-    run = lambda engine: jax.jit(functools.partial(sampling._prefill, CFG, None, engine),
-                                    static_argnames="cache_len")(*args, cache_len=32)
+    run = lambda engine: sampling.programs(CFG, None, engine=engine, filtered=False)[0](*args, cache_len=32)
     (stacked, logits), (layers, logits_pl) = run("scan"), run("feature_major")
     assert isinstance(layers.k, list) and len(layers.k) == len(layers.v) == CFG.num_layers
     for i in range(CFG.num_layers):

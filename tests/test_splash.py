@@ -18,9 +18,9 @@ B, T, H, K, D = 2, 100, 4, 2, 32  # T: not a multiple of 128, so the kernel pads
 
 
 def _cache_layout_attention(q, k, v, allowed):
-    """model._attend_many on [B,T,H,D] / [B,T,K,D] inputs -> [B,T,H,D]."""
-    out = model._attend_many(q.reshape(B, T, K, H // K, D), jnp.transpose(k, (0, 2, 3, 1)),
-                             jnp.swapaxes(v, 1, 2), allowed)
+    """model.attend_many on [B,T,H,D] / [B,T,K,D] inputs -> [B,T,H,D]."""
+    out = model.attend_many(q.reshape(B, T, K, H // K, D), jnp.transpose(k, (0, 2, 3, 1)),
+                            jnp.swapaxes(v, 1, 2), allowed)
     return out.reshape(B, T, H, D)
 
 
@@ -44,7 +44,7 @@ def test_splash_equals_the_models_attention_with_left_padding_and_gqa():
         return jax.jit(lambda *x: (f(*x), jax.grad(lambda *y: jnp.sum(f(*y) * w), argnums=(0, 1, 2))(*x)))
 
     mesh = mesh_from_shape((2, 1, 2))
-    assert splash._specs(mesh, q.shape, k.shape)[:2] == (P("data", None, "tensor", None),) * 2
+    assert splash.specs(mesh, q.shape, k.shape)[:2] == (P("data", None, "tensor", None),) * 2
     with on_mesh(mesh):
         out, grads = with_grads(lambda *x: splash.attention(*x, mask, interpret=True))(q, k, v)
     ref, ref_grads = with_grads(lambda *x: _cache_layout_attention(*x, allowed))(q, k, v)
@@ -57,7 +57,7 @@ def test_splash_equals_the_models_attention_with_left_padding_and_gqa():
 
 def test_heads_stay_whole_when_the_kv_heads_do_not_divide_over_tensor():
     mesh = mesh_from_shape((2, 1, 2))
-    assert splash._specs(mesh, (B, T, H, D), (B, T, 1, D)) == (
+    assert splash.specs(mesh, (B, T, H, D), (B, T, 1, D)) == (
         P("data", None, None, None), P("data", None, None, None), P("data", None))
 
 

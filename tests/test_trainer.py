@@ -198,7 +198,7 @@ def test_bad_configs_fail_clearly(tmp_path, tok):
     assert state.ref_params is None  # β = 0 keeps no reference model at all
     step = make_train_step(cfg1, tx, _trainer(cfg0, tok).mesh)
     with pytest.raises(ValueError, match="needs reference"):
-        step._check(state)
+        step(state, None)  # the state is checked before the batch is read
     with pytest.raises(ValueError, match="pass sft_data"):
         Trainer(_cfg(tmp_path, tok, "rl.algorithm=sft"), task=SevensTask(), tokenizer=tok,
                 params=init_params(cfg0.model, jax.random.key(0)), progress=False)

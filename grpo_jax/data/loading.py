@@ -100,7 +100,9 @@ def _apply_class():
     return Apply
 
 
-def _default_shard(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
+def default_shard(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
+    """(shard index, shard count) of this host's slice of the data: the given ones, a missing
+    one from jax (this process's index, the number of processes)."""
     if shard_index is not None and shard_count is not None:
         return shard_index, shard_count
     import jax  # only here: data code should not initialise JAX unless it must
@@ -136,7 +138,7 @@ def make_loader(
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    shard_index, shard_count = _default_shard(shard_index, shard_count)
+    shard_index, shard_count = default_shard(shard_index, shard_count)
     sampler = grain.IndexSampler(
         num_records=len(source),
         shard_options=grain.ShardOptions(

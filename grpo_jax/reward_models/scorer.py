@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from grpo_jax import model as model_lib
-from grpo_jax import sampling
+from grpo_jax import shapes
 from grpo_jax.checkpointing import Checkpointer
 from grpo_jax.config import ModelConfig
 from grpo_jax.errors import CheckpointError, RewardModelError
@@ -64,7 +64,7 @@ def encode(tokenizer: Tokenizer, prompt: str, completion: str, step_ends: Sequen
 def bucket(n: int, cap: int | None = None) -> int:
     """The sampler's power-of-two length bucket (at least 16), capped at ``cap`` unless
     ``n`` itself is longer."""
-    b = sampling.bucket_length(n, _MIN_BUCKET)
+    b = shapes.bucket_length(n, _MIN_BUCKET)
     return b if cap is None else min(b, max(cap, n))
 
 
@@ -149,7 +149,7 @@ class RewardModel:
         steps: list[np.ndarray] = []
         for lo in range(0, len(enc), self.max_batch):
             chunk = enc[lo:lo + self.max_batch]
-            rows = max(len(chunk), min(sampling.bucket_length(len(chunk), 8), self.max_batch))
+            rows = max(len(chunk), min(shapes.bucket_length(len(chunk), 8), self.max_batch))
             length = bucket(max(len(e.tokens) for e in chunk), self.cfg.max_seq_len)
             batch = pad_batch(chunk, rows, length, 1, self.tokenizer.pad_id)
             values = np.asarray(self._values(self.params, batch["tokens"], batch["mask"]))

@@ -72,7 +72,7 @@ def _train_step_fn(cfg: ModelConfig, kind: str, loss: str, opt_cfg: OptimizerCon
     return jax.jit(step, donate_argnums=(0, 1)), tx, schedule
 
 
-def _pairs(samples: Sequence[LabelledSample], rng: random.Random) -> tuple[list[tuple[int, int]], int]:
+def labelled_pairs(samples: Sequence[LabelledSample], rng: random.Random) -> tuple[list[tuple[int, int]], int]:
     """(correct, incorrect) index pairs: every same-prompt combination, then each sample
     whose prompt has no opposite-label completion paired with a random opposite-label
     sample of another prompt. Returns (pairs, number of same-prompt pairs)."""
@@ -111,7 +111,7 @@ class Stream:
         return out
 
 
-class _BatchSource:
+class BatchSource:
     """Host-side batches for `train_reward_model`: every sample tokenised once, one
     (rows, T, S) shape for the whole run, shuffled passes over new items plus exactly
     `replay_count(items, replay_fraction)` historical items per batch (an item is a
@@ -139,10 +139,10 @@ class _BatchSource:
         self.max_steps = bucket(max(len(e.step_index) for e in self.enc), None) if kind == "process" else 1
         self.same_prompt_fraction = float("nan")
         if loss == "pairwise":
-            pairs, same = _pairs(samples, rng)
+            pairs, same = labelled_pairs(samples, rng)
             self.same_prompt_fraction = same / len(pairs)
             self.new = Stream(pairs, rng)
-            old = [(a + self.num_new, b + self.num_new) for a, b in _pairs(history, rng)[0]] \
+            old = [(a + self.num_new, b + self.num_new) for a, b in labelled_pairs(history, rng)[0]] \
                 if self.num_replay else []
         else:
             self.new = Stream(range(self.num_new), rng)
@@ -234,8 +234,8 @@ def train_reward_model(
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is "
                          f"{cfg_model.vocab_size}")
 
-    source = _BatchSource(tokenizer, samples, history, kind=kind, loss=loss, batch_size=batch_size,
-                          replay_fraction=replay_fraction, max_len=cfg_model.max_seq_len, seed=seed)
+    source = BatchSource(tokenizer, samples, history, kind=kind, loss=loss, batch_size=batch_size,
+                         replay_fraction=replay_fraction, max_len=cfg_model.max_seq_len, seed=seed)
 
     # Device side: params, AdamW, one jitted update.
     prior_steps = init_params.trained_steps if isinstance(init_params, RewardModel) else 0
