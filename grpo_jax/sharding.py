@@ -41,20 +41,20 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 _RULES = dict(LOGICAL_RULES)
 
 
-
-
 def resolve_mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """(ici, dcn) shapes with -1 filled in; raises MeshError naming devices and request."""
     ici = [cfg.ici_data, cfg.ici_fsdp, cfg.ici_tensor]
-    if cfg.slice:
-        from grpo_jax.slices import get_slice
-
-        ici = list(get_slice(cfg.slice).train_mesh)
     dcn = [cfg.dcn_data, cfg.dcn_fsdp, cfg.dcn_tensor]
     num_slices = math.prod(dcn)
     if num_devices % num_slices:
         raise MeshError(f"{num_devices} devices cannot be split into {num_slices} slices (dcn={dcn})")
     per_slice = num_devices // num_slices
+    if cfg.slice:
+        from grpo_jax.slices import check_devices, get_slice
+
+        preset = get_slice(cfg.slice)
+        check_devices(preset, per_slice)
+        ici = list(preset.train_mesh)
     if -1 in ici:
         known = math.prod(v for v in ici if v != -1)
         if per_slice % known:
@@ -213,19 +213,6 @@ def shard_batch(batch: Any, mesh: Mesh) -> Any:
         return to_global(x, batch_sharding(mesh, x.ndim, x.shape[0]))
 
     return jax.tree.map(put, batch)
-
-
-def per_device_bytes(tree: Any) -> int:
-    """Bytes held on the first device by the shards of every array in `tree`."""
-    dev = None
-    total = 0
-    for x in jax.tree.leaves(tree):
-        for shard in x.addressable_shards:
-            if dev is None:
-                dev = shard.device
-            if shard.device == dev:
-                total += shard.data.size * shard.data.dtype.itemsize
-    return total
 
 
 DTYPES = {name: jnp.dtype(name) for name in DTYPE_NAMES}

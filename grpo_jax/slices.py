@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from grpo_jax.errors import UnknownNameError
+from grpo_jax.errors import MeshError, UnknownNameError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -190,13 +190,14 @@ def get_slice(name: str) -> SlicePreset:
 
 
 def check_devices(preset: SlicePreset, num_devices: int) -> None:
-    """Raise ValueError unless ``num_devices`` is what ``preset`` expects.
+    """Raise MeshError unless ``num_devices`` is what ``preset`` expects.
 
-    Call it with ``jax.device_count()`` before building a mesh, so a wrong slice name
-    fails with both numbers instead of a reshape error deep inside mesh creation.
+    ``sharding.resolve_mesh_shape`` calls it for ``mesh.slice`` with the devices of one
+    slice, so a wrong slice name fails with both numbers and the slice's hosts instead of a
+    mesh of the wrong size.
     """
     if num_devices != preset.num_devices:
-        raise ValueError(
+        raise MeshError(
             f"slice {preset.name} has {preset.num_devices} devices "
             f"({preset.num_hosts} host(s) x {preset.devices_per_host}), but "
             f"{num_devices} device(s) are visible; pick the preset that matches this "

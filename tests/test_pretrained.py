@@ -20,7 +20,8 @@ import pytest
 from grpo_jax import model as model_lib
 from grpo_jax import pretrained
 from grpo_jax.config import smollm2_135m
-from grpo_jax.sharding import mesh_from_shape, per_device_bytes
+from grpo_jax.sharding import mesh_from_shape
+from shards import per_device_bytes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

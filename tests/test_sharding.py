@@ -8,6 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from grpo_jax import model, sharding
 from grpo_jax.config import MeshConfig, ModelConfig
+from shards import per_device_bytes
 
 CFG = ModelConfig(vocab_size=128, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=8, mlp_dim=64, max_seq_len=64)
@@ -64,7 +65,7 @@ def test_per_device_param_bytes_shrink_with_fsdp():
     sizes = {}
     for n in (1, 2, 4, 8):
         mesh = sharding.mesh_from_shape((1, n, 1))
-        sizes[n] = sharding.per_device_bytes(model.init_params(CFG, jax.random.key(0), mesh))
+        sizes[n] = per_device_bytes(model.init_params(CFG, jax.random.key(0), mesh))
     total = sum(x.size * 4 for x in jax.tree.leaves(model.init_params(CFG, jax.random.key(0))))
     assert sizes[1] == total
     assert sizes[1] > sizes[2] > sizes[4] > sizes[8]

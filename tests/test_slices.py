@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from grpo_jax import slices
+from grpo_jax.config import MeshConfig
+from grpo_jax.errors import MeshError
+from grpo_jax.sharding import resolve_mesh_shape
 from grpo_jax.slices import SLICES, SlicePreset, check_devices, get_slice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,8 +92,12 @@ def test_default_runtime_version_for_shapes_without_a_preset():
 
 def test_check_devices():
     check_devices(SLICES["v5litepod-8"], 8)  # no error
-    with pytest.raises(ValueError, match=r"v4-32 has 16 devices.*but 8 device"):
+    with pytest.raises(MeshError, match=r"v4-32 has 16 devices.*but 8 device"):
         check_devices(SLICES["v4-32"], 8)
+    # A run's mesh.slice is checked against the devices of each slice.
+    with pytest.raises(MeshError, match=r"slice v4-32 has 16 devices \(4 host\(s\) x 4\), but 8 device"):
+        resolve_mesh_shape(MeshConfig(slice="v4-32", dcn_data=2), 16)
+    assert resolve_mesh_shape(MeshConfig(slice="v4-32", dcn_data=2), 32) == (SLICES["v4-32"].train_mesh, (2, 1, 1))
 
 
 def test_slices_module_does_not_import_jax():
