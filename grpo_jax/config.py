@@ -467,6 +467,24 @@ def smollm2_135m() -> Config:
     )
 
 
+def _paper_grpo(model: ModelConfig, *, group_size: int, max_new_tokens: int, num_micro_batches: int,
+                batch_size: int, run: RunConfig) -> Config:
+    """The paper's RL recipe (§4.2) on an accelerator-sized model: GRPO on GSM8K, lr 1e-6
+    constant, β = 0.04 (k3), one update per exploration stage, fsdp over every chip, and a
+    sampler reading a bfloat16 copy of the float32 policy, 16 questions per call."""
+    return Config(
+        model=model,
+        mesh=MeshConfig(ici_data=1, ici_fsdp=-1, ici_tensor=1),
+        optimizer=OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
+                                  weight_decay=0.1, grad_clip=1.0),
+        rl=RLConfig(algorithm="grpo", group_size=group_size, beta=0.04, kl_estimator="k3",
+                    num_updates=1, max_new_tokens=max_new_tokens, num_micro_batches=num_micro_batches,
+                    temperature=1.0, sample_prompts=16, sample_dtype="bfloat16"),
+        data=DataConfig(task="gsm8k", batch_size=batch_size),
+        run=run,
+    )
+
+
 def deepseekmath_rl_7b() -> Config:
     """The paper's RL recipe (§4.2): lr 1e-6, β=0.04, G=64, max length 1024, 1024 questions
     per batch, a single update per exploration stage, on DeepSeekMath-Instruct 7B's shape.
@@ -481,18 +499,12 @@ def deepseekmath_rl_7b() -> Config:
     would need a ~41 TB KV cache) from a bfloat16 copy of the float32 policy, and the
     train step runs 256 micro-batches of 256 rows (4 per chip). Smaller slices need
     fewer questions per sampler call and more micro-batches (docs/tpu.md "Will it fit?")."""
-    return Config(
-        model=ModelConfig(
+    return _paper_grpo(
+        ModelConfig(
             vocab_size=102400, embed_dim=4096, num_layers=30, num_heads=32, num_kv_heads=32,
             head_dim=128, mlp_dim=11008, rope_theta=10000.0, rms_eps=1e-6, tie_embeddings=False,
             max_seq_len=2048, dtype="bfloat16", remat="full"),
-        mesh=MeshConfig(ici_data=1, ici_fsdp=-1, ici_tensor=1),
-        optimizer=OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
-                                  weight_decay=0.1, grad_clip=1.0),
-        rl=RLConfig(algorithm="grpo", group_size=64, beta=0.04, kl_estimator="k3",
-                    num_updates=1, max_new_tokens=1024, num_micro_batches=256,
-                    temperature=1.0, sample_prompts=16, sample_dtype="bfloat16"),
-        data=DataConfig(task="gsm8k", batch_size=1024),
+        group_size=64, max_new_tokens=1024, num_micro_batches=256, batch_size=1024,
         run=RunConfig(run_dir="runs/deepseekmath-rl-7b", steps=1000, checkpoint_every=50,
                       eval_every=50),
     )
@@ -518,18 +530,12 @@ def qwen2_5_1_5b() -> Config:
     Qwen/Qwen2.5-1.5B-Instruct (config.json, safetensors, tokenizer).
     max_seq_len 1024: a prompt of up to 512 tokens plus 512 new ones (the checkpoint holds
     32,768; `model.max_seq_len` changes no stored array)."""
-    return Config(
-        model=ModelConfig(
+    return _paper_grpo(
+        ModelConfig(
             vocab_size=151936, embed_dim=1536, num_layers=28, num_heads=12, num_kv_heads=2,
             head_dim=128, mlp_dim=8960, rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=True,
             attention_bias=True, max_seq_len=1024, dtype="bfloat16", remat="full"),
-        mesh=MeshConfig(ici_data=1, ici_fsdp=-1, ici_tensor=1),
-        optimizer=OptimizerConfig(peak_lr=1e-6, warmup_steps=0, schedule="constant",
-                                  weight_decay=0.1, grad_clip=1.0),
-        rl=RLConfig(algorithm="grpo", group_size=16, beta=0.04, kl_estimator="k3",
-                    num_updates=1, max_new_tokens=512, num_micro_batches=8,
-                    temperature=1.0, sample_prompts=16, sample_dtype="bfloat16"),
-        data=DataConfig(task="gsm8k", batch_size=32),
+        group_size=16, max_new_tokens=512, num_micro_batches=8, batch_size=32,
         run=RunConfig(run_dir="runs/qwen2.5-1.5b", steps=500, checkpoint_every=50,
                       eval_every=50),
     )
