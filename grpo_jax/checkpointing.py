@@ -156,6 +156,11 @@ class Checkpointer:
         # The parameters first: the optimizer moments only repeat their shapes.
         return sorted(out, key=lambda m: "params" not in m[0])
 
+    def read_meta(self, step: int) -> dict:
+        """The JSON meta item of ``step`` (config, data position, a LoRA run's base pointer),
+        read without restoring any array."""
+        return dict(self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta or {})
+
     def check_config(self, requested: dict, ignore: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> None:
         """Raise CheckpointError listing the restore-relevant fields (`config_differences`,
         plus the dotted fields or whole sections in `also`) where the newest checkpoint's
@@ -163,10 +168,10 @@ class Checkpointer:
         before any state restore and writes nothing."""
         for s in self.all_steps()[::-1]:
             try:
-                meta = self._mngr.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+                meta = self.read_meta(s)
             except Exception:  # an unreadable step is restore()'s to report or skip
                 continue
-            diffs = [d for d in config_differences(dict(meta or {}).get("config") or {}, requested, also)
+            diffs = [d for d in config_differences(meta.get("config") or {}, requested, also)
                      if d[0] not in ignore]
             if diffs:
                 raise CheckpointError(

@@ -32,7 +32,6 @@ each process scores its shard of questions on its own devices; process 0 merges
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -40,7 +39,8 @@ import time
 
 import jax
 
-from grpo_jax import checkpointing, cli, distributed, evaluate_run, model, plots, pretrained, run_files, train_cli
+from grpo_jax import (checkpointing, cli, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
+                      train_cli)
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
 from grpo_jax.sharding import make_mesh
@@ -106,9 +106,8 @@ def make_task(args):
 
 
 def run_config(run_dir: str, saved: dict) -> Config:
-    cfg = Config.from_dict(saved)
     # The folder may have been moved or copied since training.
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=run_dir))
+    return Config.from_dict(saved).replace(run={"run_dir": run_dir})
 
 
 def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
@@ -123,9 +122,10 @@ def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
 
 
 def load_run(cfg: Config, task, mesh):
-    """(Config, tokenizer, Checkpointer, saved steps) of a training run, built the way
-    train_cli built it: config.json's model section is the model actually trained, and the
-    tokenizer is the run's tokenizer.model (or the pretrained model's own)."""
+    """(Config, tokenizer, Checkpointer, saved steps, LoRA base) of a training run, built the
+    way train_cli built it: config.json's model section is the model actually trained, the
+    tokenizer is the run's tokenizer.model (or the pretrained model's own), and a LoRA run's
+    base is its initial (or pretrained) params; None without LoRA."""
     run_dir = cfg.run.run_dir
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     # Checkpointer creates its folder: look before, so evaluating writes nothing into the run.
@@ -136,9 +136,23 @@ def load_run(cfg: Config, task, mesh):
     if not cfg.run.pretrained and not run_files.path(run_dir, run_files.TOKENIZER_FILE).is_file():
         # shared_tokenizer would train a new one, whose ids mean nothing to these weights.
         raise CheckpointError(f"{run_dir} has no {run_files.TOKENIZER_FILE}: its tokenizer is lost")
-    # The initial (or pretrained) params are dropped: each step's come from its checkpoint.
-    cfg, _, tokenizer = train_cli.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=cfg.model.vocab_size)
-    return cfg, tokenizer, ckpt, steps
+    # Without LoRA the initial (or pretrained) params are dropped: each step's come from its
+    # checkpoint. A LoRA checkpoint holds adapters only: the initial params are their base.
+    cfg, params, tokenizer = train_cli.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=cfg.model.vocab_size)
+    return cfg, tokenizer, ckpt, steps, params if lora.enabled(cfg.model) else None
+
+
+def step_params(cfg: Config, ckpt: checkpointing.Checkpointer, step: int, mesh, base=None):
+    """π_θ of a run's checkpoint ``step`` as full weights on ``mesh``: its policy params, or
+    for a LoRA run its adapters merged into ``base`` (refused in one line when the
+    checkpoint was saved over another base)."""
+    if base is None:
+        abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
+        return ckpt.restore_params(abstract, step)
+    lora.check_base(ckpt.read_meta(step).get("base"), lora.base_pointer(cfg, base),
+                    f"checkpoint step {step} in {ckpt.directory}")
+    abstract = checkpointing.abstract_like(lora.adapter_shapes(cfg.model), lora.adapter_shardings(cfg.model, mesh))
+    return lora.merged(cfg.model, base, ckpt.restore_params(abstract, step))
 
 
 def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh, meta, load_s):
@@ -234,16 +248,15 @@ def main(argv=None) -> dict:
             raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
         return score(args, shards, cfg, params, tokenizer, task, examples, out, mesh, meta, time.perf_counter() - t0) or {}
 
-    cfg, tokenizer, ckpt, steps = load_run(cfg, task, mesh)
+    cfg, tokenizer, ckpt, steps, base = load_run(cfg, task, mesh)
     if args.step is not None:
         if args.step not in steps:
             raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {steps}")
         steps = [args.step]
-    abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
     points = []
     for step in steps:
         t0 = time.perf_counter()
-        params = ckpt.restore_params(abstract, step)
+        params = step_params(cfg, ckpt, step, mesh, base)
         summary = score(args, shards, cfg.model, params, tokenizer, task, examples, os.path.join(out, f"step-{step}"),
                         mesh, {**meta, "step": step}, time.perf_counter() - t0)
         if summary is not None:

@@ -211,3 +211,25 @@ def test_lora_settings_without_a_rank_are_named():
         load_config("cpu-tiny", ["model.lora_alpha=32"])
     assert any(issubclass(w.category, ConfigWarning) and "model.lora_alpha=32.0 is ignored" in str(w.message)
                for w in caught)
+
+
+def test_evaluation_reads_a_lora_run_as_its_merged_policy(lora_run):
+    """grpo-evaluate on a LoRA run dir: each step's weights are the checkpoint's adapters
+    merged into the run's base (the policy the Trainer sampled with), and a checkpoint over
+    another base is refused in one line."""
+    from grpo_jax import evaluate_cli
+    from grpo_jax.errors import CheckpointError
+    from grpo_jax.run_files import read_config
+
+    cfg, tokenizer, trainer = lora_run
+    run = evaluate_cli.run_config(cfg.run.run_dir, read_config(cfg.run.run_dir))
+    mesh = mesh_from_shape((1, 1, 1))
+    got_cfg, _, ckpt, steps, base = evaluate_cli.load_run(run, _DigitShare(), mesh)
+    assert steps == [2] and got_cfg.model == cfg.model
+    got = evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, base)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got), jax.tree.map(np.asarray, trainer.params))
+    other = model.init_params(cfg.model, jax.random.key(1), mesh)
+    with pytest.raises(CheckpointError, match="holds LoRA adapters of another base") as e:
+        evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, other)
+    assert "\n" not in str(e.value)
+    ckpt.close()
