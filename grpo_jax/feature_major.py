@@ -144,9 +144,9 @@ def attend_summed(q, k, v, allowed):
     """`attend` (q [B, K, G, D], k [B, K, D, S], v [B, K, S, D], allowed [B, 1, S]
     -> [B, 1, K, G, D]) with the scores as a product summed over the head dimension instead of
     B·K small [G, D] x [D, S] dots: one fused loop over the cache as it lies, where the dot
-    kernel spends its time per small product. ``python benchmarks/bench_layouts.py`` times
-    both forms (benchmarks/NOTES.md, "Figures behind code comments": faster from batch 32,
-    not at batch 8).
+    kernel spends its time per small product, which pays off only once there are enough
+    rows. ``python benchmarks/bench_layouts.py`` times both forms (benchmarks/NOTES.md,
+    "Figures behind code comments").
     """
     scores = jnp.sum(q[..., None].astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=3)
     return model_lib.attend_scored(scores, v, allowed)
