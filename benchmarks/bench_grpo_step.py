@@ -25,7 +25,6 @@ Speedup = TRL seconds / ours; the target is ≥ 2 (our step ≤ 0.5× TRL's).
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 import common
@@ -98,7 +97,7 @@ class OurGRPOStep:
         return total
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = common.base_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=4)
@@ -108,51 +107,34 @@ def main(argv=None) -> int:
     ap.add_argument("--no-trl", action="store_true")
     ap.add_argument("--remat", default="full", choices=REMAT_POLICIES,
                     help="our step's rematerialisation (TRL checkpoints whole layers: 'full' is like for like)")
-    args = ap.parse_args(argv)
-    reps = common.reps_of(args, full=3, quick=1)
-    n = args.new_tokens or (16 if args.quick else 128)
-    g, p = args.group_size, args.prompts
-    rep = common.Report("grpo_step", args)
-    rep.emit(f"## Whole GRPO step: SmolLM2-135M, {p} prompts × G={g}, {args.prompt_len}-token prompts, "
-             f"{n} new tokens (full length), β={args.beta}; median of {reps} steps after the first")
-    rep.emit()
-    tok = common.smollm2_tokenizer()
-    texts, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), p, args.prompt_len, seed=7)
-    ours = OurGRPOStep(prompts, group=g, new_tokens=n, beta=args.beta, remat=args.remat)
-    start = time.perf_counter()
-    ours()  # warm-up: compiles the sampler, the step and the reference function
-    first = dict(ours.last, wall=time.perf_counter() - start)
+    return ap.parse_args(argv)
+
+
+def trl_steps_between(args, ours: OurGRPOStep, texts: list[str], n: int, reps: int) -> tuple[list[dict], list[dict]]:
+    """TRL's GRPOTrainer steps with one of ours after each but the warm-up: (TRL's per-step
+    phase seconds, warm-up included; ours' phase seconds)."""
+    from torch_reference import run_trl
+
     our_steps: list[dict] = []
 
     def one():
         ours()
         our_steps.append(ours.last)
 
-    trl_steps: list[dict] = []
-    if not args.no_trl:
-        from torch_reference import make_trl_trainer
+    steps = run_trl(common.smollm2_hf_dir(), texts, after_warm_step=one, num_generations=args.group_size,
+                    prompts_per_step=args.prompts, max_completion_length=n, steps=reps + 1, beta=args.beta,
+                    reward_fn=common.count_letter_reward, threads=args.threads, min_new_tokens=n)
+    return steps, our_steps
 
-        done = [0]
 
-        def between():
-            done[0] += 1
-            if done[0] > 1:  # TRL's first step is its warm-up
-                one()
+def trl_phases(step: dict) -> dict:
+    """One TRL step's seconds under our phase names: sampling = generate, update = the rest."""
+    return dict(step, sampling=step.get("generate", 0.0),
+                update=step["step"] - step.get("generate", 0.0) - step.get("reward", 0.0) - step.get("reference", 0.0))
 
-        with tempfile.TemporaryDirectory() as out:
-            trainer, timer = make_trl_trainer(
-                common.smollm2_hf_dir(), texts, num_generations=g, prompts_per_step=p,
-                max_completion_length=n, steps=reps + 1, beta=args.beta,
-                reward_fn=common.count_letter_reward, threads=args.threads, output_dir=out,
-                min_new_tokens=n, between_steps=between)
-            trainer.train()
-        trl_steps = [dict(s, sampling=s.get("generate", 0.0)) for s in timer.steps[1:]]
-        for s in trl_steps:
-            s["update"] = s["step"] - s.get("generate", 0.0) - s.get("reward", 0.0) - s.get("reference", 0.0)
-        rep.details["trl_steps"] = timer.steps
-    else:
-        for _ in range(reps):
-            one()
+
+def report_steps(rep, our_steps: list[dict], trl_steps: list[dict], first: dict) -> None:
+    """The phase table of ours (and TRL's, with the ratios, when it ran)."""
     ours_s = {k: common.summarize([s.get(k, 0.0) for s in our_steps]) for k in PHASES}
     rows = [["ours", *(common.spread(ours_s[k]) for k in PHASES)]]
     result = rep.results
@@ -171,6 +153,33 @@ def main(argv=None) -> int:
              "shape), 'update' = jitted step − reference; the whole step also includes host "
              f"transfers. First (compiling) step: {first['wall']:.0f} s.")
     rep.details.update({"ours": ours_s, "our_steps": our_steps, "first": first})
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reps = common.reps_of(args, full=3, quick=1)
+    n = args.new_tokens or (16 if args.quick else 128)
+    g, p = args.group_size, args.prompts
+    rep = common.Report("grpo_step", args)
+    rep.emit(f"## Whole GRPO step: SmolLM2-135M, {p} prompts × G={g}, {args.prompt_len}-token prompts, "
+             f"{n} new tokens (full length), β={args.beta}; median of {reps} steps after the first")
+    rep.emit()
+    tok = common.smollm2_tokenizer()
+    texts, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), p, args.prompt_len, seed=7)
+    ours = OurGRPOStep(prompts, group=g, new_tokens=n, beta=args.beta, remat=args.remat)
+    start = time.perf_counter()
+    ours()  # warm-up: compiles the sampler, the step and the reference function
+    first = dict(ours.last, wall=time.perf_counter() - start)
+    trl_steps: list[dict] = []
+    if args.no_trl:
+        our_steps = []
+        for _ in range(reps):
+            ours()
+            our_steps.append(ours.last)
+    else:
+        rep.details["trl_steps"], our_steps = trl_steps_between(args, ours, texts, n, reps)
+        trl_steps = [trl_phases(s) for s in rep.details["trl_steps"][1:]]
+    report_steps(rep, our_steps, trl_steps, first)
     return rep.finish()
 
 

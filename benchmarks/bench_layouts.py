@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable, NamedTuple
 
 import common
 
@@ -138,66 +139,99 @@ def prefill_programs(cfg, params, prompt_tokens, prompt_mask, cache_len: int,
             for name, chunk in (("one_pass", prompt_tokens.size), ("chunked", chunk_tokens))}
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = common.base_parser(__doc__)
     ap.add_argument("--batches", default="8,32,64", help="comma list of decode batch sizes")
-    args = ap.parse_args(argv)
-    reps = common.reps_of(args, full=9, quick=3)
-    batches = [8] if args.quick else [int(b) for b in args.batches.split(",")]
-    layers = 4 if args.quick else LAYERS
-    rep = common.Report("layouts", args)
-    rep.emit(f"## Decode-shaped matmuls, row-major vs feature-major (float32, and bf16 weights; {layers}-layer MLP "
-             f"{EMBED}→{MLP}→{EMBED}, unembedding [{VOCAB}, {EMBED}]); median of {reps} interleaved reps")
-    rep.emit()
-    rng = np.random.default_rng(0)
-    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
-    ws_rows = [(normal(EMBED, MLP), normal(EMBED, MLP), normal(MLP, EMBED)) for _ in range(layers)]
-    ws_features = [tuple(w.T.copy() for w in layer) for layer in ws_rows]
-    ws_bf16 = [tuple(w.astype(jnp.bfloat16) for w in layer) for layer in ws_features]
+    return ap.parse_args(argv)
+
+
+class Weights(NamedTuple):
+    rows: list  # per layer (gate [E, F], up [E, F], down [F, E])
+    features: list  # per layer (gate [F, E], up [F, E], down [E, F]): `rows` transposed
+    bf16: list  # `features` in bfloat16
+    emb: jax.Array  # [V, E]
+    emb_bf16: jax.Array
+
+
+def random_weights(normal, layers: int) -> Weights:
+    rows = [(normal(EMBED, MLP), normal(EMBED, MLP), normal(MLP, EMBED)) for _ in range(layers)]
+    features = [tuple(w.T.copy() for w in layer) for layer in rows]
     emb = normal(VOCAB, EMBED)
-    emb_bf16 = emb.astype(jnp.bfloat16)
-    mlp_rows, mlp_features, mlp_bf16 = mlp_programs(layers)
-    un_rows, un_features = unembed_programs()
-    att_dots, att_summed = attention_programs()
-    table, att_table, cache_table = [], [], []
-    for b in batches:
-        x = normal(b, EMBED)
-        xt = x.T.copy()
-        # Same arithmetic both ways: check before timing.
-        np.testing.assert_allclose(np.asarray(mlp_rows(x, ws_rows)), np.asarray(mlp_features(xt, ws_features)).T,
-                                   rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(np.asarray(un_rows(x, emb)), np.asarray(un_features(xt, emb)), rtol=1e-5)
-        s = common.interleaved({
-            "mlp_rows": _timer(mlp_rows, x, ws_rows), "mlp_features": _timer(mlp_features, xt, ws_features),
-            "unembed_rows": _timer(un_rows, x, emb), "unembed_features": _timer(un_features, xt, emb),
-            "mlp_bf16": _timer(mlp_bf16, xt, ws_bf16), "unembed_bf16": _timer(un_features, xt, emb_bf16),
-            # The first layer's weights in every layer: 10.6 MB, which stay in cache between layers.
-            "mlp_in_cache": _timer(mlp_features, xt, [ws_features[0]] * layers)},
-            reps)
-        split = read_split(s["mlp_features"]["median"], s["mlp_in_cache"]["median"],
-                           weight_bytes=layers * 3 * EMBED * MLP * 4, flops=layers * 3 * 2 * EMBED * MLP * b)
-        rep.results[f"layout_mlp_read_bytes_per_s_b{b}"] = split["read_bytes_per_s"]
-        rep.results[f"layout_mlp_in_cache_flops_per_s_b{b}"] = split["in_cache_flops_per_s"]
-        read = split["read_bytes_per_s"]
-        cache_table.append([b, _ms(s["mlp_features"]), _ms(s["mlp_in_cache"]), f"{split['extra_s'] * 1e3:.2f}",
-                            "–" if read is None else f"{read / 1e9:.1f}",
-                            f"{split['in_cache_flops_per_s'] / 1e9:.0f}"])
-        att = attention_inputs(rng, b, layers)
-        np.testing.assert_allclose(np.asarray(att_dots(*att)), np.asarray(att_summed(*att)), rtol=1e-4, atol=1e-4)
-        a = common.interleaved({"attention_dots": _timer(att_dots, *att),
-                                "attention_summed": _timer(att_summed, *att)}, reps)
-        s.update(a)
-        d, m = a["attention_dots"], a["attention_summed"]
-        rep.results[f"layout_attention_summed_speedup_b{b}"] = d["median"] / m["median"]
-        used = "summed" if b >= SUMMED_SCORES_FROM else "dots"
-        att_table.append([b, _ms(d), _ms(m), f"{d['median'] / m['median']:.2f}×", used])
-        for part in ("mlp", "unembed"):
-            r, f, h = s[f"{part}_rows"], s[f"{part}_features"], s[f"{part}_bf16"]
-            speedup = r["median"] / f["median"]
-            rep.results[f"layout_{part}_speedup_b{b}"] = speedup
-            rep.results[f"layout_{part}_bf16_speedup_b{b}"] = f["median"] / h["median"]
-            table.append([part, b, _ms(r), _ms(f), f"{speedup:.2f}×", _ms(h), f"{f['median'] / h['median']:.2f}×"])
-        rep.details[f"b{b}"] = s
+    return Weights(rows, features, [tuple(w.astype(jnp.bfloat16) for w in layer) for layer in features],
+                   emb, emb.astype(jnp.bfloat16))
+
+
+class Programs(NamedTuple):
+    mlp_rows: Callable
+    mlp_features: Callable
+    mlp_bf16: Callable
+    unembed_rows: Callable
+    unembed_features: Callable
+    attention_dots: Callable
+    attention_summed: Callable
+
+
+def programs(layers: int) -> Programs:
+    return Programs(*mlp_programs(layers), *unembed_programs(), *attention_programs())
+
+
+def time_matmuls(p: Programs, w: Weights, x, layers: int, reps: int) -> dict:
+    """The MLP and unembedding both ways, from float32 and bf16 weights, and the feature-major
+    MLP with its weights in cache, interleaved on activations x [B, E]; checks first that
+    both orientations compute the same."""
+    xt = x.T.copy()
+    np.testing.assert_allclose(np.asarray(p.mlp_rows(x, w.rows)), np.asarray(p.mlp_features(xt, w.features)).T,
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(p.unembed_rows(x, w.emb)), np.asarray(p.unembed_features(xt, w.emb)),
+                               rtol=1e-5)
+    return common.interleaved({
+        "mlp_rows": _timer(p.mlp_rows, x, w.rows), "mlp_features": _timer(p.mlp_features, xt, w.features),
+        "unembed_rows": _timer(p.unembed_rows, x, w.emb), "unembed_features": _timer(p.unembed_features, xt, w.emb),
+        "mlp_bf16": _timer(p.mlp_bf16, xt, w.bf16), "unembed_bf16": _timer(p.unembed_features, xt, w.emb_bf16),
+        # The first layer's weights in every layer: small enough to stay in cache between layers.
+        "mlp_in_cache": _timer(p.mlp_features, xt, [w.features[0]] * layers)},
+        reps)
+
+
+def cache_row(rep, b: int, s: dict, layers: int) -> list:
+    """The feature-major MLP from memory against in cache (`read_split`), for batch `b`."""
+    split = read_split(s["mlp_features"]["median"], s["mlp_in_cache"]["median"],
+                       weight_bytes=layers * 3 * EMBED * MLP * 4, flops=layers * 3 * 2 * EMBED * MLP * b)
+    rep.results[f"layout_mlp_read_bytes_per_s_b{b}"] = read = split["read_bytes_per_s"]
+    rep.results[f"layout_mlp_in_cache_flops_per_s_b{b}"] = split["in_cache_flops_per_s"]
+    return [b, _ms(s["mlp_features"]), _ms(s["mlp_in_cache"]), f"{split['extra_s'] * 1e3:.2f}",
+            "–" if read is None else f"{read / 1e9:.1f}", f"{split['in_cache_flops_per_s'] / 1e9:.0f}"]
+
+
+def time_attention(p: Programs, rng, b: int, layers: int, reps: int) -> dict:
+    """Both decode attention forms, interleaved, after checking that they agree."""
+    att = attention_inputs(rng, b, layers)
+    np.testing.assert_allclose(np.asarray(p.attention_dots(*att)), np.asarray(p.attention_summed(*att)),
+                               rtol=1e-4, atol=1e-4)
+    return common.interleaved({"attention_dots": _timer(p.attention_dots, *att),
+                               "attention_summed": _timer(p.attention_summed, *att)}, reps)
+
+
+def attention_row(rep, b: int, a: dict) -> list:
+    d, m = a["attention_dots"], a["attention_summed"]
+    rep.results[f"layout_attention_summed_speedup_b{b}"] = d["median"] / m["median"]
+    used = "summed" if b >= SUMMED_SCORES_FROM else "dots"
+    return [b, _ms(d), _ms(m), f"{d['median'] / m['median']:.2f}×", used]
+
+
+def matmul_rows(rep, b: int, s: dict) -> list[list]:
+    """Row-major against feature-major, and feature-major float32 against bf16, per part."""
+    rows = []
+    for part in ("mlp", "unembed"):
+        r, f, h = s[f"{part}_rows"], s[f"{part}_features"], s[f"{part}_bf16"]
+        speedup = r["median"] / f["median"]
+        rep.results[f"layout_{part}_speedup_b{b}"] = speedup
+        rep.results[f"layout_{part}_bf16_speedup_b{b}"] = f["median"] / h["median"]
+        rows.append([part, b, _ms(r), _ms(f), f"{speedup:.2f}×", _ms(h), f"{f['median'] / h['median']:.2f}×"])
+    return rows
+
+
+def report_tables(rep, layers: int, table: list, cache_table: list, att_table: list) -> None:
     rep.table(["", "batch", "row-major ms", "feature-major ms", "speedup", "feature-major bf16 ms",
                "bf16 speedup"], table)
     rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/feature_major.py`) suits this CPU. "
@@ -218,6 +252,30 @@ def main(argv=None) -> int:
     rep.emit(f"Speedup > 1: the summed scores are faster; the feature-major step uses them from "
              f"{SUMMED_SCORES_FROM} rows on (`feature_major.SUMMED_SCORES_FROM`).")
     rep.emit()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reps = common.reps_of(args, full=9, quick=3)
+    batches = [8] if args.quick else [int(b) for b in args.batches.split(",")]
+    layers = 4 if args.quick else LAYERS
+    rep = common.Report("layouts", args)
+    rep.emit(f"## Decode-shaped matmuls, row-major vs feature-major (float32, and bf16 weights; {layers}-layer MLP "
+             f"{EMBED}→{MLP}→{EMBED}, unembedding [{VOCAB}, {EMBED}]); median of {reps} interleaved reps")
+    rep.emit()
+    rng = np.random.default_rng(0)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
+    weights, progs = random_weights(normal, layers), programs(layers)
+    table, att_table, cache_table = [], [], []
+    for b in batches:
+        s = time_matmuls(progs, weights, normal(b, EMBED), layers, reps)
+        cache_table.append(cache_row(rep, b, s, layers))
+        a = time_attention(progs, rng, b, layers, reps)
+        s.update(a)
+        att_table.append(attention_row(rep, b, a))
+        table += matmul_rows(rep, b, s)
+        rep.details[f"b{b}"] = s
+    report_tables(rep, layers, table, cache_table, att_table)
     prefill_table(rep, args, reps, rng)
     return rep.finish()
 

@@ -23,6 +23,7 @@ compiled program is the per-device SPMD program, so the bytes are per device.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 flag = "--xla_force_host_platform_device_count=8"
 if flag not in os.environ.get("XLA_FLAGS", ""):
@@ -98,37 +99,39 @@ def loss_path_memory(b: int, t: int, e: int, v: int, chunk: int | None) -> dict:
     return {"peak": common.peak_bytes(m), "temp": m.temp_size_in_bytes}
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = common.base_parser(__doc__)
     ap.add_argument("--rows", type=int, default=None, help="default 16; quick 8")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--completion-len", type=int, default=None, help="default 192; quick 64")
     ap.add_argument("--micro-batches", type=int, default=2)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+class Shape(NamedTuple):
+    rows: int
+    prompt: int
+    completion: int
+
+
+def algorithm_configs(args, shape: Shape) -> dict:
+    """{row label: config} of the algorithms compared, on the cpu-tiny (`--quick`) or the
+    SmolLM2-135M preset."""
     from grpo_jax.config import apply_overrides, cpu_tiny, smollm2_135m
 
-    rep = common.Report("memory", args)
-    rows = args.rows or (8 if args.quick else 16)
-    tp, tc = args.prompt_len, args.completion_len or (64 if args.quick else 192)
-
-    def config(*overrides):
-        base = cpu_tiny() if args.quick else smollm2_135m()
-        cfg = apply_overrides(base, [f"rl.num_micro_batches={args.micro_batches}", "rl.group_size=4",
-                                     f"model.max_seq_len={max(1024, tp + tc)}", *overrides])
-        return cfg
-
-    model_name = "cpu-tiny" if args.quick else "SmolLM2-135M"
-    rep.emit(f"## Memory ({model_name} shape, float32, {rows} × ({tp} + {tc}) tokens, "
-             f"{args.micro_batches} micro-batches; XLA compiled memory analysis)")
-    rep.emit()
-    variants = {
-        "GRPO β=0.04": config("rl.algorithm=grpo", "rl.beta=0.04"),
-        "GRPO β=0": config("rl.algorithm=grpo", "rl.beta=0"),
-        "PPO β=0.04 (value model)": config("rl.algorithm=ppo", "rl.beta=0.04"),
-    }
+    base = cpu_tiny() if args.quick else smollm2_135m()
+    common_overrides = [f"rl.num_micro_batches={args.micro_batches}", "rl.group_size=4",
+                        f"model.max_seq_len={max(1024, shape.prompt + shape.completion)}"]
+    variants = {"GRPO β=0.04": ("rl.algorithm=grpo", "rl.beta=0.04"), "GRPO β=0": ("rl.algorithm=grpo", "rl.beta=0"),
+                "PPO β=0.04 (value model)": ("rl.algorithm=ppo", "rl.beta=0.04")}
     if not args.quick:
-        variants["PPO β=0 (value model)"] = config("rl.algorithm=ppo", "rl.beta=0")
-    algo = {name: step_memory(cfg, (1, 1, 1), rows, tp, tc) for name, cfg in variants.items()}
+        variants["PPO β=0 (value model)"] = ("rl.algorithm=ppo", "rl.beta=0")
+    return {name: apply_overrides(base, [*common_overrides, *overrides]) for name, overrides in variants.items()}
+
+
+def algorithms_section(rep, configs: dict, shape: Shape) -> dict:
+    """Each algorithm's single-device train step memory, against PPO's (β = 0.04) peak."""
+    algo = {name: step_memory(cfg, (1, 1, 1), *shape) for name, cfg in configs.items()}
     ppo = algo["PPO β=0.04 (value model)"]["peak"]
     rep.table(["train step", "peak", "state (params, optimiser, ref, value)", "temporaries",
                "peak / PPO's"],
@@ -139,12 +142,16 @@ def main(argv=None) -> int:
     r["grpo_beta0_vs_ppo_peak_bytes_ratio"] = algo["GRPO β=0"]["peak"] / ppo
     r.update({"grpo_peak_bytes": algo["GRPO β=0.04"]["peak"], "grpo_beta0_peak_bytes": algo["GRPO β=0"]["peak"],
               "ppo_peak_bytes": ppo})
+    return algo
 
-    meshes = [(1, 1, 1), (1, 8, 1)] if args.quick else [(1, 1, 1), (1, 2, 1), (1, 4, 1), (1, 8, 1)]
+
+def fsdp_section(rep, grpo, single: dict, shape: Shape, quick: bool) -> dict:
+    """The GRPO step's per-device memory on FSDP meshes of as many devices as there are
+    (`single`: its memory on one device, already measured)."""
+    meshes = [(1, 1, 1), (1, 8, 1)] if quick else [(1, 1, 1), (1, 2, 1), (1, 4, 1), (1, 8, 1)]
     if len(jax.devices()) < 8:
         meshes = [m for m in meshes if np.prod(m) <= len(jax.devices())]
-    grpo = variants["GRPO β=0.04"]
-    fsdp = {m: (algo["GRPO β=0.04"] if m == (1, 1, 1) else step_memory(grpo, m, rows, tp, tc)) for m in meshes}
+    fsdp = {m: (single if m == (1, 1, 1) else step_memory(grpo, m, *shape)) for m in meshes}
     one = fsdp[(1, 1, 1)]["peak"]
     rep.table(["mesh (data, fsdp, tensor)", "per-device peak", "per-device arguments", "per-device temporaries",
                "peak / single device", "ideal (1/n)"],
@@ -152,16 +159,19 @@ def main(argv=None) -> int:
                 common.fmt_bytes(v["temp"]), f"{v['peak'] / one:.3f}×", f"{1 / np.prod(m):.3f}×"]
                for m, v in fsdp.items()])
     if (1, 8, 1) in fsdp:
-        r["fsdp8_per_device_bytes_ratio"] = fsdp[(1, 8, 1)]["peak"] / one
-    r.update({f"fsdp{np.prod(m)}_per_device_peak_bytes": v["peak"] for m, v in fsdp.items()})
+        rep.results["fsdp8_per_device_bytes_ratio"] = fsdp[(1, 8, 1)]["peak"] / one
+    rep.results.update({f"fsdp{np.prod(m)}_per_device_peak_bytes": v["peak"] for m, v in fsdp.items()})
+    return fsdp
 
+
+def chunked_section(rep, grpo, rows: int, tc: int, quick: bool) -> dict:
+    """The loss path's memory with chunked log-probs against the [B, T, V] logits:
+    {(positions, chunk): {"chunked", "naive"}}."""
     mc = grpo.model
-    chunk_rows = []
-    chunk_res = {}
-    lengths = (tc,) if args.quick else (tc, 1024)
-    for t in lengths:
+    chunk_rows, chunk_res = [], {}
+    for t in ((tc,) if quick else (tc, 1024)):
         naive = loss_path_memory(rows, t, mc.embed_dim, mc.vocab_size, None)
-        for c in ((64,) if args.quick else (16, 64, 256)):
+        for c in ((64,) if quick else (16, 64, 256)):
             if c > t:
                 continue
             ch = loss_path_memory(rows, t, mc.embed_dim, mc.vocab_size, c)
@@ -174,12 +184,30 @@ def main(argv=None) -> int:
     rep.table(["B × T", "chunk", "peak, chunked", "peak, [B,T,V] logits", "saved", "chunked / naive"], chunk_rows)
     key = (tc, grpo.rl.logprob_chunk_size)
     if key in chunk_res:
-        r["chunked_logprob_peak_bytes"] = chunk_res[key]["chunked"]["peak"]
-        r["naive_logprob_peak_bytes"] = chunk_res[key]["naive"]["peak"]
-        r["chunked_logprob_vs_naive_peak_bytes_ratio"] = chunk_res[key]["chunked"]["peak"] / chunk_res[key]["naive"]["peak"]
+        r, res = rep.results, chunk_res[key]
+        r["chunked_logprob_peak_bytes"] = res["chunked"]["peak"]
+        r["naive_logprob_peak_bytes"] = res["naive"]["peak"]
+        r["chunked_logprob_vs_naive_peak_bytes_ratio"] = res["chunked"]["peak"] / res["naive"]["peak"]
+    return chunk_res
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rep = common.Report("memory", args)
+    shape = Shape(args.rows or (8 if args.quick else 16), args.prompt_len,
+                  args.completion_len or (64 if args.quick else 192))
+    model_name = "cpu-tiny" if args.quick else "SmolLM2-135M"
+    rep.emit(f"## Memory ({model_name} shape, float32, {shape.rows} × ({shape.prompt} + {shape.completion}) "
+             f"tokens, {args.micro_batches} micro-batches; XLA compiled memory analysis)")
+    rep.emit()
+    configs = algorithm_configs(args, shape)
+    algo = algorithms_section(rep, configs, shape)
+    grpo = configs["GRPO β=0.04"]
+    fsdp = fsdp_section(rep, grpo, algo["GRPO β=0.04"], shape, args.quick)
+    chunk_res = chunked_section(rep, grpo, shape.rows, shape.completion, args.quick)
     rep.details.update({"algorithms": algo, "fsdp": {str(m): v for m, v in fsdp.items()},
                         "chunked": {f"{t}x{c}": v for (t, c), v in chunk_res.items()},
-                        "shape": {"rows": rows, "prompt": tp, "completion": tc,
+                        "shape": {"rows": shape.rows, "prompt": shape.prompt, "completion": shape.completion,
                                   "micro_batches": args.micro_batches, "model": model_name}})
     return rep.finish()
 

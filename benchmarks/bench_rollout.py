@@ -94,62 +94,65 @@ def per_token_gains(by_batch: dict) -> dict:
             for a, b in zip(sizes, sizes[1:])}
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = common.base_parser(__doc__)
     ap.add_argument("--batches", default=None, help="comma list (default 8,32,64; quick 8)")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=None, help="default 128; quick 16")
     ap.add_argument("--bf16", action="store_true",
                     help="also time ours sampling from bfloat16 weights (rl.sample_dtype=bfloat16)")
-    args = ap.parse_args(argv)
-    reps = common.reps_of(args, full=3, quick=1)
-    batches = [int(b) for b in (args.batches or ("8" if args.quick else "8,32,64")).split(",")]
-    n = args.new_tokens or (16 if args.quick else 128)
-    plen = args.prompt_len
-    rep = common.Report("rollout", args)
-    rep.emit(f"## Rollout: SmolLM2-135M (imported weights), prompts of {plen} tokens, {n} new tokens "
-             f"(full length), temperature 1, top-p 1, float32; median of {reps} interleaved reps")
-    rep.emit()
+    return ap.parse_args(argv)
 
-    # The machine's own limits, measured before anything else loads the cores, and again
-    # after the reps: a shared machine's speed drifts (one run measured 107 GFLOP/s at its
-    # start, 207 minutes later), and a roofline from a slow moment would flatter us.
-    peak = common.matmul_peak_flops()["flops_per_s_best"]
-    bandwidth = common.stream_bandwidth()["bytes_per_s_best"]
-    cfg, params, tok = common.smollm2()
-    hf_dir = common.smollm2_hf_dir()
-    runners = {"jax": SmolJax(cfg, params), "torch": SmolTorch(hf_dir, args.threads)}
-    if args.bf16:
+
+def machine_limits(before: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+    """(matmul FLOP/s, streaming bytes/s), each the best of this measurement and `before`.
+    Measured before anything else loads the cores and again after the reps: a shared
+    machine's speed drifts, and a roofline from a slow moment would flatter us."""
+    return (max(before[0], common.matmul_peak_flops()["flops_per_s_best"]),
+            max(before[1], common.stream_bandwidth()["bytes_per_s_best"]))
+
+
+def make_runners(cfg, params, hf_dir, threads: int, bf16: bool) -> dict:
+    """Ours and transformers on the same weights, and ours from a bfloat16 copy if `bf16`."""
+    runners = {"jax": SmolJax(cfg, params), "torch": SmolTorch(hf_dir, threads)}
+    if bf16:
         from grpo_jax.sampling import sampling_copy
 
         runners["jax_bf16"] = SmolJax(cfg, sampling_copy(cfg, params, "bfloat16"))
-    bf16_rows = []
+    return runners
+
+
+def batch_prompts(tok, hf_dir, batches: list[int], plen: int) -> tuple[dict, dict]:
+    """({batch: its prompts' token ids}, {batch: whether the HF tokenizer gives the same ids})."""
     from transformers import AutoTokenizer
 
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
-    rows, per_batch = [], {}
-    rng = lambda s: f"{common.fmt(s['min'])}–{common.fmt(s['max'])}"
     prompts_by_batch, same = {}, {}
     for batch in batches:
         texts, prompts_by_batch[batch] = common.fixed_length_prompts(lambda s: tok.encode(s), batch, plen, seed=batch)
         same[batch] = all(hf_tok(t)["input_ids"] == p for t, p in zip(texts, prompts_by_batch[batch]))
-    start = time.perf_counter()
-    by_batch = common.rollout_rates_by_batch(runners, prompts_by_batch, n, reps)
+    return prompts_by_batch, same
+
+
+def per_batch_results(by_batch: dict, n: int, same: dict, roofline) -> dict:
+    """{batch: each runner's rates, their per-rep decode rate spreads, the decode ratio ours /
+    transformers, whether the tokenizers agreed, and `roofline(batch)`}."""
+    out = {}
     for batch, res in by_batch.items():
-        j, t = res["jax"], res["torch"]
-        rates = {k: common.decode_rate_spread(r, batch, n) for k, r in res.items()}
-        ratio = j["decode"] / t["decode"]
-        per_batch[batch] = {"jax": j, "torch": t, "decode_rate_spread": rates, "ratio": ratio,
-                            "tokenizers_agree": same[batch]}
-        if args.bf16:
-            h = res["jax_bf16"]
-            per_batch[batch]["jax_bf16"] = h
-            bf16_rows.append([batch, common.fmt(h["prefill"]), f"{h['prefill'] / j['prefill']:.2f}×",
-                              f"{common.fmt(h['decode'])} ({rng(rates['jax_bf16'])})",
-                              f"**{h['decode'] / j['decode']:.2f}×**", f"{h['decode'] / t['decode']:.2f}×"])
-    seconds = time.perf_counter() - start
-    peak = max(peak, common.matmul_peak_flops()["flops_per_s_best"])
-    bandwidth = max(bandwidth, common.stream_bandwidth()["bytes_per_s_best"])
+        out[batch] = {"jax": res["jax"], "torch": res["torch"],
+                      "decode_rate_spread": {k: common.decode_rate_spread(r, batch, n) for k, r in res.items()},
+                      "ratio": res["jax"]["decode"] / res["torch"]["decode"], "tokenizers_agree": same[batch]}
+        if "jax_bf16" in res:
+            out[batch]["jax_bf16"] = res["jax_bf16"]
+        out[batch]["roofline"] = roofline(batch)
+    return out
+
+
+def value_range(s: dict) -> str:
+    return f"{common.fmt(s['min'])}–{common.fmt(s['max'])}"
+
+
+def report_limits(rep, peak: float, bandwidth: float) -> None:
     rep.emit(f"Machine limits (jax, float32; the best of a measurement before and one after the "
              f"reps): matmul {peak / 1e9:.0f} GFLOP/s, streaming {bandwidth / 1e9:.1f} GB/s; decode "
              f"roofline = batch / max(step bytes / bandwidth, step FLOPs / matmul peak), every "
@@ -157,14 +160,17 @@ def main(argv=None) -> int:
              f"bandwidth + step FLOPs / matmul peak), the same step with reading and arithmetic "
              f"never overlapped, as XLA's CPU dots run decode-shaped products (NOTES.md).")
     rep.emit()
+
+
+def report_rates(rep, per_batch: dict) -> None:
+    """Ours vs transformers per batch size, with the decode roofline."""
+    rows = []
     for batch, v in per_batch.items():
-        j, t, rates = v["jax"], v["torch"], v["decode_rate_spread"]
-        roof = v["roofline"] = common.decode_roofline(cfg, batch, plen + n // 2, flops_per_s=peak,
-                                                      bytes_per_s=bandwidth)
+        j, t, rates, roof = v["jax"], v["torch"], v["decode_rate_spread"], v["roofline"]
         rows.append([batch, common.fmt(j["prefill"]), common.fmt(t["prefill"]),
                      f"{j['prefill'] / t['prefill']:.2f}×",
-                     f"{common.fmt(j['decode'])} ({rng(rates['jax'])})",
-                     f"{common.fmt(t['decode'])} ({rng(rates['torch'])})", f"**{v['ratio']:.2f}×**",
+                     f"{common.fmt(j['decode'])} ({value_range(rates['jax'])})",
+                     f"{common.fmt(t['decode'])} ({value_range(rates['torch'])})", f"**{v['ratio']:.2f}×**",
                      f"{common.fmt(roof['tokens_per_s'])} ({roof['bound']})",
                      f"{j['decode'] / roof['tokens_per_s']:.0%}",
                      f"{common.fmt(roof['serial_tokens_per_s'])} ({j['decode'] / roof['serial_tokens_per_s']:.0%})",
@@ -173,57 +179,103 @@ def main(argv=None) -> int:
                "decode tok/s ours (range)", "decode tok/s transformers (range)", "decode ratio",
                "decode roofline tok/s", "ours / roofline", "serial bound tok/s (ours / it)",
                "end-to-end new tok/s ours", "end-to-end transformers"], rows)
+
+
+def report_gains(rep, by_batch: dict, reps: int) -> None:
+    """Per-token speed of each batch size over the next smaller one (nothing with one size)."""
     gains = per_token_gains(by_batch)
-    if gains:
-        rep.emit(f"Per token, each batch size against the next smaller one (every rep runs every batch "
-                 f"size in turn; median (range) over the {reps} reps of the per-rep ratio; ≥ 1.00× = "
-                 f"not slower per token):")
-        rep.emit()
-        rep.table(["batches", "prefill ours", "prefill transformers", "decode ours", "decode transformers"],
-                  [[f"{large} / {small}"] + [f"{g[k]['median']:.2f}× ({g[k]['min']:.2f}–{g[k]['max']:.2f})"
-                                             for k in ("prefill_jax", "prefill_torch", "decode_jax", "decode_torch")]
-                   for (small, large), g in gains.items()])
-        for (small, large), g in gains.items():
-            for k, v in g.items():
-                phase, runner = k.split("_", 1)
-                who = {"jax": "ours", "torch": "transformers"}[runner]
-                rep.results[f"{phase}_per_token_gain_b{large}_over_b{small}_{who}"] = v["median"]
-    rep.details["reps_seconds"] = seconds
-    if bf16_rows:
-        rep.emit("Ours in bfloat16 (same interleaved reps):")
-        rep.emit()
-        rep.table(["batch", "prefill tok/s bf16", "vs ours f32", "decode tok/s bf16 (range)",
-                   "vs ours f32", "vs transformers f32"], bf16_rows)
-        mb = 32 if 32 in per_batch else batches[-1]
-        _, prompts = common.fixed_length_prompts(lambda s: tok.encode(s), mb, plen, seed=mb)
-        mism = measure_mismatch(cfg, params, {"float32": runners["jax"].params,
-                                              "bfloat16": runners["jax_bf16"].params}, prompts, n)
-        rep.emit()
-        rep.emit(f"What the bf16 copy costs: batch {mb} sampled at temperature 1, {n} new tokens, its "
-                 f"log-probs scored again by the float32 trainer (per completion token):")
-        rep.table(["sampler", "tokens", "mean abs Δ log p", "p99 abs Δ log p", "max abs Δ log p",
-                   "KL(sampler ‖ trainer)", "TIS weights > 2"],
-                  [[k, v["tokens"], f"{v['mean_abs']:.2e}", f"{v['p99_abs']:.2e}", f"{v['max_abs']:.2e}",
-                    f"{v['kl_k1']:.2e}", f"{v['tis_capped_fraction']:.2%}"] for k, v in mism.items()])
-        rep.details["bf16_logprob_mismatch"] = mism
-        for k, v in mism.items():
-            rep.results[f"logprob_mismatch_mean_abs_{k}"] = v["mean_abs"]
-    main_batch = 32 if 32 in per_batch else batches[-1]
-    rep.results["decode_tokens_per_s_ratio_vs_transformers"] = per_batch[main_batch]["ratio"]
-    rep.results["decode_ratio_batch"] = main_batch
+    if not gains:
+        return
+    rep.emit(f"Per token, each batch size against the next smaller one (every rep runs every batch "
+             f"size in turn; median (range) over the {reps} reps of the per-rep ratio; ≥ 1.00× = "
+             f"not slower per token):")
+    rep.emit()
+    rep.table(["batches", "prefill ours", "prefill transformers", "decode ours", "decode transformers"],
+              [[f"{large} / {small}"] + [f"{g[k]['median']:.2f}× ({g[k]['min']:.2f}–{g[k]['max']:.2f})"
+                                         for k in ("prefill_jax", "prefill_torch", "decode_jax", "decode_torch")]
+               for (small, large), g in gains.items()])
+    for (small, large), g in gains.items():
+        for k, v in g.items():
+            phase, runner = k.split("_", 1)
+            who = {"jax": "ours", "torch": "transformers"}[runner]
+            rep.results[f"{phase}_per_token_gain_b{large}_over_b{small}_{who}"] = v["median"]
+
+
+def report_bf16(rep, per_batch: dict, mismatch: dict, batch: int, n: int) -> None:
+    """Ours from the bfloat16 copy against ours in float32 and transformers, and what the copy
+    costs in log-prob accuracy (`measure_mismatch` of `batch` prompts)."""
+    rows = []
     for b, v in per_batch.items():
-        rep.results[f"decode_tokens_per_s_ours_b{b}"] = v["jax"]["decode"]
-        rep.results[f"decode_tokens_per_s_transformers_b{b}"] = v["torch"]["decode"]
-        rep.results[f"prefill_tokens_per_s_ours_b{b}"] = v["jax"]["prefill"]
-        rep.results[f"prefill_tokens_per_s_transformers_b{b}"] = v["torch"]["prefill"]
-        rep.results[f"decode_roofline_tokens_per_s_b{b}"] = v["roofline"]["tokens_per_s"]
-        rep.results[f"decode_fraction_of_roofline_b{b}"] = v["jax"]["decode"] / v["roofline"]["tokens_per_s"]
-        rep.results[f"decode_serial_bound_tokens_per_s_b{b}"] = v["roofline"]["serial_tokens_per_s"]
+        j, t, h, rates = v["jax"], v["torch"], v["jax_bf16"], v["decode_rate_spread"]
+        rows.append([b, common.fmt(h["prefill"]), f"{h['prefill'] / j['prefill']:.2f}×",
+                     f"{common.fmt(h['decode'])} ({value_range(rates['jax_bf16'])})",
+                     f"**{h['decode'] / j['decode']:.2f}×**", f"{h['decode'] / t['decode']:.2f}×"])
+    rep.emit("Ours in bfloat16 (same interleaved reps):")
+    rep.emit()
+    rep.table(["batch", "prefill tok/s bf16", "vs ours f32", "decode tok/s bf16 (range)",
+               "vs ours f32", "vs transformers f32"], rows)
+    rep.emit()
+    rep.emit(f"What the bf16 copy costs: batch {batch} sampled at temperature 1, {n} new tokens, its "
+             f"log-probs scored again by the float32 trainer (per completion token):")
+    rep.table(["sampler", "tokens", "mean abs Δ log p", "p99 abs Δ log p", "max abs Δ log p",
+               "KL(sampler ‖ trainer)", "TIS weights > 2"],
+              [[k, v["tokens"], f"{v['mean_abs']:.2e}", f"{v['p99_abs']:.2e}", f"{v['max_abs']:.2e}",
+                f"{v['kl_k1']:.2e}", f"{v['tis_capped_fraction']:.2%}"] for k, v in mismatch.items()])
+    rep.details["bf16_logprob_mismatch"] = mismatch
+    for k, v in mismatch.items():
+        rep.results[f"logprob_mismatch_mean_abs_{k}"] = v["mean_abs"]
+
+
+def record_results(rep, per_batch: dict, main_batch: int, peak: float, bandwidth: float) -> None:
+    r = rep.results
+    r["decode_tokens_per_s_ratio_vs_transformers"] = per_batch[main_batch]["ratio"]
+    r["decode_ratio_batch"] = main_batch
+    for b, v in per_batch.items():
+        r[f"decode_tokens_per_s_ours_b{b}"] = v["jax"]["decode"]
+        r[f"decode_tokens_per_s_transformers_b{b}"] = v["torch"]["decode"]
+        r[f"prefill_tokens_per_s_ours_b{b}"] = v["jax"]["prefill"]
+        r[f"prefill_tokens_per_s_transformers_b{b}"] = v["torch"]["prefill"]
+        r[f"decode_roofline_tokens_per_s_b{b}"] = v["roofline"]["tokens_per_s"]
+        r[f"decode_fraction_of_roofline_b{b}"] = v["jax"]["decode"] / v["roofline"]["tokens_per_s"]
+        r[f"decode_serial_bound_tokens_per_s_b{b}"] = v["roofline"]["serial_tokens_per_s"]
         if "jax_bf16" in v:
-            rep.results[f"decode_tokens_per_s_ours_bf16_b{b}"] = v["jax_bf16"]["decode"]
-            rep.results[f"prefill_tokens_per_s_ours_bf16_b{b}"] = v["jax_bf16"]["prefill"]
-    rep.results["matmul_peak_gflops"] = peak / 1e9
-    rep.results["stream_bandwidth_gb_per_s"] = bandwidth / 1e9
+            r[f"decode_tokens_per_s_ours_bf16_b{b}"] = v["jax_bf16"]["decode"]
+            r[f"prefill_tokens_per_s_ours_bf16_b{b}"] = v["jax_bf16"]["prefill"]
+    r["matmul_peak_gflops"] = peak / 1e9
+    r["stream_bandwidth_gb_per_s"] = bandwidth / 1e9
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reps = common.reps_of(args, full=3, quick=1)
+    batches = [int(b) for b in (args.batches or ("8" if args.quick else "8,32,64")).split(",")]
+    n, plen = args.new_tokens or (16 if args.quick else 128), args.prompt_len
+    main_batch = 32 if 32 in batches else batches[-1]
+    rep = common.Report("rollout", args)
+    rep.emit(f"## Rollout: SmolLM2-135M (imported weights), prompts of {plen} tokens, {n} new tokens "
+             f"(full length), temperature 1, top-p 1, float32; median of {reps} interleaved reps")
+    rep.emit()
+    limits = machine_limits()
+    cfg, params, tok = common.smollm2()
+    hf_dir = common.smollm2_hf_dir()
+    runners = make_runners(cfg, params, hf_dir, args.threads, args.bf16)
+    prompts_by_batch, same = batch_prompts(tok, hf_dir, batches, plen)
+    start = time.perf_counter()
+    by_batch = common.rollout_rates_by_batch(runners, prompts_by_batch, n, reps)
+    seconds = time.perf_counter() - start
+    peak, bandwidth = machine_limits(limits)
+    per_batch = per_batch_results(by_batch, n, same, lambda b: common.decode_roofline(
+        cfg, b, plen + n // 2, flops_per_s=peak, bytes_per_s=bandwidth))
+    report_limits(rep, peak, bandwidth)
+    report_rates(rep, per_batch)
+    report_gains(rep, by_batch, reps)
+    rep.details["reps_seconds"] = seconds
+    if args.bf16:
+        mismatch = measure_mismatch(cfg, params, {"float32": runners["jax"].params,
+                                                  "bfloat16": runners["jax_bf16"].params},
+                                    prompts_by_batch[main_batch], n)
+        report_bf16(rep, per_batch, mismatch, main_batch, n)
+    record_results(rep, per_batch, main_batch, peak, bandwidth)
     rep.details["per_batch"] = per_batch
     if not all(v["tokenizers_agree"] for v in per_batch.values()):
         rep.emit("Note: our tokenizer and the HF tokenizer disagreed on some prompt; both sides "

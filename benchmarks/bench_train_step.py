@@ -35,8 +35,10 @@ overhead, not model work). The same count is used for every framework.
 
 from __future__ import annotations
 
-import tempfile
+import dataclasses
+import gc
 import time
+from typing import Callable, NamedTuple
 
 import common  # sets OMP_WAIT_POLICY before jax and torch load
 
@@ -88,6 +90,11 @@ class OurUpdate:
         return time.perf_counter() - start
 
 
+TRL = "TRL GRPOTrainer"
+OURS_TRL_PHASE = "ours (reps between TRL's steps)"
+TINY, SMOL = "cpu-tiny (ours)", "SmolLM2-135M (ours)"
+
+
 def grpo_config(mcfg, rows: int, group: int, overrides=()):
     from grpo_jax.config import apply_overrides, smollm2_135m
 
@@ -97,7 +104,7 @@ def grpo_config(mcfg, rows: int, group: int, overrides=()):
     return apply_overrides(cfg, overrides)
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = common.base_parser(__doc__)
     ap.add_argument("--rows", type=int, default=None, help="sequences per update (default 16; quick 4)")
     ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 64; quick 32)")
@@ -114,110 +121,118 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", default=None, metavar="OVERRIDES",
                     help="also time our step with these space-separated config overrides "
                          "(repeatable; default 'model.remat=full', the preset's memory setting)")
-    args = ap.parse_args(argv)
-    reps = common.reps_of(args, full=3, quick=1)
-    rows = args.rows or (4 if args.quick else 16)
-    tp = args.prompt_len or (32 if args.quick else 64)
-    tc = args.completion_len or (32 if args.quick else 192)
-    group = 4 if rows % 4 == 0 else 1
-    seq = tp + tc
-    rep = common.Report("train_step", args)
-    rep.emit(f"## Train step: one GRPO update on SmolLM2-135M, {rows} × {seq} tokens "
-             f"({tp} prompt + {tc} completion), float32")
-    rep.emit()
+    return ap.parse_args(argv)
 
-    peak = common.matmul_peak_flops()
 
-    mcfg, params, tok = common.smollm2()
-    rng = np.random.default_rng(0)
-    _, prompt_list = common.fixed_length_prompts(lambda s: tok.encode(s), rows // group, tp)
-    prompt_ids = np.repeat(np.array(prompt_list, np.int32), group, axis=0)
-    completion_ids = rng.integers(3, mcfg.vocab_size, (rows, tc)).astype(np.int32)
-    rewards = rng.normal(size=rows).astype(np.float32)
-    cfg = grpo_config(mcfg, rows, group, args.ours.split())
-    fns, variants = {}, {}
-    variant_overrides = ["model.remat=full"] if args.variant is None else args.variant
-    for v in variant_overrides:  # before `ours`, whose step donates (deletes) `params`
-        vcfg = grpo_config(mcfg, rows, group, v.split())
-        own = jax.tree.map(lambda x: x.copy(), params)
-        variants[v] = OurUpdate(vcfg, own, rows, prompt_ids, completion_ids, rewards)
-    ours = OurUpdate(cfg, params, rows, prompt_ids, completion_ids, rewards)
-    fns["ours"] = ours
-    fns.update({f"ours [{v}]": u for v, u in variants.items()})
-    del params
-    if not args.no_torch:
-        from torch_reference import TorchGRPOUpdate
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One update's batch: `rows` sequences of `prompt` + `completion` tokens, in groups of
+    `group` sequences that share a prompt."""
 
-        hf_dir = common.smollm2_hf_dir()
-        torch_update = TorchGRPOUpdate(hf_dir, threads=args.threads, beta=cfg.rl.beta,
-                                       weight_decay=cfg.optimizer.weight_decay,
-                                       betas=(cfg.optimizer.b1, cfg.optimizer.b2))
-        grouped = rewards.reshape(-1, group)
-        adv = ((grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, keepdims=True) + 1e-6)).reshape(-1)
-        tb = torch_update.batch(prompt_ids, completion_ids, adv)
-        torch_micro = args.torch_micro_batches or cfg.rl.num_micro_batches
-        fns["torch"] = lambda: torch_update.step(tb, torch_micro)
-        rep.details["torch_micro_batches"] = torch_micro
+    rows: int
+    prompt: int
+    completion: int
 
-    # Phase A: ours (and variants) interleaved with plain torch, rep by rep.
-    samples = {name: [] for name in fns}
-    for fn in fns.values():  # warm-up: compile / first call
-        fn()
-    for _ in range(reps):
-        for name, fn in fns.items():
-            samples[name].append(fn())
-    if "torch" in fns:  # free torch's models before TRL loads its own (24 GB machine)
-        del fns["torch"], torch_update, tb
-        import gc
+    @property
+    def group(self) -> int:
+        return 4 if self.rows % 4 == 0 else 1
 
-        gc.collect()
-    # Phase B: TRL's steps, with one rep of ours after each (a trainer callback).
-    trl_steps, ours_with_trl = [], []
-    if not args.no_trl:
-        from torch_reference import make_trl_trainer, pregenerated_rollout
+    @property
+    def seq(self) -> int:
+        return self.prompt + self.completion
 
-        texts = [tok.decode(p) for p in prompt_list]
-        hf_dir = common.smollm2_hf_dir()
-        by_text = {t: p for t, p in zip(texts, prompt_list)}
-        done = [0]
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.seq
 
-        def between():
-            done[0] += 1
-            if done[0] > 1:  # TRL's first step is its warm-up
-                ours_with_trl.append(ours())
 
-        with tempfile.TemporaryDirectory() as out:
-            trainer, timer = make_trl_trainer(
-                hf_dir, texts, num_generations=group, prompts_per_step=rows // group,
-                max_completion_length=tc, steps=reps + 1, beta=cfg.rl.beta,
-                reward_fn=common.count_letter_reward, threads=args.threads, output_dir=out,
-                rollout=pregenerated_rollout(by_text, completion_ids), between_steps=between)
-            trainer.train()
-        trl_steps = timer.steps[1:]
-        rep.details["trl_phases"] = timer.steps
-        del trainer
+def shape_of(args) -> Shape:
+    return Shape(rows=args.rows or (4 if args.quick else 16), prompt=args.prompt_len or (32 if args.quick else 64),
+                 completion=args.completion_len or (32 if args.quick else 192))
 
-    # The machine's load drifts: measure the peak again after the reps and keep the best.
+
+class Inputs(NamedTuple):
+    """The token ids and rewards every framework updates on."""
+
+    prompt_list: list[list[int]]  # [rows / group][prompt], one per group
+    prompt_ids: np.ndarray  # [rows, prompt], each prompt `group` times
+    completion_ids: np.ndarray  # [rows, completion]
+    rewards: np.ndarray  # [rows]
+
+
+def update_inputs(tok, vocab_size: int, shape: Shape, rng) -> Inputs:
+    """Real-text prompts of exactly `shape.prompt` tokens, random completion ids and rewards."""
+    _, prompt_list = common.fixed_length_prompts(lambda s: tok.encode(s), shape.rows // shape.group, shape.prompt)
+    prompt_ids = np.repeat(np.array(prompt_list, np.int32), shape.group, axis=0)
+    completion_ids = rng.integers(3, vocab_size, (shape.rows, shape.completion)).astype(np.int32)
+    rewards = rng.normal(size=shape.rows).astype(np.float32)
+    return Inputs(prompt_list, prompt_ids, completion_ids, rewards)
+
+
+def our_updates(mcfg, params, shape: Shape, inputs: Inputs, ours: str,
+                variants: list[str]) -> tuple[OurUpdate, dict[str, OurUpdate]]:
+    """The headline update (config overrides `ours`) and one update per entry of `variants`,
+    each on its own copy of `params`. The variants are built first: the headline step
+    donates (deletes) `params`."""
+    arrays = (shape.rows, inputs.prompt_ids, inputs.completion_ids, inputs.rewards)
+    built = {v: OurUpdate(grpo_config(mcfg, shape.rows, shape.group, v.split()),
+                          jax.tree.map(lambda x: x.copy(), params), *arrays) for v in variants}
+    return OurUpdate(grpo_config(mcfg, shape.rows, shape.group, ours.split()), params, *arrays), built
+
+
+def torch_update(cfg, shape: Shape, inputs: Inputs, args) -> tuple[Callable[[], float], int]:
+    """Plain torch's update of the same batch (`torch_reference.TorchGRPOUpdate`, group-relative
+    advantages computed here) as a callable returning seconds, and its micro-batch count."""
+    from torch_reference import TorchGRPOUpdate
+
+    update = TorchGRPOUpdate(common.smollm2_hf_dir(), threads=args.threads, beta=cfg.rl.beta,
+                             weight_decay=cfg.optimizer.weight_decay, betas=(cfg.optimizer.b1, cfg.optimizer.b2))
+    grouped = inputs.rewards.reshape(-1, shape.group)
+    adv = ((grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, keepdims=True) + 1e-6)).reshape(-1)
+    batch = update.batch(inputs.prompt_ids, inputs.completion_ids, adv)
+    micro = args.torch_micro_batches or cfg.rl.num_micro_batches
+    return (lambda: update.step(batch, micro)), micro
+
+
+def trl_phase(cfg, shape: Shape, inputs: Inputs, tok, ours: OurUpdate, reps: int,
+              threads: int) -> tuple[list[dict], list[float]]:
+    """Phase B: TRL's GRPOTrainer steps on the same token ids (handed over by its rollout hook),
+    one rep of ours after each step but the warm-up. Returns (TRL's per-step phase seconds,
+    warm-up included; our seconds between its steps)."""
+    from torch_reference import pregenerated_rollout, run_trl
+
+    texts = [tok.decode(p) for p in inputs.prompt_list]
+    ours_between: list[float] = []
+    steps = run_trl(common.smollm2_hf_dir(), texts, after_warm_step=lambda: ours_between.append(ours()),
+                    num_generations=shape.group, prompts_per_step=shape.rows // shape.group,
+                    max_completion_length=shape.completion, steps=reps + 1, beta=cfg.rl.beta,
+                    reward_fn=common.count_letter_reward, threads=threads,
+                    rollout=pregenerated_rollout(dict(zip(texts, inputs.prompt_list)), inputs.completion_ids))
+    return steps, ours_between
+
+
+def best_peak(before: dict) -> dict:
+    """The machine's load drifts: measure the matmul peak again after the reps and keep the best."""
     again = common.matmul_peak_flops()
-    if again["flops_per_s_best"] > peak["flops_per_s_best"]:
-        peak = again
-    rep.details["matmul_peak"] = peak
-    stats = {name: common.summarize(s) for name, s in samples.items()}
-    if trl_steps:
-        stats["ours (reps between TRL's steps)"] = common.summarize(ours_with_trl)
-        stats["TRL GRPOTrainer"] = common.summarize([s["step"] for s in trl_steps])
-    tokens = rows * seq
-    flops = update_flops(mcfg, rows, seq, tc)
-    peak_f = peak["flops_per_s_best"]
+    return again if again["flops_per_s_best"] > before["flops_per_s_best"] else before
+
+
+def update_rows(stats: dict, tokens: int, flops: float, peak_f: float) -> list[list]:
+    """One table row per implementation; TRL's time ratio is against ours of its own phase."""
     base = stats["ours"]["median"]
-    trl_base = stats.get("ours (reps between TRL's steps)", stats["ours"])["median"]
-    table = []
-    for name, s in stats.items():
-        ref = trl_base if name == "TRL GRPOTrainer" else base
-        table.append([name, common.spread(s), common.rate_spread(tokens, s),
-                      f"{s['median'] / ref:.2f}×", f"{100 * flops / s['median'] / peak_f:.1f}%"])
+    trl_base = stats.get(OURS_TRL_PHASE, stats["ours"])["median"]
+    return [[name, common.spread(s), common.rate_spread(tokens, s),
+             f"{s['median'] / (trl_base if name == TRL else base):.2f}×",
+             f"{100 * flops / s['median'] / peak_f:.1f}%"] for name, s in stats.items()]
+
+
+def report_updates(rep, stats: dict, shape: Shape, flops: float, ours: OurUpdate, peak: dict, reps: int,
+                   trl_steps: list[dict]) -> None:
+    """The implementations' table and notes (phase B's only when TRL ran)."""
+    cfg, peak_f = ours.cfg, peak["flops_per_s_best"]
     rep.table(["implementation", "s / update (min–max)", "tokens/s (range)",
-               "time / ours (same phase)", "MFU vs measured matmul peak"], table)
+               "time / ours (same phase)", "MFU vs measured matmul peak"],
+              update_rows(stats, shape.tokens, flops, peak_f))
     rep.emit(f"torch: {rep.details.get('torch_micro_batches', '–')} micro-batch(es) of gradient accumulation; ours: "
              f"{cfg.rl.num_micro_batches} micro-batches, remat {cfg.model.remat!r}, log-prob chunk "
              f"{cfg.rl.logprob_chunk_size}. "
@@ -230,56 +245,103 @@ def main(argv=None) -> int:
              f"{common.fmt_bytes(ours.peak_bytes)}; reps: {reps} (median shown).")
     rep.emit()
     if trl_steps:
-        phases = {k: common.summarize([s.get(k, 0.0) for s in trl_steps]) for k in ("reference", "reward")}
-        rep.emit(f"TRL step phases (median s): reference forward {phases['reference']['median']:.2f}, "
-                 f"reward {phases['reward']['median']:.3f}, update (rest) "
-                 f"{stats['TRL GRPOTrainer']['median'] - phases['reference']['median'] - phases['reward']['median']:.2f}.")
+        phases = {k: common.summarize([s.get(k, 0.0) for s in trl_steps])["median"] for k in ("reference", "reward")}
+        rep.emit(f"TRL step phases (median s): reference forward {phases['reference']:.2f}, "
+                 f"reward {phases['reward']:.3f}, update (rest) "
+                 f"{stats[TRL]['median'] - phases['reference'] - phases['reward']:.2f}.")
         rep.emit()
 
-    # -- MFU of the tiny preset (fast, so measured on its own)
-    from grpo_jax.config import cpu_tiny
+
+def tiny_update(shape: Shape, rewards: np.ndarray, rng) -> OurUpdate:
+    """Our update of the cpu-tiny preset (random weights and token ids) at the same shape."""
     from grpo_jax import model as model_lib
+    from grpo_jax.config import cpu_tiny
 
     tiny = cpu_tiny()
-    tiny = tiny.replace(model={"max_seq_len": max(tiny.model.max_seq_len, seq)},
-                        rl={"group_size": group, "beta": 0.04})
-    tparams = model_lib.init_params(tiny.model, jax.random.key(0))
-    t_prompts = rng.integers(3, tiny.model.vocab_size, (rows, tp)).astype(np.int32)
-    t_comp = rng.integers(3, tiny.model.vocab_size, (rows, tc)).astype(np.int32)
-    tiny_update = OurUpdate(tiny, tparams, rows, t_prompts, t_comp, rewards)
-    tiny_stats = common.interleaved({"tiny": tiny_update}, reps=max(reps, 3))["tiny"]
-    tiny_flops = update_flops(tiny.model, rows, seq, tc)
-    tiny_mfu = tiny_flops / tiny_stats["median"] / peak_f
-    smol_mfu = flops / base / peak_f
-    # Load-insensitive cross-check: FLOPs per CPU-second of this process (all threads) over
-    # the matmul's FLOPs per CPU-second (both count any spinning of idle pool threads).
-    cpu_mfu = lambda f, u: f / float(np.median(u.cpu_seconds[1:] or u.cpu_seconds)) / peak["flops_per_cpu_s"]
-    tiny_cpu_mfu, smol_cpu_mfu = cpu_mfu(tiny_flops, tiny_update), cpu_mfu(flops, ours)
-    rep.table(["model", "s / update", "tokens/s", "model GFLOP / update", "MFU vs matmul peak",
-               "MFU per CPU-second (cross-check)"], [
-        ["cpu-tiny (ours)", common.spread(tiny_stats), common.rate_spread(tokens, tiny_stats),
-         f"{tiny_flops / 1e9:.2f}", f"{100 * tiny_mfu:.1f}%", f"{100 * tiny_cpu_mfu:.1f}%"],
-        ["SmolLM2-135M (ours)", common.spread(stats["ours"]), common.rate_spread(tokens, stats["ours"]),
-         f"{flops / 1e9:.1f}", f"{100 * smol_mfu:.1f}%", f"{100 * smol_cpu_mfu:.1f}%"]])
+    tiny = tiny.replace(model={"max_seq_len": max(tiny.model.max_seq_len, shape.seq)},
+                        rl={"group_size": shape.group, "beta": 0.04})
+    params = model_lib.init_params(tiny.model, jax.random.key(0))
+    prompts = rng.integers(3, tiny.model.vocab_size, (shape.rows, shape.prompt)).astype(np.int32)
+    completions = rng.integers(3, tiny.model.vocab_size, (shape.rows, shape.completion)).astype(np.int32)
+    return OurUpdate(tiny, params, shape.rows, prompts, completions, rewards)
 
-    r = rep.results
+
+def mfu(flops: float, update: OurUpdate, stats: dict, peak: dict) -> tuple[float, float]:
+    """(model FLOPs per second over the matmul peak; the load-insensitive cross-check: FLOPs
+    per CPU-second of this process (all threads) over the matmul's FLOPs per CPU-second,
+    both counting any spinning of idle pool threads)."""
+    cpu_seconds = float(np.median(update.cpu_seconds[1:] or update.cpu_seconds))
+    return flops / stats["median"] / peak["flops_per_s_best"], flops / cpu_seconds / peak["flops_per_cpu_s"]
+
+
+def report_mfu(rep, shape: Shape, models: dict[str, tuple[float, int, OurUpdate, dict]], peak: dict) -> dict:
+    """The MFU table of {name: (model FLOPs per update, decimals of its GFLOP cell, its update,
+    its stats)}; returns {name: `mfu`}."""
+    out = {name: mfu(flops, u, s, peak) for name, (flops, _, u, s) in models.items()}
+    rep.table(["model", "s / update", "tokens/s", "model GFLOP / update", "MFU vs matmul peak",
+               "MFU per CPU-second (cross-check)"],
+              [[name, common.spread(s), common.rate_spread(shape.tokens, s), f"{flops / 1e9:.{digits}f}",
+                f"{100 * out[name][0]:.1f}%", f"{100 * out[name][1]:.1f}%"]
+               for name, (flops, digits, _, s) in models.items()])
+    return out
+
+
+def record_results(rep, stats: dict, shape: Shape, mfus: dict, peak: dict) -> None:
+    r, tokens, base = rep.results, shape.tokens, stats["ours"]["median"]
     r["train_tokens_per_s_ours"] = tokens / base
     if "torch" in stats:
         r["train_tokens_per_s_torch"] = tokens / stats["torch"]["median"]
         r["train_tokens_per_s_ratio_vs_torch"] = stats["torch"]["median"] / base
-    if trl_steps:
-        r["train_tokens_per_s_trl"] = tokens / stats["TRL GRPOTrainer"]["median"]
+    if TRL in stats:
+        trl_base = stats[OURS_TRL_PHASE]["median"]
+        r["train_tokens_per_s_trl"] = tokens / stats[TRL]["median"]
         r["train_tokens_per_s_ours_trl_phase"] = tokens / trl_base
-        r["train_tokens_per_s_ratio_vs_trl"] = stats["TRL GRPOTrainer"]["median"] / trl_base
-    r["train_mfu_vs_cpu_peak"] = smol_mfu
-    r["train_mfu_vs_cpu_peak_tiny"] = tiny_mfu
-    r["train_matmul_peak_gflops"] = peak_f / 1e9  # its own key: bench_rollout measures one too
-    r["train_mfu_per_cpu_second"] = smol_cpu_mfu
-    r["train_mfu_per_cpu_second_tiny"] = tiny_cpu_mfu
-    rep.details.update({"shape": {"rows": rows, "prompt": tp, "completion": tc},
+        r["train_tokens_per_s_ratio_vs_trl"] = stats[TRL]["median"] / trl_base
+    r["train_mfu_vs_cpu_peak"] = mfus[SMOL][0]
+    r["train_mfu_vs_cpu_peak_tiny"] = mfus[TINY][0]
+    r["train_matmul_peak_gflops"] = peak["flops_per_s_best"] / 1e9  # its own key: bench_rollout measures one too
+    r["train_mfu_per_cpu_second"] = mfus[SMOL][1]
+    r["train_mfu_per_cpu_second_tiny"] = mfus[TINY][1]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reps, shape = common.reps_of(args, full=3, quick=1), shape_of(args)
+    rep = common.Report("train_step", args)
+    rep.emit(f"## Train step: one GRPO update on SmolLM2-135M, {shape.rows} × {shape.seq} tokens "
+             f"({shape.prompt} prompt + {shape.completion} completion), float32")
+    rep.emit()
+    peak = common.matmul_peak_flops()
+    mcfg, params, tok = common.smollm2()
+    rng = np.random.default_rng(0)
+    inputs = update_inputs(tok, mcfg.vocab_size, shape, rng)
+    variants = ["model.remat=full"] if args.variant is None else args.variant
+    ours, built = our_updates(mcfg, params, shape, inputs, args.ours, variants)
+    fns = {"ours": ours, **{f"ours [{v}]": u for v, u in built.items()}}
+    if not args.no_torch:
+        fns["torch"], rep.details["torch_micro_batches"] = torch_update(ours.cfg, shape, inputs, args)
+    stats = common.interleaved(fns, reps)  # phase A
+    del fns  # frees torch's models before TRL loads its own
+    gc.collect()
+    trl_steps = []
+    if not args.no_trl:
+        rep.details["trl_phases"], ours_between = trl_phase(ours.cfg, shape, inputs, tok, ours, reps, args.threads)
+        trl_steps = rep.details["trl_phases"][1:]
+        stats[OURS_TRL_PHASE] = common.summarize(ours_between)
+        stats[TRL] = common.summarize([s["step"] for s in trl_steps])
+    rep.details["matmul_peak"] = peak = best_peak(peak)
+    flops = update_flops(mcfg, shape.rows, shape.seq, shape.completion)
+    report_updates(rep, stats, shape, flops, ours, peak, reps, trl_steps)
+    tiny = tiny_update(shape, inputs.rewards, rng)
+    tiny_stats = common.interleaved({"tiny": tiny}, reps=max(reps, 3))["tiny"]
+    tiny_flops = update_flops(tiny.cfg.model, shape.rows, shape.seq, shape.completion)
+    mfus = report_mfu(rep, shape, {TINY: (tiny_flops, 2, tiny, tiny_stats), SMOL: (flops, 1, ours, stats["ours"])},
+                      peak)
+    record_results(rep, stats, shape, mfus, peak)
+    rep.details.update({"shape": dataclasses.asdict(shape),
                         "stats": stats, "tiny": tiny_stats, "model_flops": flops,
                         "our_peak_bytes": ours.peak_bytes, "compile_seconds": ours.compile_seconds,
-                        "variants": {v: {"peak_bytes": u.peak_bytes} for v, u in variants.items()}})
+                        "variants": {v: {"peak_bytes": u.peak_bytes} for v, u in built.items()}})
     return rep.finish()
 
 

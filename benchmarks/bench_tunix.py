@@ -303,22 +303,21 @@ def force_full_length() -> None:
     sampler_lib.Sampler.__call__ = patched
 
 
-def grpo_steps(hf_dir: str, texts, ids, *, new_tokens: int, steps: int, plen: int) -> list[dict]:
-    """Per-step phase seconds of `steps` GRPOLearner global steps (the first compiles)."""
+def grpo_learner(hf_dir: str, texts, ids, *, new_tokens: int, steps: int, plen: int):
+    """(RLCluster, GRPOLearner) of this benchmark's setting: actor, rollout and reference on
+    one 1×1 CPU mesh, Tunix's Llama without remat, the HF tokenizer decoding for the reward."""
     import dataclasses
 
     import jax
     import jax.numpy as jnp
-    import numpy as np
     import optax
     from transformers import AutoTokenizer
     from tunix.models.llama3 import model as llama
     from tunix.models.llama3 import params as llama_params
     from tunix.rl import rl_cluster as rlc
-    from tunix.rl.grpo import grpo_learner
+    from tunix.rl.grpo import grpo_learner as grpo
     from tunix.rl.rollout import base_rollout
 
-    force_full_length()
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
 
     class Tokenizer(FixedIdsTokenizer):
@@ -339,11 +338,17 @@ def grpo_steps(hf_dir: str, texts, ids, *, new_tokens: int, steps: int, plen: in
             rollout_config=base_rollout.RolloutConfig(
                 max_tokens_to_generate=new_tokens, max_prompt_length=plen, kv_cache_size=plen + new_tokens,
                 temperature=1.0, top_p=1.0, top_k=0, eos_tokens=[EOS_ID])))
-    learner = grpo_learner.GRPOLearner(
+    learner = grpo.GRPOLearner(
         rl_cluster=cluster,
-        algo_config=grpo_learner.GRPOConfig(num_generations=GRPO_GROUP, num_iterations=1, beta=0.04,
-                                            epsilon=0.2),
+        algo_config=grpo.GRPOConfig(num_generations=GRPO_GROUP, num_iterations=1, beta=0.04, epsilon=0.2),
         reward_fns=lambda prompts, completions, **_: [common.count_letter_reward(c) for c in completions])
+    return cluster, learner
+
+
+def time_phases(cluster, learner, new_tokens: int) -> list[dict]:
+    """Wraps the learner's global step and the cluster's sampling and reference calls in
+    timers; returns the list each finished step appends its phase seconds to."""
+    import jax
 
     current: dict[str, float] = {}
     out: list[dict] = []
@@ -380,13 +385,23 @@ def grpo_steps(hf_dir: str, texts, ids, *, new_tokens: int, steps: int, plen: in
         return result
 
     learner._run_global_step = step
+    return out
+
+
+def grpo_steps(hf_dir: str, texts, ids, *, new_tokens: int, steps: int, plen: int) -> list[dict]:
+    """Per-step phase seconds of `steps` GRPOLearner global steps (the first compiles)."""
+    import numpy as np
+
+    force_full_length()
+    cluster, learner = grpo_learner(hf_dir, texts, ids, new_tokens=new_tokens, steps=steps, plen=plen)
+    out = time_phases(cluster, learner, new_tokens)
     learner.train([{"prompts": np.array(texts)} for _ in range(steps)])
     if len(out) != steps:
         raise RuntimeError(f"GRPOLearner ran {len(out)} steps, not {steps}")
     return out
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = common.base_parser(__doc__)
     ap.add_argument("--batches", default=None, help="comma list (default 8,32; quick 8)")
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -397,18 +412,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-rope-patch", action="store_true",
                     help="Tunix's Llama as shipped (RoPE theta 1e6): shows the logits check refusing it")
     ap.add_argument("--prepare", metavar="DIR", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    batches = [int(b) for b in (args.batches or ("8" if args.quick else "8,32")).split(",")]
-    plen = args.prompt_len
-    if args.prepare:
-        prepare(Path(args.prepare), batches, plen)
-        return 0
+    return ap.parse_args(argv)
 
-    import numpy as np
 
-    reps = common.reps_of(args, full=3, quick=1)
-    n = args.new_tokens or (16 if args.quick else 128)
-    rep = common.Report("tunix", args)
+def report_environment(rep, plen: int, n: int, reps: int) -> None:
+    """The header: Tunix's and the libraries' versions, the CPU and the load."""
     versions = {m: common.package_version(m) for m in ("google-tunix", "jax", "jaxlib", "flax", "numpy", "safetensors")}
     machine = common.machine_info()
     cpu = machine["cpu"]
@@ -422,62 +430,79 @@ def main(argv=None) -> int:
     rep.results.update({"tunix_cpu_model": cpu, "tunix_cpu_flags": machine["cpu_flags"],
                         "tunix_versions": versions})
 
+
+def reference_outputs(python: str, batches: list[int], plen: int) -> dict:
+    """What `prepare` writes, read back: prompts, meta, ref_logits, ref_ids, and the seconds
+    the reference step took."""
+    import numpy as np
+
     with tempfile.TemporaryDirectory(prefix="tunix_ref_") as tmp:
         tmp = Path(tmp)
         start = time.perf_counter()
-        run_reference(args.ref_python, batches, plen, tmp)
-        ref_seconds = time.perf_counter() - start
-        prompts = json.loads((tmp / "prompts.json").read_text())
-        meta = json.loads((tmp / "meta.json").read_text())
-        ref_logits, ref_ids = np.load(tmp / "ref_logits.npy"), np.load(tmp / "ref_ids.npy")
+        run_reference(python, batches, plen, tmp)
+        return {"seconds": time.perf_counter() - start,
+                "prompts": json.loads((tmp / "prompts.json").read_text()),
+                "meta": json.loads((tmp / "meta.json").read_text()),
+                "ref_logits": np.load(tmp / "ref_logits.npy"), "ref_ids": np.load(tmp / "ref_ids.npy")}
 
+
+def checked_tunix(rep, ref: dict, patch: bool):
+    """(Tunix's model config, the model, the logits check's error or None): loads Tunix's
+    Llama and reports its logits against transformers'."""
     start = time.perf_counter()
-    cfg, model = load_tunix(meta["hf_dir"], patch=not args.no_rope_patch)
+    cfg, model = load_tunix(ref["meta"]["hf_dir"], patch=patch)
     load_seconds = time.perf_counter() - start
     diff_err = None
     try:
-        diff = logit_max_abs_diff(tunix_logits(model, ref_ids), ref_logits)
+        diff = logit_max_abs_diff(tunix_logits(model, ref["ref_ids"]), ref["ref_logits"])
     except LogitCheckFailed as e:
         diff_err, diff = str(e), getattr(e, "diff", None)
     rep.results["tunix_logit_max_abs_diff"] = diff
     rep.results["tunix_rope_theta"] = cfg.rope_theta
+    meta, ids = ref["meta"], ref["ref_ids"]
     rep.emit(f"Logits check vs transformers {meta['transformers']} (torch {meta['torch']}) on "
-             f"{ref_ids.shape[0]}×{ref_ids.shape[1]} prompt tokens, RoPE theta "
-             + ("NOT patched (Tunix uses 1e6)" if args.no_rope_patch else f"patched to {cfg.rope_theta:g}")
+             f"{ids.shape[0]}×{ids.shape[1]} prompt tokens, RoPE theta "
+             + (f"patched to {cfg.rope_theta:g}" if patch else "NOT patched (Tunix uses 1e6)")
              + ": max |Δlogit| = "
              + ("–" if diff is None else f"{diff:.2e}") + f" (tolerance {LOGIT_TOL:g})"
              + (": **FAILED**" if diff_err else ""))
     rep.emit()
-    rep.details.update({"reference_seconds": ref_seconds, "load_seconds": load_seconds,
+    rep.details.update({"reference_seconds": ref["seconds"], "load_seconds": load_seconds,
                         "logit_tolerance": LOGIT_TOL})
-    if diff_err:
-        rep.emit(f"**Not timed:** {diff_err}")
-        rep.finish()
-        return 1
+    return cfg, model, diff_err
 
+
+def time_batch(rep, model, cfg, ours, prompts: dict, b: int, plen: int, n: int, reps: int) -> tuple[dict, list]:
+    """Tunix's sampler and ours interleaved on batch `b`'s prompts: (its rates, its table row)."""
+    texts, ids = prompts["texts"], prompts["ids"]
+    if any(EOS_ID in p for p in ids) or {len(p) for p in ids} != {plen}:
+        raise SystemExit(f"batch {b}: the prompts must be {plen} tokens without id {EOS_ID}")
+    tunix_run = TunixRunner(model, cfg, FixedIdsTokenizer(texts, ids), plen, n)
+    # Both are handed the token ids; Tunix's lookup tokenizer gets them back from the texts.
+    runners = {"tunix": lambda _ids, k: tunix_run(texts, k), "ours": ours}
+    start = time.perf_counter()
+    res = common.rollout_rates(runners, ids, n, reps, prompt_len=plen)
+    timed = {"seconds": time.perf_counter() - start, **res}
+    cells = [b]
+    for name, r in res.items():
+        r["decode_rates"] = dr = common.decode_rate_spread(r, b, n)
+        cells += [common.fmt(r["prefill"]),
+                  common.fmt(r["decode"]) + (f" ({common.fmt(dr['min'])}–{common.fmt(dr['max'])})" if dr else "")]
+        key = "tunix" if name == "tunix" else "tunix_ours"
+        for kind in ("decode", "prefill", "e2e"):
+            rep.results[f"{key}_{kind}_tokens_per_s_b{b}"] = r[kind]
+    paired = paired_decode_ratios(res["ours"], res["tunix"])
+    return timed, cells + [f"**{res['ours']['decode'] / res['tunix']['decode']:.2f}×** "
+                           f"({paired['min']:.2f}–{paired['max']:.2f})"]
+
+
+def sampler_section(rep, model, cfg, prompts: dict, batches: list[int], plen: int, n: int, reps: int) -> None:
+    """Tunix's sampler against ours, batch by batch."""
     ours = load_ours()
     rows, per_batch = [], {}
     for b in batches:
-        texts, ids = prompts[str(b)]["texts"], prompts[str(b)]["ids"]
-        if any(EOS_ID in p for p in ids) or {len(p) for p in ids} != {plen}:
-            raise SystemExit(f"batch {b}: the prompts must be {plen} tokens without id {EOS_ID}")
-        tunix_run = TunixRunner(model, cfg, FixedIdsTokenizer(texts, ids), plen, n)
-        # Both are handed the token ids; Tunix's lookup tokenizer gets them back from the texts.
-        runners = {"tunix": lambda _ids, k: tunix_run(texts, k), "ours": ours}
-        start = time.perf_counter()
-        res = common.rollout_rates(runners, ids, n, reps, prompt_len=plen)
-        per_batch[b] = {"seconds": time.perf_counter() - start, **res}
-        cells = [b]
-        for name, r in res.items():
-            r["decode_rates"] = dr = common.decode_rate_spread(r, b, n)
-            cells += [common.fmt(r["prefill"]),
-                      common.fmt(r["decode"]) + (f" ({common.fmt(dr['min'])}–{common.fmt(dr['max'])})" if dr else "")]
-            key = "tunix" if name == "tunix" else "tunix_ours"
-            for kind in ("decode", "prefill", "e2e"):
-                rep.results[f"{key}_{kind}_tokens_per_s_b{b}"] = r[kind]
-        paired = paired_decode_ratios(res["ours"], res["tunix"])
-        rows.append(cells + [f"**{res['ours']['decode'] / res['tunix']['decode']:.2f}×** "
-                             f"({paired['min']:.2f}–{paired['max']:.2f})"])
+        per_batch[b], row = time_batch(rep, model, cfg, ours, prompts[str(b)], b, plen, n, reps)
+        rows.append(row)
     rep.table(["batch", "Tunix prefill tok/s", "Tunix decode tok/s (range)", "ours prefill tok/s",
                "ours decode tok/s (range)", "decode ours / Tunix (rep by rep)"], rows)
     rep.details["per_batch"] = per_batch
@@ -485,8 +510,28 @@ def main(argv=None) -> int:
              "the project's), its reps interleaved with Tunix's, so a change of machine load "
              "between the two runs cannot move the ratio.")
     rep.emit()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    batches = [int(b) for b in (args.batches or ("8" if args.quick else "8,32")).split(",")]
+    plen = args.prompt_len
+    if args.prepare:
+        prepare(Path(args.prepare), batches, plen)
+        return 0
+    reps = common.reps_of(args, full=3, quick=1)
+    n = args.new_tokens or (16 if args.quick else 128)
+    rep = common.Report("tunix", args)
+    report_environment(rep, plen, n, reps)
+    ref = reference_outputs(args.ref_python, batches, plen)
+    cfg, model, diff_err = checked_tunix(rep, ref, patch=not args.no_rope_patch)
+    if diff_err:
+        rep.emit(f"**Not timed:** {diff_err}")
+        rep.finish()
+        return 1
+    sampler_section(rep, model, cfg, ref["prompts"], batches, plen, n, reps)
     if not args.no_grpo:
-        grpo_section(rep, meta["hf_dir"], prompts["grpo"], n, reps, plen)
+        grpo_section(rep, ref["meta"]["hf_dir"], ref["prompts"]["grpo"], n, reps, plen)
     return rep.finish()
 
 

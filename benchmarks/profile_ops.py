@@ -117,7 +117,7 @@ def table(rows: dict[str, tuple[int, float]], top: int, steps: int) -> list[str]
     return lines
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -137,15 +137,14 @@ def main(argv=None) -> int:
         ap.error(f"--rows must be a positive multiple of 4 (groups of 4), got {args.rows}")
     if args.update:  # bench_train_step's prompts: 64 tokens, one per group of 4
         args.prompt_len, args.batch = 64, max(args.batch, args.rows // 4)
+    return args
 
-    work = Path(args.keep or tempfile.mkdtemp(prefix="grpo_jax_profile_"))
-    dump = work / "hlo"
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} {DUMP_FLAGS}".strip()
-    import common  # noqa: E402  (after XLA_FLAGS: jax reads them when it loads)
+
+def model_and_prompts(args):
+    """(model config, params, `args.batch` prompts of `args.prompt_len` token ids, the model's name)."""
+    import common
     import jax
     import numpy as np
-
-    from grpo_jax import sampling
 
     if args.tiny:
         from grpo_jax import model
@@ -155,52 +154,79 @@ def main(argv=None) -> int:
         params = model.init_params(cfg, jax.random.key(0))
         rng = np.random.default_rng(0)
         prompts = rng.integers(1, cfg.vocab_size, size=(args.batch, args.prompt_len)).tolist()
-        name = "cpu-tiny (random weights)"
-    else:
-        cfg, params, tok = common.smollm2()
-        prompts = common.fixed_length_prompts(tok.encode, args.batch, args.prompt_len)[1]
-        name = "SmolLM2-135M"
+        return cfg, params, prompts, "cpu-tiny (random weights)"
+    cfg, params, tok = common.smollm2()
+    return cfg, params, common.fixed_length_prompts(tok.encode, args.batch, args.prompt_len)[1], "SmolLM2-135M"
+
+
+def profiled_run(args, cfg, params, prompts, name: str):
+    """(the callable to profile, its programs as (jit name, calls per run)): one GRPO update
+    with `--update`, else one rollout."""
+    import jax
+    import numpy as np
+
+    from grpo_jax import sampling
 
     if args.update:
         import bench_train_step
 
-        run, programs = _update_runner(bench_train_step, cfg, params, prompts, args.rows), (("step", 1),)
         print(f"compiling ({name}, one GRPO update of {args.rows} × 256 tokens)...", flush=True)
-    else:
-        policy = sampling.sampling_copy(cfg, params, args.sample_dtype)
+        return _update_runner(bench_train_step, cfg, params, prompts, args.rows), (("step", 1),)
+    policy = sampling.sampling_copy(cfg, params, args.sample_dtype)
 
-        def run():
-            r = sampling.sample(cfg, policy, prompts, key=jax.random.key(0),
-                                max_new_tokens=args.new_tokens, temperature=1.0)
-            return np.asarray(r.tokens)
+    def run():
+        r = sampling.sample(cfg, policy, prompts, key=jax.random.key(0),
+                            max_new_tokens=args.new_tokens, temperature=1.0)
+        return np.asarray(r.tokens)
 
-        programs = (("_decode", args.new_tokens - 1), ("_prefill", 1))
-        print(f"compiling ({name}, batch {args.batch}, {args.prompt_len}-token prompts, "
-              f"{args.new_tokens} new tokens)...", flush=True)
+    print(f"compiling ({name}, batch {args.batch}, {args.prompt_len}-token prompts, "
+          f"{args.new_tokens} new tokens)...", flush=True)
+    return run, (("_decode", args.new_tokens - 1), ("_prefill", 1))
+
+
+def trace_of(run, trace_dir: Path) -> dict:
+    """The profiler's trace events of one call of `run` after a first (compiling) call."""
+    import jax
+
     run()
     start = time.perf_counter()
-    jax.profiler.start_trace(str(work / "trace"))
+    jax.profiler.start_trace(str(trace_dir))
     run()
     jax.profiler.stop_trace()
     print(f"profiled run: {time.perf_counter() - start:.2f} s (profiler on)\n")
-
-    trace_files = sorted(glob.glob(str(work / "trace" / "plugins" / "profile" / "*" / "*.trace.json.gz")))
+    trace_files = sorted(glob.glob(str(trace_dir / "plugins" / "profile" / "*" / "*.trace.json.gz")))
     if not trace_files:
-        raise SystemExit(f"profile_ops: no trace written under {work / 'trace'}")
-    trace = json.load(gzip.open(trace_files[-1]))
+        raise SystemExit(f"profile_ops: no trace written under {trace_dir}")
+    return json.load(gzip.open(trace_files[-1]))
+
+
+def print_program(trace: dict, dump: Path, program: str, steps: int, top: int, parts: bool) -> None:
+    """The wall-time table of one compiled program (and its summary by part if `parts`)."""
+    hlo_files = glob.glob(str(dump / f"*jit_{program}.cpu_after_optimizations.txt"))
+    if not hlo_files:
+        raise SystemExit(f"profile_ops: no optimised HLO for {program} in {dump}")
+    names = op_names(Path(hlo_files[-1]).read_text())
+    events = module_events(trace, f"jit_{program}")
+    rows = wall_time_by_op(events, lambda e: names.get(e["name"], e["name"]))
+    wall = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3
+    per = f", {wall / steps:.1f} ms per step over {steps} steps" if steps > 1 else ""
+    print(f"## {program.strip('_')}: {wall:.0f} ms wall{per}, {len(events)} thunks\n")
+    print("\n".join(table(rows, top, steps)) + "\n")
+    if parts:
+        print("\n".join(by_part(rows)) + "\n")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    work = Path(args.keep or tempfile.mkdtemp(prefix="grpo_jax_profile_"))
+    dump = work / "hlo"
+    # Before jax loads (model_and_prompts imports it): jax reads XLA_FLAGS then.
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} {DUMP_FLAGS}".strip()
+    cfg, params, prompts, name = model_and_prompts(args)
+    run, programs = profiled_run(args, cfg, params, prompts, name)
+    trace = trace_of(run, work / "trace")
     for program, steps in programs:
-        hlo_files = glob.glob(str(dump / f"*jit_{program}.cpu_after_optimizations.txt"))
-        if not hlo_files:
-            raise SystemExit(f"profile_ops: no optimised HLO for {program} in {dump}")
-        names = op_names(Path(hlo_files[-1]).read_text())
-        events = module_events(trace, f"jit_{program}")
-        rows = wall_time_by_op(events, lambda e: names.get(e["name"], e["name"]))
-        wall = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3
-        per = f", {wall / steps:.1f} ms per step over {steps} steps" if steps > 1 else ""
-        print(f"## {program.strip('_')}: {wall:.0f} ms wall{per}, {len(events)} thunks\n")
-        print("\n".join(table(rows, args.top, steps)) + "\n")
-        if args.update:
-            print("\n".join(by_part(rows)) + "\n")
+        print_program(trace, dump, program, steps, args.top, parts=args.update)
     if args.keep:
         print(f"trace and HLO kept in {work}")
     else:

@@ -20,6 +20,7 @@ wait policy before torch loads).
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -168,6 +169,23 @@ def make_trl_trainer(hf_dir: Path, prompt_texts: Sequence[str], *, num_generatio
 
     trainer.add_callback(Steps())
     return trainer, timer
+
+
+def run_trl(hf_dir: Path, prompt_texts: Sequence[str], *, after_warm_step: Callable[[], object],
+            **trainer_kwargs) -> list[dict[str, float]]:
+    """`timer.steps` of one `make_trl_trainer(hf_dir, prompt_texts, **trainer_kwargs)` run, in a
+    temporary output directory. `after_warm_step()` runs after every step but the first (TRL's
+    warm-up), outside the step's timing: the benchmarks interleave their own reps there."""
+
+    def between():
+        if len(timer.steps) > 1:
+            after_warm_step()
+
+    with tempfile.TemporaryDirectory() as out:
+        trainer, timer = make_trl_trainer(hf_dir, prompt_texts, output_dir=out, between_steps=between,
+                                          **trainer_kwargs)
+        trainer.train()
+    return timer.steps
 
 
 def pregenerated_rollout(prompt_ids_by_text: dict[str, list[int]], completion_ids: np.ndarray):
