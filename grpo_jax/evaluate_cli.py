@@ -142,14 +142,15 @@ def load_run(cfg: Config, task, mesh):
     return cfg, tokenizer, ckpt, steps, params if lora.enabled(cfg.model) else None
 
 
-def step_params(cfg: Config, ckpt: checkpointing.Checkpointer, step: int, mesh, base=None):
+def step_params(cfg: Config, ckpt: checkpointing.Checkpointer, step: int, mesh, base=None, pointer=None):
     """π_θ of a run's checkpoint ``step`` as full weights on ``mesh``: its policy params, or
-    for a LoRA run its adapters merged into ``base`` (refused in one line when the
-    checkpoint was saved over another base)."""
+    for a LoRA run its adapters merged into ``base``, whose ``lora.base_pointer`` is
+    ``pointer`` (computed once per run: it hashes every base weight); refused in one line
+    when the checkpoint was saved over another base."""
     if base is None:
         abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
         return ckpt.restore_params(abstract, step)
-    lora.check_base(ckpt.read_meta(step).get("base"), lora.base_pointer(cfg, base),
+    lora.check_base(ckpt.read_meta(step).get("base"), pointer,
                     f"checkpoint step {step} in {ckpt.directory}")
     abstract = checkpointing.abstract_like(lora.adapter_shapes(cfg.model), lora.adapter_shardings(cfg.model, mesh))
     return lora.merged(cfg.model, base, ckpt.restore_params(abstract, step))
@@ -253,10 +254,11 @@ def main(argv=None) -> dict:
         if args.step not in steps:
             raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {steps}")
         steps = [args.step]
+    pointer = None if base is None else lora.base_pointer(cfg, base)
     points = []
     for step in steps:
         t0 = time.perf_counter()
-        params = step_params(cfg, ckpt, step, mesh, base)
+        params = step_params(cfg, ckpt, step, mesh, base, pointer)
         summary = score(args, shards, cfg.model, params, tokenizer, task, examples, os.path.join(out, f"step-{step}"),
                         mesh, {**meta, "step": step}, time.perf_counter() - t0)
         if summary is not None:

@@ -226,10 +226,10 @@ def test_evaluation_reads_a_lora_run_as_its_merged_policy(lora_run):
     mesh = mesh_from_shape((1, 1, 1))
     got_cfg, _, ckpt, steps, base = evaluate_cli.load_run(run, _DigitShare(), mesh)
     assert steps == [2] and got_cfg.model == cfg.model
-    got = evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, base)
+    got = evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, base, lora.base_pointer(got_cfg, base))
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got), jax.tree.map(np.asarray, trainer.params))
     other = model.init_params(cfg.model, jax.random.key(1), mesh)
     with pytest.raises(CheckpointError, match="holds LoRA adapters of another base") as e:
-        evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, other)
+        evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, other, lora.base_pointer(got_cfg, other))
     assert "\n" not in str(e.value)
     ckpt.close()
