@@ -15,7 +15,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Two xdist workers share two cores: torch's OpenMP pool of one thread per core spins
-# against the other worker (transformers' forward passes slowed by tens of times), so the
+# against the other worker and stalls transformers' forward passes, so the
 # reference libraries get one thread each.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
