@@ -97,25 +97,40 @@ def test_a_cost_twin_out_of_hbm_leaves_the_time_not_counted(tiny):
     assert f"| {s['rollout_seconds']:.1f} | not counted | not counted |" in row
 
 
-def test_train_cost_counts_every_layer_and_micro_batch():
+# One run of the fit check serves the cost tests below: TPU compiles are not in jax's
+# persistent cache, so each cost twin the check compiles would otherwise be compiled again.
+# 3 layers x 3 micro-batches, 7 tokens: the whole twins the counts are compared with reach
+# past the 1-2 layers x 1-2 micro-batches / steps the counts extrapolate from.
+CHECKED = ["model.num_layers=3", "rl.num_micro_batches=3", "data.batch_size=3", "rl.group_size=4",
+           "model.remat=full", "rl.max_new_tokens=7"]
+CHECK_PROMPT = 16
+
+
+@pytest.fixture(scope="module")
+def checked():
+    from launch.compile import check
+
+    cfg = apply_overrides(get_preset("cpu-tiny"), CHECKED)
+    return cfg, check(cfg, "v5e:2x2", CHECK_PROMPT, log=lambda *_: None)
+
+
+def test_train_cost_counts_every_layer_and_micro_batch(checked):
     """The estimator's train-step count (twins at 1-2 layers x 1-2 micro-batches,
     extrapolated) equals a twin compiled whole at 3 layers x 3 micro-batches within 5%
     (XLA fuses a larger program slightly differently: 3% measured), and its FLOPs are the
     analytic count of the executed work (forward, backward, reference, remat) within 20%."""
-    cfg = apply_overrides(get_preset("cpu-tiny"), ["model.num_layers=3", "rl.num_micro_batches=3",
-                                                   "data.batch_size=3", "rl.group_size=4", "model.remat=full",
-                                                   "rl.max_new_tokens=16"])
+    cfg, results = checked
     mesh, _ = aot.topology_mesh(cfg, "v5e:2x2")
-    rows, prompt = 12, 16
-    counted = aot.train_cost(cfg, mesh, rows, prompt)
+    rows = cfg.data.batch_size * cfg.rl.group_size
+    counted = [results["train_step"]["flops_per_chip"], results["train_step"]["bytes_per_chip"]]
     with loops.unrolled():
-        whole = aot.loop_free_cost("train_step", aot.lower_train_step(cfg, mesh, rows, prompt), mesh)
+        whole = aot.loop_free_cost("train_step", aot.lower_train_step(cfg, mesh, rows, CHECK_PROMPT), mesh)
     np.testing.assert_allclose(counted, whole, rtol=0.05)
-    analytic = aot.train_flops(cfg, rows, prompt) / mesh.size
+    analytic = aot.train_flops(cfg, rows, CHECK_PROMPT) / mesh.size
     assert abs(counted[0] / analytic - 1) < 0.20, (counted[0], analytic)
 
 
-def test_sampler_cost_counts_every_layer_and_token():
+def test_sampler_cost_counts_every_layer_and_token(checked):
     """The decode's count (twins at 1-2 layers x 1-2 steps, extrapolated) equals a twin
     compiled whole at 3 layers x 6 steps: FLOPs within 1%, bytes within 10% (where the
     TPU compiler places cpu-tiny's small buffers depends on the program's size: 6%
@@ -123,21 +138,21 @@ def test_sampler_cost_counts_every_layer_and_token():
     per multiply-add of every row's matmuls, attention over every cache slot) within 20%,
     and its bytes are at least the weights' and the whole KV cache's shards (the floor;
     docs/tpu.md explains the rest op by op)."""
-    cfg = apply_overrides(get_preset("cpu-tiny"), ["model.num_layers=3", "rl.max_new_tokens=7"])
-    mesh, _ = aot.topology_mesh(cfg, "v5e:2x2")
+    cfg, results = checked
+    mesh = aot.sample_mesh(cfg, "v5e:2x2")
     prompts, g = cfg.data.batch_size, cfg.rl.group_size
-    counted = aot.sampler_cost(cfg, mesh, prompts, g, PROMPT)
-    program, args, kwargs = aot.sampler_calls(cfg, mesh, prompts, g, PROMPT, unrolled=True, cost_steps=6)["decode"]
+    decode = results["sample_decode"]
+    program, args, kwargs = aot.sampler_calls(cfg, mesh, prompts, g, CHECK_PROMPT, unrolled=True,
+                                              cost_steps=cfg.rl.max_new_tokens - 1)["decode"]
     whole = aot.loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
-    np.testing.assert_allclose(counted["decode"][0], whole[0], rtol=0.01)
-    np.testing.assert_allclose(counted["decode"][1], whole[1], rtol=0.10)
+    np.testing.assert_allclose(decode["flops_per_chip"], whole[0], rtol=0.01)
+    np.testing.assert_allclose(decode["bytes_per_chip"], whole[1], rtol=0.10)
     m = cfg.model
-    rows_per_chip = prompts * g // mesh.size
-    slots = PROMPT + shapes.bucket_length(cfg.rl.max_new_tokens)
+    rows_per_chip = -(-prompts * g // mesh.size)
+    slots = CHECK_PROMPT + shapes.bucket_length(cfg.rl.max_new_tokens)
     flops = rows_per_chip * (2 * aot.matmul_params(m) + 4 * m.num_layers * m.num_heads * m.head_dim * slots)
-    assert abs(counted["decode_per_token"][0] / flops - 1) < 0.20, (counted["decode_per_token"][0], flops)
-    floor = aot.decode_bytes_analytic(cfg, mesh, prompts, g, PROMPT)
-    assert counted["decode_per_token"][1] >= floor
+    assert abs(decode["flops_per_token"] / flops - 1) < 0.20, (decode["flops_per_token"], flops)
+    assert decode["bytes_per_token"] >= aot.decode_bytes_analytic(cfg, mesh, prompts, g, CHECK_PROMPT)
 
 
 def test_model_flops_count_the_6n_rule():
@@ -152,17 +167,13 @@ def test_model_flops_count_the_6n_rule():
                    "train_step": (6 * n + 2 * n) * rows * seq}  # β > 0: a reference pass
 
 
-def test_fit_check_passes_where_it_fits_and_leaves_the_cpu_backend():
-    from launch.compile import check
-
-    small = ["rl.max_new_tokens=16", "data.batch_size=2"]  # the cost twins compile in seconds
-    cfg = apply_overrides(get_preset("cpu-tiny"), small)
-    results = check(cfg, "v5e:2x2", PROMPT, log=lambda *_: None)
+def test_fit_check_passes_where_it_fits_and_leaves_the_cpu_backend(checked):
+    cfg, results = checked
     assert set(results) == {"sample_prefill", "sample_decode", "train_step", "summary"}
     s = results["summary"]
     assert s["fits"] and s["decode_engine"] == "shared" and 0 < s["min_headroom"] < 1
     # MFU: the model's FLOPs of the step over chips x peak x the estimated time.
-    useful = aot.model_flops(cfg, cfg.data.batch_size, PROMPT)
+    useful = aot.model_flops(cfg, cfg.data.batch_size, CHECK_PROMPT)
     mfu = (useful["prefill"] + useful["decode"] + useful["train_step"]) / 4 / 197e12 / (
         s["rollout_seconds"] + s["update_seconds"])
     assert s["mfu"] == pytest.approx(mfu)

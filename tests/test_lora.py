@@ -25,8 +25,10 @@ TOKENS = jnp.arange(1, 17, dtype=jnp.int32)[None] % TINY.vocab_size
 _logits = jax.jit(model.forward_logits, static_argnums=0)
 
 
+@jax.jit
 def _perturbed(adapters, seed=1):
-    """Adapters with every leaf (B too) random, so the policy differs from the base."""
+    """Adapters with every leaf (B too) random, so the policy differs from the base (jitted:
+    op by op, each leaf's shape would compile its own random kernel)."""
     leaves, tree = jax.tree.flatten(adapters)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
     return jax.tree.unflatten(tree, [0.3 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
