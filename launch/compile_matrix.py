@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Run launch/compile.py over the preset x slice matrix of docs/tpu.md and print the table.
 
-    python launch/compile_matrix.py [--only PRESET] [--out benchmarks/tpu_check]
+    python launch/compile_matrix.py [--only PRESET] [--missing] [--out benchmarks/tpu_check]
 
 Each entry runs in its own process (one compile at a time; a failure to fit is a
-result, not a crash) and writes OUT/PRESET_SLICE[_LABEL].json; the table is compiler
+result, not a crash) and writes OUT/PRESET_SLICE[_LABEL].json; --missing runs only the
+entries without one, so a matrix longer than a working session resumes. The table is compiler
 estimates, not measured TPU runs. OUT/before/matrix.json (the matrix of the earlier
 estimator, which counted loop bodies once and analytic FLOPs for MFU) is shown beside it.
 """
@@ -39,16 +40,24 @@ MATRIX = [
 ]
 
 
+def report_path(out: Path, preset: str, slice_name: str, label: str) -> Path:
+    return out / f"{preset}_{slice_name}{'_' + label if label else ''}.json"
+
+
+def command(preset: str, slice_name: str, extra: list[str], label: str, out: Path) -> list[str]:
+    path = report_path(out, preset, slice_name, label)
+    where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+    return ["launch/compile.py", "--slice", slice_name, "--preset", preset, "--json", where, *extra]
+
+
 def run_one(preset: str, slice_name: str, extra: list[str], label: str, out: Path) -> dict:
-    path = out / f"{preset}_{slice_name}{'_' + label if label else ''}.json"
+    path = report_path(out, preset, slice_name, label)
     cmd = [sys.executable, str(ROOT / "launch/compile.py"), "--slice", slice_name,
            "--preset", preset, "--json", str(path), *extra]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-    shown = [where if a == str(path) else a for a in cmd[2:]]
     row = {"preset": preset, "slice": slice_name, "label": label,
-           "command": " ".join(["python", "launch/compile.py", *shown]),
+           "command": " ".join(["python", *command(preset, slice_name, extra, label, out)]),
            "wall_seconds": time.perf_counter() - start, "exit_code": proc.returncode}
     if proc.returncode == 0:
         row["results"] = json.loads(path.read_text())
@@ -86,11 +95,14 @@ def table(rows: list[dict], before: dict | None = None) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="run only this preset's rows")
+    parser.add_argument("--missing", action="store_true",
+                        help="run only the rows with no report in OUT yet (a matrix cut short resumes)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/tpu_check"), help="JSON folder")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    todo = [m for m in MATRIX if args.only in (None, m[0])]
+    todo = [m for m in MATRIX if args.only in (None, m[0])
+            and not (args.missing and report_path(out, m[0], m[1], m[3]).exists())]
     rows = []
     for i, (preset, slice_name, extra, label) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {preset} on {slice_name} {' '.join(extra)}...", flush=True)
@@ -101,6 +113,13 @@ def main(argv=None) -> int:
     index = lambda r: (r["preset"], r["slice"], r.get("label", ""))
     saved = out / "matrix.json"
     merged = {index(r): r for r in (json.loads(saved.read_text()) if saved.exists() else [])}
+    for preset, slice_name, extra, label in MATRIX:  # reports written by a matrix cut short
+        path = report_path(out, preset, slice_name, label)
+        if (preset, slice_name, label) not in merged and path.exists():
+            merged[preset, slice_name, label] = {
+                "preset": preset, "slice": slice_name, "label": label, "exit_code": 0, "wall_seconds": None,
+                "command": " ".join(["python", *command(preset, slice_name, extra, label, out)]),
+                "results": json.loads(path.read_text())}
     merged.update({index(r): r for r in rows})
     order = [(p, s, label) for p, s, _, label in MATRIX]
     rows_all = [merged[k] for k in order if k in merged]

@@ -235,3 +235,30 @@ def test_evaluation_reads_a_lora_run_as_its_merged_policy(lora_run):
         evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, other, lora.base_pointer(got_cfg, other))
     assert "\n" not in str(e.value)
     ckpt.close()
+
+
+def test_export_writes_the_merged_policy_and_keeps_an_export_in_place(lora_run, tmp_path):
+    """grpo-export on a LoRA run dir: the HF folder holds the adapters merged into the base
+    (read back by our HF loader, every weight equals the Trainer's policy), the run's
+    sentencepiece tokenizer and the provenance; a second export into the same folder is
+    refused unless asked to overwrite."""
+    from grpo_jax import export_cli, pretrained
+    from grpo_jax.errors import CheckpointError, ConfigError
+    from grpo_jax.tokenizer import SentencePieceTokenizer
+
+    cfg, tokenizer, trainer = lora_run
+    out = tmp_path / "exported"
+    record = export_cli.main([cfg.run.run_dir, "--out", str(out)])
+    assert record["step"] == 2 and record["lora"]["rank"] == 8
+    assert record["lora"]["base"] == lora.base_pointer(cfg, trainer.state.base_params)
+    got_cfg, params, hf_tok = pretrained.load_hf(out)
+    assert hf_tok is None and got_cfg.embed_dim == cfg.model.embed_dim and got_cfg.lora_rank == 0
+    # The export merges on all 8 devices, the trainer on one: A·B is summed in another order.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-9),
+                 params, trainer.params)
+    saved = SentencePieceTokenizer.load(out / "tokenizer.model")
+    assert saved.encode("12+3=") == tokenizer.encode("12+3=")
+    with pytest.raises(ConfigError, match="already holds a model .*config.json.*--overwrite"):
+        export_cli.main([cfg.run.run_dir, "--out", str(out)])
+    with pytest.raises(CheckpointError, match="no checkpoint step 5"):
+        export_cli.main([cfg.run.run_dir, "--out", str(out), "--overwrite", "--step", "5"])

@@ -48,7 +48,7 @@ def test_every_entry_point_names_a_console_main():
     # The wheel's scripts call the named function with no arguments: it must exist and go
     # through grpo_jax.cli.run (console_main), not a main(argv) that returns a value.
     scripts = _scripts()
-    assert set(scripts) == {"grpo-train", "grpo-evaluate"}
+    assert set(scripts) == {"grpo-train", "grpo-evaluate", "grpo-export"}
     for target in scripts.values():
         module, attr = target.split(":")
         assert attr == "console_main" and callable(getattr(importlib.import_module(module), attr))

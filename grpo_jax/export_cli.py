@@ -1,0 +1,89 @@
+"""Export a training run's policy as an HF folder that transformers, vLLM or our own loader read.
+
+    grpo-export runs/my_run --out exported/my_run            # the latest checkpoint
+    grpo-export runs/my_run --out exported/step-200 --step 200
+
+(`grpo-export` is installed with the package; `python experiments/export.py` is the same.)
+
+The run dir is what every training script writes (grpo_jax.run_files): config.json,
+tokenizer.model and checkpoints/. A LoRA run's checkpoints hold adapters only: they are
+merged into the run's base (its run.pretrained model, or its random init) as
+W + (α/r)·A·B, after the base is checked against the fingerprint the checkpoint recorded
+(another base is refused in one line). The folder holds config.json, float32 safetensors,
+the tokenizer (tokenizer.json for a pretrained BPE model; tokenizer.model, a sentencepiece
+model, for a run that trained its own) and grpo_jax_export.json (run, step, LoRA base).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import jax
+
+from grpo_jax import cli, distributed, evaluate_cli, lora, pretrained, run_files
+from grpo_jax.bpe_tokenizer import BPETokenizer
+from grpo_jax.config import MeshConfig
+from grpo_jax.errors import CheckpointError, ConfigError
+from grpo_jax.sharding import make_mesh
+
+PROVENANCE_FILE = "grpo_jax_export.json"
+# Files whose presence means `--out` already holds an exported model.
+_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpo-export", description=__doc__.split("\n", 1)[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n", 1)[1])
+    p.add_argument("run_dir", help="a training run dir (config.json + checkpoints/)")
+    p.add_argument("--out", required=True, help="folder to write the HF model into")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step to export (default: the latest)")
+    p.add_argument("--max-shard-gb", type=float, default=5.0,
+                   help="split the safetensors into files of at most this size (default 5)")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
+    return p
+
+
+def main(argv=None) -> dict:
+    """Write the export; returns its provenance record."""
+    args = build_parser().parse_args(argv)
+    distributed.initialize()
+    saved = run_files.read_config(args.run_dir)
+    if saved is None:
+        raise ConfigError(f"{args.run_dir} is not a training run dir (no {run_files.CONFIG_FILE})")
+    out = Path(args.out)
+    taken = [f for f in _MODEL_FILES if (out / f).exists()]
+    if taken and not args.overwrite:
+        raise ConfigError(f"--out {out} already holds a model ({', '.join(taken)}); "
+                          "pass --overwrite to replace it, or choose another folder")
+    if args.max_shard_gb <= 0:
+        raise ConfigError(f"--max-shard-gb must be > 0, got {args.max_shard_gb}")
+    cfg = evaluate_cli.run_config(args.run_dir, saved)
+    mesh = make_mesh(MeshConfig(), jax.local_devices())
+    # The task only trains a tokenizer when the run has none; load_run refuses that case.
+    cfg, tokenizer, ckpt, steps, base = evaluate_cli.load_run(cfg, None, mesh)
+    step = steps[-1] if args.step is None else args.step
+    if step not in steps:
+        raise CheckpointError(f"{args.run_dir} has no checkpoint step {step}; saved steps: {steps}")
+    pointer = None if base is None else lora.base_pointer(cfg, base)
+    params = evaluate_cli.step_params(cfg, ckpt, step, mesh, base, pointer)
+    ckpt.close()
+    bpe = tokenizer if isinstance(tokenizer, BPETokenizer) else None
+    pretrained.export_hf(out, cfg.model, params, bpe, max_shard_bytes=int(args.max_shard_gb * 1e9))
+    record = {"run_dir": os.path.abspath(args.run_dir), "step": step,
+              "lora": None if base is None else {"rank": cfg.model.lora_rank, "alpha": cfg.model.lora_alpha,
+                                                 "targets": cfg.model.lora_targets, "base": pointer}}
+    if distributed.is_main_process():
+        if bpe is None:
+            tokenizer.save(out / run_files.TOKENIZER_FILE)
+        (out / PROVENANCE_FILE).write_text(json.dumps(record, indent=2))
+        merged = "" if base is None else f", LoRA adapters merged into {pointer['path'] or 'its random init'}"
+        print(f"exported step {step} of {args.run_dir}{merged} to {out}")
+    return record
+
+
+def console_main() -> None:
+    """The `grpo-export` entry point: library errors as one line, exit 2 (grpo_jax.cli)."""
+    cli.run(main, prog="grpo-export")
