@@ -541,11 +541,32 @@ def qwen2_5_1_5b() -> Config:
     )
 
 
+def deepseekmath_rl_7b_lora() -> Config:
+    """The 7B recipe with rank-16 LoRA adapters (alpha 32, every projection) on one TPU
+    host: v5p-8, v6e-8 or v5litepod-8 (docs/tpu.md). The frozen float32 base is π_ref too,
+    so the host keeps one copy of the weights plus small adapters and their AdamW moments
+    instead of policy, reference and two moments (docs/lora.md).
+
+    The batch is the paper's other reading of "batch size 1024": 16 questions x 64 outputs
+    (``deepseekmath_rl_7b``'s docstring), one question per sampler call (64 rows), and 128
+    micro-batches of 8 rows (one per chip on an 8-chip host). lr 1e-5: the adapters start
+    at B = 0 and their update is confined to rank 16, so the full fine-tune's 1e-6 would
+    barely move them; a starting point to tune, not a measured optimum."""
+    return deepseekmath_rl_7b().replace(
+        model={"lora_rank": 16, "lora_alpha": 32.0},
+        optimizer={"peak_lr": 1e-5},
+        rl={"sample_prompts": 1, "num_micro_batches": 128},
+        data={"batch_size": 16},
+        run={"run_dir": "runs/deepseekmath-rl-7b-lora"},
+    ).validate()
+
+
 PRESETS: dict[str, Callable[[], Config]] = {
     "cpu-tiny": cpu_tiny,
     "smollm2-135m": smollm2_135m,
     "qwen2.5-1.5b": qwen2_5_1_5b,
     "deepseekmath-rl-7b": deepseekmath_rl_7b,
+    "deepseekmath-rl-7b-lora": deepseekmath_rl_7b_lora,
 }
 
 

@@ -37,6 +37,11 @@ MATRIX = [
     ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=2"], "sample_prompts-2"),
     ("deepseekmath-rl-7b", "v5litepod-256", [], ""),
     ("deepseekmath-rl-7b", "v5p-8", ["rl.sample_prompts=1", "rl.num_micro_batches=4096"], "smallest"),
+    # LoRA on one host (docs/lora.md): the 7B recipe's preset, and the 1.5B beside its full fine-tune.
+    ("deepseekmath-rl-7b-lora", "v5p-8", [], ""),
+    ("deepseekmath-rl-7b-lora", "v6e-8", [], ""),
+    ("deepseekmath-rl-7b-lora", "v5litepod-8", [], ""),
+    ("qwen2.5-1.5b", "v5litepod-8", ["model.lora_rank=16", "model.lora_alpha=32"], "lora"),
 ]
 
 
