@@ -41,7 +41,6 @@ from grpo_jax.reward_models import (ReplayBuffer, label_completions, labelled_sa
 from grpo_jax.sharding import to_host
 from grpo_jax.stats import format_interval
 from grpo_jax.tokenizer import encode_prompt
-from grpo_jax.train_step import reset_reference
 from grpo_jax.trainer import Trainer
 
 
@@ -95,7 +94,7 @@ def run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0: float,
         print(f"[iterative] seed {seed} iteration {it}: reward-model pairwise accuracy {rm_acc[-1]:.3f} on "
               f"held-out SFT-style samples, {rm_on_policy[-1]:.3f} on the policy's own samples")
         if it > 0:  # Algorithm 1, line 3: π_ref ← π_θ; r_φ is the one retrained after iteration it-1
-            trainer.state = reset_reference(trainer.state)
+            trainer.reset_reference()
             trainer.reward_model = rm
         trainer.train(steps=(it + 1) * m)
         if it + 1 < args.iterations:

@@ -145,13 +145,14 @@ def load_run(cfg: Config, task, mesh):
 def step_params(cfg: Config, ckpt: checkpointing.Checkpointer, step: int, mesh, base=None, pointer=None):
     """π_θ of a run's checkpoint ``step`` as full weights on ``mesh``: its policy params, or
     for a LoRA run its adapters merged into ``base``, whose ``lora.base_pointer`` is
-    ``pointer`` (computed once per run: it hashes every base weight); refused in one line
-    when the checkpoint was saved over another base."""
+    ``pointer`` (computed once per run: it hashes every base weight), or into the base a
+    reference reset saved in the run (``lora.resolve_base``); refused in one line when the
+    checkpoint was saved over another base."""
     if base is None:
         abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
         return ckpt.restore_params(abstract, step)
-    lora.check_base(ckpt.read_meta(step).get("base"), pointer,
-                    f"checkpoint step {step} in {ckpt.directory}")
+    base, _ = lora.resolve_base(ckpt.read_meta(step).get("base"), base, pointer, cfg.run.run_dir,
+                                f"checkpoint step {step} in {ckpt.directory}")
     abstract = checkpointing.abstract_like(lora.adapter_shapes(cfg.model), lora.adapter_shardings(cfg.model, mesh))
     return lora.merged(cfg.model, base, ckpt.restore_params(abstract, step))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from typing import Any
 
 import jax
@@ -113,6 +114,12 @@ def _initializer(cfg: ModelConfig, mesh: Mesh | None):
     return jax.jit(init, out_shardings=None if mesh is None else adapter_shardings(cfg, mesh))
 
 
+def zero_b(adapters: Params) -> Params:
+    """The adapters with every B at 0 (A kept): added to any base, they leave it unchanged."""
+    return {"layers": {m: {k: jnp.zeros_like(x) if k.endswith("_lora_b") else x for k, x in leaves.items()}
+                       for m, leaves in adapters["layers"].items()}}
+
+
 def policy_params(base: Params, adapters: Params) -> Params:
     """π_θ as the model reads it: the base params with each adapter leaf beside the weight
     it adapts (no array is copied; the model merges them layer by layer)."""
@@ -197,6 +204,23 @@ def base_pointer(cfg: Any, base: Params) -> dict:
     """What a LoRA checkpoint records about the weights it adapts: run.pretrained (empty
     for a random init) and the base's ``fingerprint``."""
     return {"path": cfg.run.pretrained, "fingerprint": fingerprint(base)}
+
+
+def resolve_base(saved: dict | None, base: Params, pointer: dict, run_dir: str, where: str) -> tuple[Params, dict]:
+    """(base, pointer) a LoRA checkpoint was saved over, given its recorded pointer
+    ``saved``: ``base`` itself when the fingerprints agree, or the base a reference reset
+    merged and saved into the run (``Trainer.reset_reference``: ``saved["path"]`` under
+    ``run_dir``), read back onto ``base``'s mesh and checked; any other is refused in one
+    line (``check_base``)."""
+    saved = saved or {}
+    if saved.get("fingerprint") == pointer["fingerprint"] or "merged_at" not in saved:
+        check_base(saved, pointer, where)
+        return base, pointer
+    from grpo_jax import pretrained
+
+    _, merged_base, _ = pretrained.load_converted(os.path.join(run_dir, saved["path"]), mesh=mesh_of(base))
+    check_base(saved, {**saved, "fingerprint": fingerprint(merged_base)}, where)
+    return merged_base, saved
 
 
 def check_base(saved: dict | None, current: dict, where: str) -> None:

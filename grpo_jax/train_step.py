@@ -47,7 +47,7 @@ from grpo_jax import model as model_lib
 from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorithm,
                                  split_micro_batches)
 from grpo_jax.batching import Batch
-from grpo_jax.config import Config
+from grpo_jax.config import Config, ModelConfig
 from grpo_jax.sharding import batch_sharding, mesh_of, on_mesh, replicated
 
 __all__ = ["TrainState", "TrainStep", "METRIC_NAMES", "init_train_state", "keeps_reference_copy", "make_train_step", "reset_reference",
@@ -151,11 +151,16 @@ def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
                       value_params=value_params, value_opt_state=value_opt_state, base_params=base)
 
 
-def reset_reference(state: TrainState) -> TrainState:
-    """π_ref ← π_θ (iterative GRPO, Algorithm 1 line 3). No-op when no reference is kept."""
+def reset_reference(state: TrainState, model_cfg: ModelConfig | None = None) -> TrainState:
+    """π_ref ← π_θ (iterative GRPO, Algorithm 1 line 3). No-op when no reference is kept.
+    Under LoRA (``model_cfg`` needed) the reference is the base: the adapters are merged
+    into it and B set to 0, so the policy does not change, and A and the optimizer state
+    carry on as a full fine-tune's optimizer state does across the reset."""
     if state.base_params is not None:
-        raise ValueError("a LoRA policy's reference is its base: reset_reference would have to "
-                         "merge the adapters into a new base, which is not supported yet")
+        if model_cfg is None:
+            raise ValueError("reset_reference of a LoRA state needs its model config (lora_alpha, lora_targets)")
+        return state.replace(base_params=lora.merged(model_cfg, state.base_params, state.params),
+                             params=lora.zero_b(state.params))
     if state.ref_params is None:
         return state
     return state.replace(ref_params=_copy(state.params))

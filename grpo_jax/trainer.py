@@ -25,7 +25,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, lora, programs, run_files, sampling
+from grpo_jax import checkpointing, lora, pretrained, programs, run_files, sampling
 from grpo_jax.sampling import sampling_copy
 from grpo_jax.algorithms import get_algorithm
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
@@ -39,7 +39,7 @@ from grpo_jax.optimizer import updates_applied
 from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, encode_prompt
-from grpo_jax.train_step import init_train_state
+from grpo_jax.train_step import init_train_state, reset_reference
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,11 @@ class Trainer:
         if restored is None:
             return None
         step, tree, meta = restored
+        base = self.state.base_params
         if self.base_pointer is not None:
-            lora.check_base(meta.get("base"), self.base_pointer, f"checkpoint step {step} in {self.ckpt.directory}")
-        self.state = tree["state"].replace(base_params=self.state.base_params)
+            base, self.base_pointer = lora.resolve_base(meta.get("base"), base, self.base_pointer, self.cfg.run.run_dir,
+                                                        f"checkpoint step {step} in {self.ckpt.directory}")
+        self.state = tree["state"].replace(base_params=base)
         self.rng = jax.random.wrap_key_data(tree["rng"])
         self.start_step = self.next_step = step
         self.bad_steps = int(meta.get("bad_steps", 0))
@@ -154,6 +156,18 @@ class Trainer:
         if self.base_pointer is not None:
             meta["base"] = self.base_pointer
         self.ckpt.save(step, self.checkpoint_tree(), meta)
+
+    def reset_reference(self) -> None:
+        """π_ref ← π_θ (``train_step.reset_reference``; iterative GRPO). Under LoRA that makes
+        a new base: it is saved once into the run dir (bases/step-N, ``pretrained.save_converted``)
+        and the checkpoints that follow point to it, so they resume and evaluate over the
+        base they were trained on."""
+        self.state = jax.device_put(reset_reference(self.state, self.cfg.model), self.step_fn.state_shardings)
+        if self.base_pointer is not None:
+            rel = os.path.join("bases", f"step-{self.next_step}")
+            pretrained.save_converted(os.path.join(self.cfg.run.run_dir, rel), self.cfg.model, self.state.base_params)
+            self.base_pointer = {"path": rel, "fingerprint": lora.fingerprint(self.state.base_params),
+                                 "merged_at": self.next_step}
 
     @property
     def params(self):

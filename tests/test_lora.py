@@ -262,3 +262,61 @@ def test_export_writes_the_merged_policy_and_keeps_an_export_in_place(lora_run, 
         export_cli.main([cfg.run.run_dir, "--out", str(out)])
     with pytest.raises(CheckpointError, match="no checkpoint step 5"):
         export_cli.main([cfg.run.run_dir, "--out", str(out), "--overwrite", "--step", "5"])
+
+
+def test_reset_reference_merges_the_adapters_into_the_base_and_keeps_the_policy():
+    """π_ref ← π_θ under LoRA: the base becomes the merged policy, B returns to 0 (A and the
+    optimizer state carry on), so the policy's logits do not move and the reference's are
+    the old policy's."""
+    cfg = _cfg(beta=0.04)
+    tx = optax.adamw(1e-2)
+    state = ts.init_train_state(cfg, model.init_params(TINY, jax.random.key(0)), tx)
+    state = state.replace(params=_perturbed(state.params))
+    before = _logits(TINY, lora.policy_params(state.base_params, state.params), TOKENS)
+    with pytest.raises(ValueError, match="needs its model config"):
+        ts.reset_reference(state)
+    reset = ts.reset_reference(state, TINY)
+    after = lora.model_view(reset)
+    np.testing.assert_allclose(_logits(TINY, after.params, TOKENS), before, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_logits(TINY, after.ref_params, TOKENS), before, rtol=1e-5, atol=1e-5)
+    for m, leaves in reset.params["layers"].items():
+        for k, x in leaves.items():
+            want = np.zeros_like(x) if k.endswith("_lora_b") else state.params["layers"][m][k]
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(want))
+    assert reset.opt_state is state.opt_state
+
+
+def test_a_reset_lora_run_saves_its_new_base_and_resumes_and_evaluates_over_it(tmp_path):
+    """Trainer.reset_reference under LoRA saves the merged base into the run (bases/step-N);
+    the checkpoints after it point there, so a resumed Trainer and grpo-evaluate read the
+    policy the run trained, not the adapters over the original base."""
+    from grpo_jax import evaluate_cli
+    from grpo_jax.run_files import read_config
+    from grpo_jax.train_cli import shared_tokenizer
+
+    cfg = load_config("cpu-tiny", [
+        "model.lora_rank=4", "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "model.head_dim=16", "model.mlp_dim=64", "model.max_seq_len=64",
+        "run.steps=2", "run.eval_every=0", "run.checkpoint_every=0", "data.batch_size=2",
+        "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={tmp_path}"])
+    tokenizer = shared_tokenizer(_DigitShare(), str(tmp_path), vocab_size=64)
+    cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size})
+    trainer = _lora_trainer(cfg, tokenizer)
+    original = lora.base_pointer(cfg, trainer.state.base_params)
+    trainer.train(steps=1)
+    trainer.reset_reference()
+    assert (tmp_path / "bases" / "step-1" / "model_config.json").exists()
+    assert trainer.base_pointer["merged_at"] == 1 and trainer.base_pointer["fingerprint"] != original["fingerprint"]
+    trainer.train(steps=2)
+    trainer.close()
+    want = jax.tree.map(np.asarray, trainer.params)
+    resumed = _lora_trainer(cfg, tokenizer)
+    assert resumed.start_step == 2 and resumed.base_pointer == trainer.base_pointer
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, resumed.params), want)
+    resumed.close()
+    run = evaluate_cli.run_config(str(tmp_path), read_config(str(tmp_path)))
+    mesh = mesh_from_shape((1, 1, 1))
+    got_cfg, _, ckpt, steps, base = evaluate_cli.load_run(run, _DigitShare(), mesh)
+    got = evaluate_cli.step_params(got_cfg, ckpt, steps[-1], mesh, base, lora.base_pointer(got_cfg, base))
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got), want)
+    ckpt.close()
