@@ -16,6 +16,7 @@ from grpo_jax import checkpointing
 from grpo_jax import config as config_lib
 from grpo_jax.model import init_params
 from grpo_jax.tasks import get_task
+from grpo_jax.train_cli import arithmetic_knobs
 from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
 from grpo_jax.trainer import Trainer
 
@@ -54,8 +55,7 @@ def load_cfg(args, extra_defaults=()) -> config_lib.Config:
 
 
 def make_task(cfg):
-    return get_task("arithmetic", num_operands=cfg.data.num_operands, max_digits=cfg.data.max_digits,
-                    slip=cfg.data.slip)
+    return get_task("arithmetic", **arithmetic_knobs(cfg.data))
 
 
 def tokenizer_for(task, cfg, root: str, vocab: int):

@@ -316,6 +316,10 @@ class DataConfig:
     # arithmetic SFT errors (tasks/arithmetic.py): random | carry (each carry dropped with
     # probability wrong_step_prob) | carry_habit (a solution drops all its carries or none)
     slip: str = "random"
+    # arithmetic: the reward of a well-formed wrong answer (0 makes the reward correctness
+    # only), and the fewest steps of a question's chain that carry or borrow
+    format_reward: float = 0.1
+    min_carries: int = 0
     seed: int = 0
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing
 
@@ -329,6 +333,11 @@ class DataConfig:
         _positive(self, "max_digits")
         if not 0 <= self.wrong_step_prob <= 1:
             raise ConfigError(f"data.wrong_step_prob must be in [0, 1], got {self.wrong_step_prob}")
+        if not 0 <= self.format_reward < 1:
+            raise ConfigError(f"data.format_reward must be in [0, 1) (a right answer earns 1), got {self.format_reward}")
+        if not 0 <= self.min_carries < self.num_operands:
+            raise ConfigError(f"data.min_carries must be in [0, data.num_operands - 1] (one per step at most), "
+                              f"got {self.min_carries} with {self.num_operands} operands")
 
 
 @dataclass(frozen=True)

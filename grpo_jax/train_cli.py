@@ -56,12 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ============================================================================ pieces
 
+def arithmetic_knobs(d: config_lib.DataConfig) -> dict:
+    """The arithmetic task's arguments from the data section: every script that builds the
+    task from a config builds it with these."""
+    return dict(num_operands=d.num_operands, max_digits=d.max_digits, slip=d.slip,
+                format_reward=d.format_reward, min_carries=d.min_carries)
+
+
 def make_task(cfg: config_lib.Config):
     from grpo_jax.tasks import get_task
 
     d = cfg.data
     if d.task == "arithmetic":
-        return get_task("arithmetic", num_operands=d.num_operands, max_digits=d.max_digits, slip=d.slip)
+        return get_task("arithmetic", **arithmetic_knobs(d))
     if d.task in ("gsm8k", "math"):
         return get_task(d.task, manual_dir=d.data_dir or None, skip_bad_rows=d.skip_bad_rows)
     return get_task(d.task)

@@ -100,6 +100,7 @@ CHANGES = {
     "data.eval_size": (3, "grpo", {}),
     "data.wrong_step_prob": (0.9, "grpo", {}),
     "data.slip": ("carry", "grpo", {}),
+    "data.min_carries": (2, "grpo", {}),
     "data.seed": (5, "grpo", {}),
     "data.skip_bad_rows": (True, "grpo", {}),  # refused (warned) for the generated default task
 }
@@ -113,6 +114,7 @@ ELSEWHERE = {
     "rl.decode": "test_programs.py::test_the_trainer_runs_the_programs_the_aot_check_lowers",
     "model.attention": "test_splash.py::test_train_step_with_splash_compiles_for_a_tpu",
     "data.data_dir": "test_tasks_datasets.py::test_gsm8k_examples",
+    "data.format_reward": "test_tasks_arithmetic.py::test_format_reward_from_the_config_is_the_wrong_answers_reward",
     "run.run_dir": "test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
     "run.seed": "test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
     "run.checkpoint_every": "test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",

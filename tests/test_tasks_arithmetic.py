@@ -256,3 +256,44 @@ def test_invalid_knobs():
     for kwargs in [dict(num_operands=1), dict(operations="%"), dict(operations=""), dict(max_digits=0)]:
         with pytest.raises(ValueError):
             ArithmeticTask(**kwargs)
+
+
+def _carries_by_columns(a: int, op: str, b: int) -> bool:
+    """Whether a + b carries or a - b borrows in some decimal column (a, b >= 0)."""
+    while a or b:
+        if (op == "+" and a % 10 + b % 10 >= 10) or (op == "-" and a % 10 < b % 10):
+            return True
+        a, b = a // 10, b // 10
+    return False
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_min_carries_keeps_the_questions_whose_chain_carries_that_often(k):
+    task = ArithmeticTask(num_operands=4, max_digits=2, min_carries=k)
+    for ex in task.examples("train", 40, seed=1):
+        value, carrying = ex.meta["operands"][0], 0
+        for op, b in zip(ex.meta["ops"], ex.meta["operands"][1:]):
+            carrying += value >= 0 and b >= 0 and _carries_by_columns(value, op, b)
+            value = value + b if op == "+" else value - b
+        assert carrying >= k, ex.prompt
+    # 0 is the stream without the knob; an impossible count is refused.
+    assert ArithmeticTask(num_operands=4, min_carries=0).examples("train", 30, 2) == \
+        ArithmeticTask(num_operands=4).examples("train", 30, 2)
+    with pytest.raises(ValueError, match="min_carries must be in"):
+        ArithmeticTask(num_operands=4, min_carries=4)
+
+
+def test_format_reward_from_the_config_is_the_wrong_answers_reward():
+    from grpo_jax.config import ConfigError, load_config
+    from grpo_jax.train_cli import make_task
+
+    task = make_task(load_config("cpu-tiny", ["data.format_reward=0", "data.num_operands=2"]))
+    ex = task.examples("train", 1, 0)[0]
+    right = task.sft_text(ex)
+    wrong = right.replace(f"A: {ex.answer}", f"A: {int(ex.answer) + 1}")
+    assert (task.reward(right, ex), task.reward(wrong, ex)) == (1.0, 0.0)
+    assert make_task(load_config("cpu-tiny", ["data.num_operands=2"])).reward(wrong, ex) == 0.1
+    with pytest.raises(ConfigError, match="data.format_reward must be in"):
+        load_config("cpu-tiny", ["data.format_reward=1"])
+    with pytest.raises(ConfigError, match="data.min_carries must be in"):
+        load_config("cpu-tiny", ["data.min_carries=3"])

@@ -76,6 +76,15 @@ def carry_slip(a: int, op: str, b: int) -> int | None:
     return None if out == apply_op(a, op, b) else out
 
 
+def carrying_steps(operands: Sequence[int], ops: Sequence[str]) -> int:
+    """How many steps of the right chain carry or borrow (where ``carry_slip`` applies)."""
+    value, n = operands[0], 0
+    for op, b in zip(ops, operands[1:]):
+        n += carry_slip(value, op, b) is not None
+        value = apply_op(value, op, b)
+    return n
+
+
 def _divisors(value: int, hi: int) -> list[int]:
     value = abs(value)
     if value == 0:
@@ -153,8 +162,11 @@ class ArithmeticTask(Task):
     """Multi-step integer arithmetic; see the module docstring for the exact format.
 
     Difficulty knobs: ``num_operands`` (an int, or an inclusive ``(min, max)`` range),
-    ``max_digits`` per operand, ``operations`` (a string over ``+-*/``), and
-    ``allow_negative`` intermediate results.
+    ``max_digits`` per operand, ``operations`` (a string over ``+-*/``),
+    ``allow_negative`` intermediate results, and ``min_carries``: questions whose right
+    chain carries or borrows at fewer steps are skipped (0 keeps every question, and the
+    question stream is then the same as without the knob). ``format_reward``: the reward
+    of a well-formed wrong answer; 0 makes the outcome reward correctness only.
 
     ``slip`` is how the SFT corpus goes wrong (see :meth:`sft_text`): ``"random"`` slips
     are noise around the right result, so the right result stays the most likely one;
@@ -176,6 +188,7 @@ class ArithmeticTask(Task):
         allow_negative: bool = False,
         format_reward: float = 0.1,
         slip: str = "random",
+        min_carries: int = 0,
     ):
         if slip not in SLIPS:
             raise ValueError(f"slip must be one of {SLIPS}, got {slip!r}")
@@ -186,12 +199,15 @@ class ArithmeticTask(Task):
             raise ValueError(f"operations must be a non-empty string over '+-*/', got {operations!r}")
         if max_digits < 1:
             raise ValueError(f"max_digits must be >= 1, got {max_digits}")
+        if not 0 <= min_carries < hi:
+            raise ValueError(f"min_carries must be in [0, num_operands - 1], got {min_carries} with up to {hi} operands")
         self.num_operands = (lo, hi)
         self.max_digits = max_digits
         self.operations = operations
         self.allow_negative = allow_negative
         self.format_reward = format_reward
         self.slip = slip
+        self.min_carries = min_carries
 
     # ------------------------------------------------------------------ data
     def make_example(self, operands: Sequence[int], ops: Sequence[str]) -> Example:
@@ -218,7 +234,8 @@ class ArithmeticTask(Task):
             operands, ops = generate_problem(
                 rng, count, self.max_digits, self.operations, self.allow_negative
             )
-            if _split_for(expression_text(operands, ops)) == split:
+            if _split_for(expression_text(operands, ops)) == split and \
+                    carrying_steps(operands, ops) >= self.min_carries:
                 out.append(self.make_example(operands, ops))
         if len(out) == n:
             return out
