@@ -38,7 +38,7 @@ CPU_DEFAULTS = [
 
 # What an SFT start depends on besides the model (see sft_start).
 SFT_CACHE_FIELDS = ("optimizer", "run.seed", "run.steps", "data.task", "data.seed", "data.batch_size",
-                    "data.num_operands", "data.max_digits", "data.slip", "data.wrong_step_prob")
+                    "data.num_operands", "data.max_digits", "data.slip", "data.wrong_step_prob", "data.min_carries")
 
 
 def add_sft_args(parser) -> None:
