@@ -18,6 +18,8 @@ compiled program is the per-device SPMD program, so the bytes are per device.
 3. Chunked log-probs: gradient of the masked mean completion log-prob w.r.t. (hidden
    states, unembedding) — the loss path — with `logprobs.token_logprobs` (chunks of c
    positions, each rematerialised) vs materialising the [B,T,V] float32 logits.
+4. LoRA: the GRPO (β = 0.04) step of a full fine-tune against LoRA adapters of rank 8 and
+   16 on the same frozen base, one device, compiled as the trainer compiles it.
 """
 
 from __future__ import annotations
@@ -191,6 +193,29 @@ def chunked_section(rep, grpo, rows: int, tc: int, quick: bool) -> dict:
     return chunk_res
 
 
+def lora_section(rep, grpo, shape: Shape) -> dict:
+    """The GRPO (β = 0.04) step on one device, full fine-tune against LoRA adapters
+    (`model.lora_rank`): {label: aot.memory of the step as the trainer compiles it}."""
+    from grpo_jax import aot, sharding
+    from grpo_jax.config import apply_overrides
+
+    mesh = sharding.mesh_from_shape((1, 1, 1))
+    variants = {"full fine-tune": [], "LoRA rank 8": ["model.lora_rank=8"], "LoRA rank 16": ["model.lora_rank=16"]}
+    out = {}
+    for label, overrides in variants.items():
+        cfg = apply_overrides(grpo, [f"rl.max_new_tokens={shape.completion}", *overrides])
+        out[label] = aot.memory(aot.compile_train_step(cfg, mesh, shape.rows, shape.prompt)[0])
+    full = out["full fine-tune"]["peak_bytes"]
+    rep.emit("LoRA (the GRPO β=0.04 step on one device; the frozen base is π_ref, AdamW holds the adapters only):")
+    rep.emit()
+    rep.table(["train step", "peak", "arguments (state + batch)", "temporaries", "peak / full"],
+              [[k, common.fmt_bytes(v["peak_bytes"]), common.fmt_bytes(v["argument_bytes"]),
+                common.fmt_bytes(v["temp_bytes"]), f"{v['peak_bytes'] / full:.2f}×"] for k, v in out.items()])
+    rep.results.update({"lora8_vs_full_peak_bytes_ratio": out["LoRA rank 8"]["peak_bytes"] / full,
+                        "lora16_vs_full_peak_bytes_ratio": out["LoRA rank 16"]["peak_bytes"] / full})
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     rep = common.Report("memory", args)
@@ -205,7 +230,8 @@ def main(argv=None) -> int:
     grpo = configs["GRPO β=0.04"]
     fsdp = fsdp_section(rep, grpo, algo["GRPO β=0.04"], shape, args.quick)
     chunk_res = chunked_section(rep, grpo, shape.rows, shape.completion, args.quick)
-    rep.details.update({"algorithms": algo, "fsdp": {str(m): v for m, v in fsdp.items()},
+    lora = lora_section(rep, grpo, shape)
+    rep.details.update({"algorithms": algo, "fsdp": {str(m): v for m, v in fsdp.items()}, "lora": lora,
                         "chunked": {f"{t}x{c}": v for (t, c), v in chunk_res.items()},
                         "shape": {"rows": shape.rows, "prompt": shape.prompt, "completion": shape.completion,
                                   "micro_batches": args.micro_batches, "model": model_name}})
