@@ -41,16 +41,12 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     per_call = cfg.rl.sample_prompts or questions
     calls = -(-questions // per_call)
     results = {}
-    # The train state (the train step's donated arguments) stays in HBM while the sampler runs.
-    state_bytes = aot.bytes_per_chip(aot.train_state(cfg, mesh)[1])
     smesh = aot.sample_mesh(cfg, slice_name)
     engine = programs.decode_engine(cfg, smesh)
-    log(f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
-        f"policy, decode engine {engine}, mesh {dict(smesh.shape)}, {state_bytes / 1e9:.2f} GB/chip of "
-        "train state resident")
-    compiled = aot.compile_sampler(cfg, smesh, per_call, g, prompt_len)
-    for name, (program, _) in compiled.items():  # every fit first: counting costs more compiles
-        aot.check_fit(f"sample_{name}", aot.fit(program, chip, state_bytes))
+    compiled, state_bytes = fitted_sampler(cfg, slice_name, prompt_len, lambda b: log(
+        f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
+        f"policy, decode engine {engine}, mesh {dict(smesh.shape)}, {b / 1e9:.2f} GB/chip of "
+        "train state resident"))
     rows = questions * programs.group_size(cfg)
     if not sampler_only:
         log(f"[2/2] train step: {rows} rows x ({prompt_len}+{cfg.rl.max_new_tokens}) tokens, "
@@ -80,6 +76,56 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     results["summary"] = summary(results, chip, slice_name=slice_name, topology=topology, chips=mesh.size,
                                  decode_engine=engine)
     return results
+
+
+def fitted_sampler(cfg, slice_name: str, prompt_len: int, announce=lambda state_bytes: None):
+    """(the sampler's compiled programs for one call of rl.sample_prompts questions, the
+    train state's bytes per chip); aot.FitError naming the first program that does not fit
+    HBM beside the train state (the train step's donated arguments stay resident while the
+    sampler runs)."""
+    mesh, topology = aot.topology_mesh(cfg, slice_name)
+    state_bytes = aot.bytes_per_chip(aot.train_state(cfg, mesh)[1])
+    announce(state_bytes)
+    per_call = cfg.rl.sample_prompts or cfg.data.batch_size
+    compiled = aot.compile_sampler(cfg, aot.sample_mesh(cfg, slice_name), per_call, cfg.rl.group_size, prompt_len)
+    for name, (program, _) in compiled.items():  # every fit first: counting costs more compiles
+        aot.check_fit(f"sample_{name}", aot.fit(program, chip_of(topology), state_bytes))
+    return compiled, state_bytes
+
+
+def largest_fitting(candidates: list[int], fits) -> int | None:
+    """The largest of ascending ``candidates`` for which ``fits`` holds, by bisection (fit
+    is monotone: more questions per call never need less HBM); None if none does."""
+    lo, hi = -1, len(candidates)  # candidates[lo] fits (or lo = -1), candidates[hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(candidates[mid]):
+            lo = mid
+        else:
+            hi = mid
+    return candidates[lo] if lo >= 0 else None
+
+
+def search_sample_prompts(cfg, slice_name: str, prompt_len: int, log=print) -> int:
+    """The most questions per sampler call (rl.sample_prompts, a divisor of data.batch_size
+    so that every call is full) whose sampler fits the slice beside the train state; fit
+    checks only, no cost count. aot.FitError when not even one question fits."""
+    batch = cfg.data.batch_size
+
+    def fits(n: int) -> bool:
+        try:
+            fitted_sampler(cfg.replace(rl={"sample_prompts": n}), slice_name, prompt_len)
+        except aot.FitError as e:
+            log(f"  sample_prompts={n}: does not fit ({e})")
+            return False
+        log(f"  sample_prompts={n}: fits")
+        return True
+
+    best = largest_fitting([d for d in range(1, batch + 1) if batch % d == 0], fits)
+    if best is None:
+        raise aot.FitError(f"sample_prompts: not even one question ({cfg.rl.group_size} rows) per sampler call "
+                           f"fits {slice_name}")
+    return best
 
 
 def _counted(count, names, log) -> dict:
@@ -126,6 +172,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the per-program reports here")
     parser.add_argument("--sampler-only", action="store_true",
                         help="compile and count the sampler's programs only (no train step)")
+    parser.add_argument("--search-sample-prompts", action="store_true",
+                        help="find the most questions per sampler call (rl.sample_prompts) that fit, "
+                             "by sampler fit checks only, and print it")
     add_config_args(parser)
     args = parser.parse_args(argv)
     if not aot.libtpu_available():
@@ -133,6 +182,15 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     cfg = config_from_args(args)
+    if args.search_sample_prompts:
+        try:
+            best = search_sample_prompts(cfg, args.slice, args.prompt_len)
+        except aot.FitError as e:
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            return 1
+        print(f"rl.sample_prompts={best}: the most questions per sampler call whose sampler fits "
+              f"{args.slice} beside the train state ({best * cfg.rl.group_size} rows per call)")
+        return 0
     try:
         results = check(cfg, args.slice, args.prompt_len, sampler_only=args.sampler_only)
     except aot.FitError as e:

@@ -281,3 +281,14 @@ def test_train_step_gathers_the_unembedding_once_per_pass_and_reduce_scatters_it
     assert f"[{e},{v}]" in weights
     assert not [op for op in ops if op["kind"] == "all-reduce"
                 and any(s[s.index("["):] in weights for s in op["shapes"])]
+
+
+def test_the_sample_prompts_search_bisects_to_the_largest_that_fits():
+    from launch.compile import largest_fitting
+
+    divisors = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    for limit in (0, 1, 3, 64, 1000, 1024):
+        asked = []
+        got = largest_fitting(divisors, lambda n: asked.append(n) or n <= limit)
+        assert got == max((d for d in divisors if d <= limit), default=None), limit
+        assert len(asked) <= 4 and len(set(asked)) == len(asked)  # ⌈log2(12)⌉ compiles, none twice
