@@ -70,6 +70,8 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                            "deepseekmath-rl-7b (the paper's TPU recipe)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--memory", action="store_true",
+                   help="print the compiled train step's memory for this config (full or LoRA) and exit")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="run.seed values, one run each in <run.run_dir>/seed<N> (default: one run "
                         "with run.seed, in run.run_dir)")
@@ -160,6 +162,8 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
         raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
     cfg = cfg.replace(model=model_cfg).validate()
     tokenizer = ChatTokenizer(tokenizer)
+    if args.memory:
+        return train_step_memory(cfg, tokenizer, mesh, say)
     control = control_accuracy(cfg, params, tokenizer, mesh, control_style, say) if control_style else None
     if args.seeds is None:
         return run_seed(args, cfg, params, tokenizer, mesh, say, control)
@@ -295,6 +299,26 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
         say(f"summary: {os.path.join(cfg.run.run_dir, 'summary.json')}")
         say(f"plot:    {png}")
     return summary
+
+
+def train_step_memory(cfg, tokenizer, mesh, say) -> dict:
+    """The train step as the trainer compiles it (``aot.memory``, per device) for a step of
+    data.batch_size questions x G, prompts padded to the bucket of the longest of the
+    first 64 training questions' prompts (the trainer pads each step to its own longest)."""
+    from grpo_jax import aot
+    from grpo_jax.shapes import bucket_length
+    from grpo_jax.tasks.chat import chat_task
+    from grpo_jax.tokenizer import encode_prompt
+
+    task = chat_task(make_base_task(cfg)[0], tokenizer)
+    prompt = bucket_length(max(len(encode_prompt(tokenizer, ex.prompt)) for ex in task.examples("train", 64, cfg.data.seed)))
+    rows = cfg.data.batch_size * cfg.rl.group_size
+    mem = aot.memory(aot.compile_train_step(cfg, mesh, rows, prompt)[0])
+    say(f"train step ({'LoRA rank ' + str(cfg.model.lora_rank) if cfg.model.lora_rank else 'full fine-tune'}, "
+        f"{rows} rows x ({prompt} + {cfg.rl.max_new_tokens}) tokens, {mesh.size} device(s)): peak "
+        f"{mem['peak_bytes'] / 1e9:.2f} GB per device = arguments {mem['argument_bytes'] / 1e9:.2f} + temporaries "
+        f"{mem['temp_bytes'] / 1e9:.2f} + outputs {mem['output_bytes'] / 1e9:.2f} - donated {mem['alias_bytes'] / 1e9:.2f}")
+    return {"train_step_memory": mem, "rows": rows, "prompt_bucket": prompt}
 
 
 def accuracy_by_kind(examples, before: list[bool], after: list[bool]) -> dict:
