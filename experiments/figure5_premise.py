@@ -25,15 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 
-import common
-import jax
 import numpy as np
-
-from grpo_jax import config as config_lib
-from grpo_jax import sampling
-from grpo_jax.batching import completion_ids
-from grpo_jax.sharding import to_host
-from grpo_jax.tokenizer import encode_prompt
 
 REGIME_DEFAULTS = ["data.format_reward=0", "rl.max_new_tokens=64", "model.max_seq_len=96"]
 
@@ -57,6 +49,13 @@ def premise(outcomes: np.ndarray, steps: list[list[list[float]]]) -> dict:
 
 def sample_groups(cfg, params, task, tok, mesh, examples, group: int, seed: int) -> list[list[str]]:
     """``group`` completions of each example from ``params`` at rl.temperature."""
+    import jax
+
+    from grpo_jax import sampling
+    from grpo_jax.batching import completion_ids
+    from grpo_jax.sharding import to_host
+    from grpo_jax.tokenizer import encode_prompt
+
     ro = sampling.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
                          key=jax.random.key(seed), group_size=group, max_new_tokens=cfg.rl.max_new_tokens,
                          temperature=cfg.rl.temperature, stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=mesh)
@@ -66,6 +65,10 @@ def sample_groups(cfg, params, task, tok, mesh, examples, group: int, seed: int)
 
 
 def main(argv=None) -> dict:
+    import common  # experiments/common.py (imports jax: only once a run starts)
+
+    from grpo_jax import config as config_lib
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
     common.add_sft_args(p)

@@ -1,11 +1,9 @@
 """experiments/figure5_premise.py: the premise's figures from a regime's rewards."""
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-from figure5_premise import premise  # noqa: E402
+from test_evaluate_cli import script
+
+premise = script("figure5_premise").premise
 
 
 def test_premise_figures_by_hand():
