@@ -552,8 +552,8 @@ def qwen2_5_1_5b() -> Config:
 
 def deepseekmath_rl_7b_lora() -> Config:
     """The 7B recipe with rank-16 LoRA adapters (alpha 32, every projection) on one TPU
-    host, v5p-8 or v6e-8 (docs/tpu.md; a v5litepod-8's 16 GB chips do not hold the decode of
-    one question's 64 rows beside the train state). The frozen float32 base is π_ref too,
+    host, a v5p-8 (docs/tpu.md; a v5litepod-8's 16 GB chips do not hold the decode of one
+    question's 64 rows beside the train state). The frozen float32 base is π_ref too,
     so the host keeps one copy of the weights plus small adapters and their AdamW moments
     instead of policy, reference and two moments (docs/lora.md).
 
