@@ -125,7 +125,12 @@ def main(argv=None) -> int:
                 "preset": preset, "slice": slice_name, "label": label, "exit_code": 0, "wall_seconds": None,
                 "command": " ".join(["python", *command(preset, slice_name, extra, label, out)]),
                 "results": json.loads(path.read_text())}
-    merged.update({index(r): r for r in rows})
+    # A row whose compile was killed (by the OOM killer, say) has no result: not recorded,
+    # so --missing runs it again.
+    for r in rows:
+        if r["exit_code"] < 0:
+            print(f"{r['preset']} on {r['slice']} {r['label']}: killed by signal {-r['exit_code']}; not recorded")
+    merged.update({index(r): r for r in rows if r["exit_code"] >= 0})
     order = [(p, s, label) for p, s, _, label in MATRIX]
     rows_all = [merged[k] for k in order if k in merged]
     saved.write_text(json.dumps(rows_all, indent=1))
