@@ -146,20 +146,24 @@ def _lora_trainer(cfg, tokenizer, seed=0, mesh_shape=(1, 1, 1)):
                    mesh=mesh_from_shape(mesh_shape), progress=False)
 
 
-@pytest.fixture(scope="module")
-def lora_run(tmp_path_factory):
-    """(cfg, tokenizer, trainer): two GRPO steps of a LoRA policy on the arithmetic
-    questions, checkpointed at the end."""
+def _small_lora_run(run_dir, rank: int):
+    """(cfg, tokenizer) of a two-step GRPO run of a 1-layer LoRA policy in ``run_dir``."""
     from grpo_jax.train_cli import shared_tokenizer
 
-    run_dir = tmp_path_factory.mktemp("lora_run")
     cfg = load_config("cpu-tiny", [
-        "model.lora_rank=8", "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2",
+        f"model.lora_rank={rank}", "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2",
         "model.num_kv_heads=1", "model.head_dim=16", "model.mlp_dim=64", "model.max_seq_len=64",
         "run.steps=2", "run.eval_every=0", "run.checkpoint_every=0", "data.batch_size=2",
         "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={run_dir}"])
     tokenizer = shared_tokenizer(_DigitShare(), str(run_dir), vocab_size=64)
-    cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size})
+    return cfg.replace(model={"vocab_size": tokenizer.vocab_size}), tokenizer
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """(cfg, tokenizer, trainer): two GRPO steps of a LoRA policy on the arithmetic
+    questions, checkpointed at the end."""
+    cfg, tokenizer = _small_lora_run(tmp_path_factory.mktemp("lora_run"), rank=8)
     trainer = _lora_trainer(cfg, tokenizer)
     trainer.train()
     trainer.close()
@@ -292,15 +296,7 @@ def test_a_reset_lora_run_saves_its_new_base_and_resumes_and_evaluates_over_it(t
     policy the run trained, not the adapters over the original base."""
     from grpo_jax import evaluate_cli
     from grpo_jax.run_files import read_config
-    from grpo_jax.train_cli import shared_tokenizer
-
-    cfg = load_config("cpu-tiny", [
-        "model.lora_rank=4", "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "model.head_dim=16", "model.mlp_dim=64", "model.max_seq_len=64",
-        "run.steps=2", "run.eval_every=0", "run.checkpoint_every=0", "data.batch_size=2",
-        "rl.group_size=4", "rl.max_new_tokens=8", f"run.run_dir={tmp_path}"])
-    tokenizer = shared_tokenizer(_DigitShare(), str(tmp_path), vocab_size=64)
-    cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size})
+    cfg, tokenizer = _small_lora_run(tmp_path, rank=4)
     trainer = _lora_trainer(cfg, tokenizer)
     original = lora.base_pointer(cfg, trainer.state.base_params)
     trainer.train(steps=1)
