@@ -28,7 +28,7 @@ import jax
 from grpo_jax import config as config_lib
 from grpo_jax.plots import plot_runs
 from grpo_jax.evaluation import evaluate
-from grpo_jax.stats import format_interval, t_interval
+from grpo_jax.stats import format_interval, paired_verdict
 
 # The regime of docs/figure5_design.md; command-line overrides still win.
 HARD_REGIME = ["data.num_operands=8", "rl.max_new_tokens=64", "model.max_seq_len=96"]
@@ -101,8 +101,7 @@ def claim_verdicts(finals: dict[str, list[float]]) -> dict[str, str]:
         if better not in finals or worse not in finals:
             continue
         gaps = [a - b for a, b in zip(finals[better], finals[worse])]
-        _, low, high = t_interval(gaps)
-        verdict = "reproduces" if low > 0 else "contradicts" if high < 0 else "not resolved"
+        verdict = paired_verdict(gaps)[3]
         out[claim] = f"{better} − {worse} = {format_interval(gaps)}: {verdict}"
     return out
 

@@ -15,8 +15,15 @@
     python experiments/train_reward_model.py --kind process run.steps=800 run.run_dir=runs/prm
     python experiments/train_reward_model.py --kind outcome --loss pointwise optimizer.peak_lr=1e-3
 
+Step 3 reads labelled samples from files instead with --train-samples / --held-out-samples
+(JSON lines, `reward_models.write_samples`): e.g. samples of an SFT model labelled by the
+rule, as experiments/figure5_sparse.py makes them. --tokenizer reuses a policy's
+sentencepiece model instead of training one, so RL can load the reward model with
+`rl.reward_model` (the trainer scores with the policy's tokenizer).
+
 Config keys read: model.*, optimizer.* (the reward model's AdamW), run.steps (reward-model
-steps), run.seed, run.run_dir, data.num_operands, data.max_digits, data.wrong_step_prob.
+steps), run.seed, run.run_dir, data.num_operands, data.max_digits, data.min_carries,
+data.wrong_step_prob.
 """
 
 from __future__ import annotations
@@ -32,10 +39,10 @@ import numpy as np
 from grpo_jax import config as config_lib
 from grpo_jax import reward_models as rm_lib
 from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus
-from grpo_jax.tokenizer import train_sentencepiece
+from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
-# Read here: model.*, optimizer.* (the reward model's AdamW), data.num_operands,
-# data.max_digits, data.wrong_step_prob, run.run_dir, run.steps (reward-model steps), run.seed.
+# Read here: model.*, optimizer.* (the reward model's AdamW), data.num_operands, data.max_digits,
+# data.min_carries, data.wrong_step_prob, run.run_dir, run.steps (reward-model steps), run.seed.
 DEFAULTS = [
     "run.run_dir=runs/reward_model", "run.steps=500", "optimizer.peak_lr=3e-4",
     "optimizer.warmup_steps=10", "data.num_operands=3", "data.max_digits=1", "data.wrong_step_prob=0.5",
@@ -58,12 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-prompts", type=int, default=100, help="held-out questions (test split)")
     p.add_argument("--samples-per-prompt", type=int, default=4, help="labelled solutions per question")
     p.add_argument("--tokenizer-vocab", type=int, default=32, help="sentencepiece vocabulary size")
+    p.add_argument("--tokenizer", default=None, help="a sentencepiece model file to use instead of training one")
+    p.add_argument("--train-samples", default=None,
+                   help="labelled samples to train on (JSON lines) instead of synthetic solutions")
+    p.add_argument("--held-out-samples", default=None,
+                   help="labelled held-out samples (JSON lines); needed with --train-samples")
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
     return p
 
 
 def main(argv=None) -> dict:
-    args = build_parser().parse_intermixed_args(argv)  # overrides may sit between options
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)  # overrides may sit between options
+    if (args.train_samples is None) != (args.held_out_samples is None):
+        parser.error("--train-samples and --held-out-samples go together")
     cfg = config_lib.apply_overrides(config_lib.get_preset(args.preset), DEFAULTS + args.overrides)
     run_dir, seed = cfg.run.run_dir, cfg.run.seed
     os.makedirs(run_dir, exist_ok=True)
@@ -71,9 +86,12 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
 
     task_kw = dict(num_operands=cfg.data.num_operands, max_digits=cfg.data.max_digits,
-                   operations=args.operations)
+                   operations=args.operations, min_carries=cfg.data.min_carries)
     task = ArithmeticTask(**task_kw)
-    tokenizer = train_sentencepiece(tokenizer_corpus(500, seed=seed, **task_kw), vocab_size=args.tokenizer_vocab)
+    if args.tokenizer:
+        tokenizer = SentencePieceTokenizer.load(args.tokenizer)
+    else:
+        tokenizer = train_sentencepiece(tokenizer_corpus(500, seed=seed, **task_kw), vocab_size=args.tokenizer_vocab)
     cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size})
     for section in (cfg.model, cfg.optimizer, cfg.data, cfg.run):  # rl.* is not used here
         section.validate()
@@ -88,12 +106,15 @@ def main(argv=None) -> dict:
         print(f"[reward model] base model next-token loss {trunk_history[0]['loss']:.3f} -> "
               f"{np.mean([h['loss'] for h in trunk_history[-20:]]):.3f}")
 
-    train = rm_lib.labelled_samples(task, "train", args.train_prompts, seed,
-                                    samples_per_prompt=args.samples_per_prompt,
-                                    wrong_step_prob=cfg.data.wrong_step_prob)
-    held_out = rm_lib.labelled_samples(task, "test", args.eval_prompts, seed + 1,
-                                       samples_per_prompt=args.samples_per_prompt,
-                                       wrong_step_prob=cfg.data.wrong_step_prob)
+    if args.train_samples:
+        train, held_out = rm_lib.read_samples(args.train_samples), rm_lib.read_samples(args.held_out_samples)
+    else:
+        train = rm_lib.labelled_samples(task, "train", args.train_prompts, seed,
+                                        samples_per_prompt=args.samples_per_prompt,
+                                        wrong_step_prob=cfg.data.wrong_step_prob)
+        held_out = rm_lib.labelled_samples(task, "test", args.eval_prompts, seed + 1,
+                                           samples_per_prompt=args.samples_per_prompt,
+                                           wrong_step_prob=cfg.data.wrong_step_prob)
     model, history = rm_lib.train_reward_model(
         cfg.model, tokenizer, train, kind=args.kind, loss=args.loss, steps=cfg.run.steps,
         batch_size=args.batch_size, seed=seed, init_params=trunk, optimizer=cfg.optimizer,

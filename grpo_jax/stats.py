@@ -45,3 +45,15 @@ def format_interval(values: Sequence[float], level: float = 0.95, digits: int = 
     """'0.742 [0.701, 0.783] (n=3)': the one-line form experiment summaries print."""
     mean, low, high = t_interval(values, level)
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] (n={len(values)})"
+
+
+def paired_verdict(gaps: Sequence[float], level: float = 0.95) -> tuple[float, float, float, str]:
+    """(mean, low, high, verdict) for a claim "A beats B" from its paired gaps A − B, one per
+    seed: 'reproduces' when the t-interval lies above 0, 'contradicts' when below, else
+    'not resolved' (always so for one seed, whose interval has no width)."""
+    mean, low, high = t_interval(gaps, level)
+    if len(gaps) > 1 and low > 0:
+        return mean, low, high, "reproduces"
+    if len(gaps) > 1 and high < 0:
+        return mean, low, high, "contradicts"
+    return mean, low, high, "not resolved"

@@ -157,6 +157,18 @@ def test_line_step_ends():
     assert rm_lib.line_step_ends("") == [0] and rm_lib.line_step_ends("  \n") == [3]
 
 
+def test_samples_file_round_trip(tmp_path):
+    samples = [LabelledSample("Q: 1+2=?\n", "1+2=3\nA: 3\n", True, ((6, 1.0), (11, 1.0))),
+               LabelledSample("Q: 9+5=?\n", "9+5=4\nA: 4\n", False, ((6, 0.0), (11, 0.0))),
+               LabelledSample("Q: 2+2=?\n", "", False)]
+    path = tmp_path / "samples.jsonl"
+    assert rm_lib.write_samples(path, samples) == 3
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[1]) == {"prompt": "Q: 9+5=?\n", "completion": "9+5=4\nA: 4\n", "correct": False,
+                                    "step_labels": [[6, 0.0], [11, 0.0]]}
+    assert rm_lib.read_samples(path) == samples
+
+
 # ------------------------------------------------------------------ replay
 def test_replay_buffer_mixes_exact_counts():
     old = [_sample(completion=f"old{i}") for i in range(30)]

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from grpo_jax.stats import format_interval, t_band, t_interval
+from grpo_jax.stats import format_interval, paired_verdict, t_band, t_interval
 
 # Two-sided 95% quantiles of Student's t from printed tables (df = 2, 4) and the normal limit.
 T975_DF2 = 4.302652729911275
@@ -47,3 +47,11 @@ def test_format_and_bad_input():
         t_interval([1.0, 2.0], level=1.5)
     with pytest.raises(ValueError, match="seeds, points"):
         t_band([1.0, 2.0])
+
+
+def test_paired_verdict_needs_the_whole_interval_on_one_side():
+    half = T975_DF2 * 0.1 / math.sqrt(3)  # three gaps one apart by 0.1: sd 0.1
+    assert paired_verdict([0.2, 0.3, 0.4]) == pytest.approx((0.3, 0.3 - half, 0.3 + half, "reproduces"))
+    assert paired_verdict([0.1, 0.2, 0.3])[3] == "not resolved"  # low = 0.2 - 0.248 < 0
+    assert paired_verdict([-0.4, -0.3, -0.2])[3] == "contradicts"
+    assert paired_verdict([0.5]) == (0.5, 0.5, 0.5, "not resolved")  # one seed separates nothing

@@ -27,13 +27,14 @@ numpy; the forward, loss and AdamW update are one jitted function per training r
 (fixed bucketed shapes, so it compiles once).
 
 The package by role:
-  data      labelled samples, rule labelling, the replay buffer (host-side Python)
+  data      labelled samples, rule labelling, their JSON-lines files, the replay buffer
+            (host-side Python)
   scorer    `RewardModel`: what the trainer scores completions with; save / load
   training  the reward-model losses, `train_reward_model` and its accuracy metrics
   pretrain  `pretrain_trunk`: next-token training of the trunk a reward model starts from
 """
 from grpo_jax.reward_models.data import (LabelledSample, ReplayBuffer, label_completions, labelled_samples,
-                                         line_step_ends, replay_count)
+                                         line_step_ends, read_samples, replay_count, write_samples)
 from grpo_jax.reward_models.pretrain import pretrain_trunk
 from grpo_jax.reward_models.scorer import KINDS, LOSSES, RewardModel
 from grpo_jax.reward_models.training import (bradley_terry_loss, outcome_accuracy, pairwise_accuracy,
@@ -53,7 +54,9 @@ __all__ = [
     "labelled_samples",
     "line_step_ends",
     "pairwise_accuracy",
+    "read_samples",
     "outcome_accuracy",
     "step_accuracy",
     "train_reward_model",
+    "write_samples",
 ]

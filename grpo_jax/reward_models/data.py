@@ -3,6 +3,7 @@ and the replay buffer of Algorithm 1's iterative reward-model training. Host-sid
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from typing import Any, Iterable, Sequence
@@ -49,6 +50,26 @@ def labelled_samples(task, split: str, num_prompts: int, seed: int, *, samples_p
             examples.append(ex)
             completions.append(task.sft_text(ex, rng, wrong_step_prob))
     return label_completions(task, examples, completions)
+
+
+def write_samples(path, samples: Iterable[LabelledSample]) -> int:
+    """Labelled samples as JSON lines (prompt, completion, correct, step_labels), the file
+    `read_samples` reads back; returns how many were written."""
+    n = 0
+    with open(path, "w") as f:
+        for s in samples:
+            f.write(json.dumps({"prompt": s.prompt, "completion": s.completion, "correct": s.correct,
+                                "step_labels": [list(x) for x in s.step_labels]}) + "\n")
+            n += 1
+    return n
+
+
+def read_samples(path) -> list[LabelledSample]:
+    """The labelled samples of a `write_samples` file, in order."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [LabelledSample(r["prompt"], r["completion"], bool(r["correct"]),
+                           tuple(tuple(x) for x in r["step_labels"])) for r in rows]
 
 
 def line_step_ends(completion: str) -> list[int]:

@@ -1,0 +1,254 @@
+"""The paper's Figure 5 where outcomes are sparse, with reward models as the paper scored it.
+
+The design, written before the runs: docs/figure5_sparse_design.md. One command runs the
+whole study and resumes where it was cut:
+
+    python experiments/figure5_sparse.py                       # seeds as designed
+    python experiments/figure5_sparse.py run.steps=2 --seeds 0 --oracle-seeds 0 --out runs/f5s_smoke
+
+In order, each part skipped when its output already exists under --out:
+1. the SFT start (cached in <out>/sft, as every CPU ablation trains it);
+2. the reward models' data: --rm-questions training questions x --rm-group samples of the
+   SFT model at rl.temperature, labelled by the task's rules (the oracle), and the same from
+   --rm-held-out validation questions; both kinds are trained on the same labelled samples
+   (<out>/reward_models/{train,held_out}.jsonl);
+3. an outcome (ORM) and a process reward model (PRM), each by experiments/train_reward_model.py
+   with the policy's tokenizer (<out>/reward_models/{orm,prm}, with metrics.json holding the
+   held-out accuracies);
+4. the arms, every seed from the same SFT start and the same question stream per seed:
+     GRPO+OS       outcome supervision, rewards from the ORM
+     GRPO+PS       process supervision, step rewards from the PRM (Math-Shepherd style)
+     Online RFT    samples of π_θ, gradient coefficient 1 on rule-correct outputs
+     RFT           the offline control: samples of π_sft, same coefficient
+     GRPO+OS-rule, GRPO+PS-rule   the oracle arms: the task's rules score them
+   each seed's curve in <out>/<arm>/seed<N>.json (a finished pair is read, not rerun; an
+   unfinished one resumes from its last checkpoint);
+5. figure5_sparse.png (held-out greedy accuracy, mean and 95% interval per arm) and
+   summary.json: each claim's paired final-accuracy gap with its verdict, and the step at
+   which each arm first reaches --reach held-out accuracy with the paired speed gap.
+
+Options are config keys as in the other ablations; the regime's knobs default to
+SPARSE_REGIME. Reward code only parses model text (the task's whitelisted parsers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+
+# The regime of docs/figure5_sparse_design.md; command-line overrides still win.
+SPARSE_REGIME = ["data.num_operands=8", "data.min_carries=6", "data.wrong_step_prob=0.9",
+                 "data.format_reward=0", "rl.max_new_tokens=64", "model.max_seq_len=96",
+                 "run.steps=60", "run.eval_every=10", "run.checkpoint_every=10"]
+
+GRPO_OS, GRPO_PS = ["rl.algorithm=grpo", "rl.supervision=outcome"], ["rl.algorithm=grpo", "rl.supervision=process"]
+# arm -> (its overrides, the reward model scoring it: None for the rule, else 'orm' / 'prm')
+ARMS = {
+    "GRPO+OS": (GRPO_OS, "orm"),
+    "GRPO+PS": (GRPO_PS, "prm"),
+    "Online RFT": (["rl.algorithm=online_rft"], None),
+    "RFT": (["rl.algorithm=rft"], None),
+    "GRPO+OS-rule": (GRPO_OS, None),
+    "GRPO+PS-rule": (GRPO_PS, None),
+}
+MAIN_ARMS = ("GRPO+OS", "GRPO+PS", "Online RFT")  # --seeds; the others run --oracle-seeds
+
+# The claims as (better, worse): judged on the seeds both arms ran.
+CLAIMS = {
+    "(a) online beats offline": ("Online RFT", "RFT"),
+    "(b) process beats outcome": ("GRPO+PS", "GRPO+OS"),
+    "(c) GRPO+OS beats Online RFT": ("GRPO+OS", "Online RFT"),
+    "(b) oracle: process beats outcome": ("GRPO+PS-rule", "GRPO+OS-rule"),
+    "(c) oracle: GRPO+OS beats Online RFT": ("GRPO+OS-rule", "Online RFT"),
+}
+
+
+def slug(arm: str) -> str:
+    return arm.replace(" ", "_").replace("+", "_")
+
+
+def seed_json(root: str, arm: str, seed: int) -> str:
+    return os.path.join(root, slug(arm), f"seed{seed}.json")
+
+
+def pending(root: str, plan: dict[str, list[int]]) -> list[tuple[str, int]]:
+    """The (arm, seed) pairs of ``plan`` (arm -> seeds) with no finished seed JSON, in order."""
+    return [(arm, seed) for arm, seeds in plan.items() for seed in seeds
+            if not os.path.exists(seed_json(root, arm, seed))]
+
+
+def steps_to_reach(steps: list[int], accuracy: list[float], level: float, censor: int) -> int:
+    """The first evaluated step whose held-out accuracy is >= ``level``; ``censor`` (a step
+    past the run's end) when none is."""
+    return next((s for s, a in zip(steps, accuracy) if a >= level), censor)
+
+
+def judge(values: dict[str, dict[int, float]], claims: dict[str, tuple[str, str]],
+          sign: float = 1.0) -> dict[str, dict]:
+    """Each claim (better, worse) on the seeds both arms have: the paired gaps
+    sign·(better − worse), their mean and 95% t-interval, and `stats.paired_verdict`'s verdict.
+    sign = −1 judges "better gets there in fewer steps"."""
+    from grpo_jax.stats import paired_verdict
+
+    out = {}
+    for claim, (better, worse) in claims.items():
+        seeds = sorted(set(values.get(better, {})) & set(values.get(worse, {})))
+        if not seeds:
+            continue
+        gaps = [sign * (values[better][s] - values[worse][s]) for s in seeds]
+        mean, low, high, verdict = paired_verdict(gaps)
+        out[claim] = {"better": better, "worse": worse, "seeds": seeds, "gaps": gaps,
+                      "mean": mean, "low": low, "high": high, "verdict": verdict}
+    return out
+
+
+def reward_model_data(cfg, params, task, tok, mesh, out_dir: str, args) -> tuple[str, str]:
+    """(train, held-out) JSON-lines files of rule-labelled samples of the SFT model."""
+    from figure5_premise import sample_groups
+
+    from grpo_jax.reward_models import label_completions, write_samples
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = os.path.join(out_dir, "train.jsonl"), os.path.join(out_dir, "held_out.jsonl")
+    for path, split, questions, seed in ((paths[0], "train", args.rm_questions, 5_000_000),
+                                         (paths[1], "validation", args.rm_held_out, 5_000_001)):
+        if os.path.exists(path):
+            continue
+        examples = task.examples(split, questions, seed)
+        samples = []
+        for lo in range(0, len(examples), 32):  # 32 questions x G rows per sampling call
+            chunk = examples[lo:lo + 32]
+            groups = sample_groups(cfg, params, task, tok, mesh, chunk, args.rm_group, seed + lo)
+            samples += label_completions(task, [e for e in chunk for _ in range(args.rm_group)],
+                                         [t for texts in groups for t in texts])
+        write_samples(path + ".tmp", samples)
+        os.replace(path + ".tmp", path)  # a cut run never leaves a partial file behind
+    return paths
+
+
+def reward_model(kind: str, cfg, root: str, data: tuple[str, str], args) -> tuple[str, dict]:
+    """Train (or find) the ORM / PRM with experiments/train_reward_model.py; returns its
+    folder and its metrics.json."""
+    import train_reward_model
+
+    run_dir = os.path.join(root, "reward_models", "orm" if kind == "outcome" else "prm")
+    metrics_path = os.path.join(run_dir, "metrics.json")
+    if not os.path.exists(metrics_path):
+        shutil.rmtree(run_dir, ignore_errors=True)  # a cut training run: its checkpoint would block the save
+        # Both kinds the per-label BCE on the same samples (Math-Shepherd's PRM loss), so the
+        # two differ only in where the labels sit: once per output, or once per step.
+        d = cfg.data
+        train_reward_model.main([
+            "--kind", kind, "--loss", "pointwise", "--train-samples", data[0], "--held-out-samples", data[1],
+            "--tokenizer", os.path.join(root, "tokenizer.model"), "--operations", "+-",
+            "--trunk-steps", str(args.rm_trunk_steps), *(["--no-progress"] if args.no_progress else []),
+            f"run.run_dir={run_dir}", f"run.steps={args.rm_steps}", f"data.num_operands={d.num_operands}",
+            f"data.max_digits={d.max_digits}", f"data.min_carries={d.min_carries}",
+            f"model.max_seq_len={cfg.model.max_seq_len}"])
+    return os.path.join(run_dir, "reward_model"), read_json(metrics_path)
+
+
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(argv=None):
+    import common  # experiments/common.py (imports jax: only once a run starts)
+    import jax
+
+    from grpo_jax import config as config_lib
+    from grpo_jax.evaluation import evaluate
+    from grpo_jax.plots import plot_runs
+    from grpo_jax.reward_models import RewardModel
+    from grpo_jax.stats import format_interval
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_lib.add_config_args(p)
+    common.add_sft_args(p)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
+                   help=f"seeds of the main arms {', '.join(MAIN_ARMS)} (default 0-4)")
+    p.add_argument("--oracle-seeds", type=int, nargs="+", default=[0, 1, 2],
+                   help="seeds of the rule-scored oracle arms and the RFT control (default 0 1 2)")
+    p.add_argument("--reach", type=float, default=0.5, help="the held-out accuracy of the speed test")
+    p.add_argument("--rm-questions", type=int, default=256, help="reward-model training questions")
+    p.add_argument("--rm-group", type=int, default=16, help="SFT samples per reward-model question")
+    p.add_argument("--rm-held-out", type=int, default=64, help="held-out (validation) questions")
+    p.add_argument("--rm-steps", type=int, default=500, help="reward-model training steps")
+    p.add_argument("--rm-trunk-steps", type=int, default=500, help="reward-model base-model steps")
+    p.add_argument("--out", default="runs/figure5_sparse", help="output directory")
+    args = p.parse_intermixed_args(argv)  # overrides go before --seeds / --oracle-seeds, which take a list
+    cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + SPARSE_REGIME)
+    root = cfg.run.run_dir
+    task = common.make_task(cfg)
+    tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
+    params, mesh = common.sft_start(cfg, task, tok, root, args)
+
+    data = reward_model_data(cfg, params, task, tok, mesh, os.path.join(root, "reward_models"), args)
+    models, rm_metrics = {}, {}
+    for kind, name in (("outcome", "orm"), ("process", "prm")):
+        path, rm_metrics[name] = reward_model(kind, cfg, root, data, args)
+        models[name] = (path, RewardModel.load(path, tok))
+        shown = {k: round(v, 3) for k, v in rm_metrics[name].items()
+                 if k.startswith("held_out") or k in ("majority_baseline", "train_samples")}
+        print(f"[figure5] {name}: {json.dumps(shown)}")
+
+    eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    start = evaluate(cfg, params, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
+    steps = [0] + list(range(cfg.run.eval_every, cfg.run.steps + 1, cfg.run.eval_every))
+    plan = {arm: list(args.seeds if arm in MAIN_ARMS else args.oracle_seeds) for arm in ARMS}
+    for arm, seed in pending(root, plan):
+        overrides, rm = ARMS[arm]
+        scorer = None
+        if rm is not None:
+            overrides = overrides + [f"rl.reward_model={models[rm][0]}"]
+            scorer = models[rm][1]
+        print(f"[figure5] {arm} seed {seed}")
+        history, _ = common.run_rl(cfg, task, tok, params, mesh, root, slug(arm), overrides, seed=seed,
+                                   eval_examples=eval_examples, progress=not args.no_progress,
+                                   reward_model=scorer)
+        common.write_json(seed_json(root, arm, seed), {
+            "arm": arm, "seed": seed, "steps": steps,
+            "eval_accuracy": [start] + common.curve(history, "eval_accuracy", steps[1:]),
+            "history": history})
+
+    runs = {arm: {s: read_json(seed_json(root, arm, s)) for s in seeds} for arm, seeds in plan.items()}
+    censor = steps[-1] + cfg.run.eval_every
+    finals = {arm: {s: r["eval_accuracy"][-1] for s, r in by_seed.items()} for arm, by_seed in runs.items()}
+    reach = {arm: {s: steps_to_reach(steps, r["eval_accuracy"], args.reach, censor) for s, r in by_seed.items()}
+             for arm, by_seed in runs.items()}
+    varying = {arm: {s: sum(h.get("groups_varying_fraction", 0.0) for h in r["history"][:10]) /
+                     len(r["history"][:10]) for s, r in by_seed.items()}
+               for arm, by_seed in runs.items() if arm.startswith("GRPO")}
+    claims, speed = judge(finals, CLAIMS), judge(reach, CLAIMS, sign=-1.0)
+    summary = {
+        "start_accuracy": start, "steps": steps, "reach_level": args.reach, "reach_censor": censor,
+        "reward_models": {name: {k: v for k, v in m.items() if k not in ("config", "args")}
+                          for name, m in rm_metrics.items()},
+        "final_accuracy": finals, "steps_to_reach": reach, "groups_varying_first_10_steps": varying,
+        "claims": claims, "speed": speed, "config": cfg.to_dict()}
+    common.write_json(os.path.join(root, "summary.json"), summary)
+    png = plot_runs({arm: [runs[arm][s]["eval_accuracy"] for s in sorted(runs[arm])] for arm in ARMS}, steps,
+                    os.path.join(root, "figure5_sparse.png"), ylabel="held-out greedy accuracy",
+                    title=f"Figure 5, sparse outcomes ({cfg.data.num_operands - 1}-step chains, "
+                          f">= {cfg.data.min_carries} carries)\nmean and 95% interval over seeds")
+    print(f"[figure5] SFT start: held-out greedy accuracy {start:.3f}")
+    for arm in ARMS:
+        print(f"[figure5] {arm:13s} final {format_interval(list(finals[arm].values()))}; first step at "
+              f">= {args.reach}: {[reach[arm][s] for s in sorted(reach[arm])]} (never: {censor})")
+    for claim, c in claims.items():
+        print(f"[figure5] {claim}: {c['better']} − {c['worse']} = {c['mean']:+.3f} "
+              f"[{c['low']:+.3f}, {c['high']:+.3f}] (n={len(c['seeds'])}): {c['verdict']}")
+    for claim, c in speed.items():
+        print(f"[figure5] {claim}, speed: {c['worse']} steps − {c['better']} steps = {c['mean']:+.1f} "
+              f"[{c['low']:+.1f}, {c['high']:+.1f}] (n={len(c['seeds'])}): {c['verdict']}")
+    print(f"[figure5] wrote {png} and {os.path.join(root, 'summary.json')}")
+    return summary
+
+
+if __name__ == "__main__":
+    from grpo_jax import cli
+
+    cli.run(main)
