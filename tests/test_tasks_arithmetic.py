@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from grpo_jax.tasks import available_tasks, get_task
-from grpo_jax.tasks.arithmetic import ArithmeticTask, carry_slip, expression_text, solution_steps, tokenizer_corpus
+from grpo_jax.tasks.arithmetic import ArithmeticTask, carry_slip, carrying_steps, expression_text, solution_steps, tokenizer_corpus
 
 
 def test_registry():
@@ -281,6 +281,14 @@ def test_min_carries_keeps_the_questions_whose_chain_carries_that_often(k):
         ArithmeticTask(num_operands=4).examples("train", 30, 2)
     with pytest.raises(ValueError, match="min_carries must be in"):
         ArithmeticTask(num_operands=4, min_carries=4)
+
+
+def test_a_rare_carry_count_still_fills_the_small_splits():
+    # Chains carrying at 6 of 7 steps are rare in the test split: the draw must still find them.
+    task = ArithmeticTask(num_operands=8, max_digits=1, min_carries=6)
+    got = task.examples("test", 40, seed=0)
+    assert len(got) == 40
+    assert all(carrying_steps(ex.meta["operands"], ex.meta["ops"]) >= 6 for ex in got)
 
 
 def test_format_reward_from_the_config_is_the_wrong_answers_reward():

@@ -227,7 +227,10 @@ class ArithmeticTask(Task):
         # A str seed goes through sha512 in random.Random: stable across processes.
         rng = random.Random(f"arithmetic/{split}/{seed}")
         out: list[Example] = []
-        for _ in range(200 * n + 1000):
+        # The budget only stops a request that cannot be met; a carry filter may keep a small
+        # share of a small split's chains, so it gets a larger one.
+        budget = (200 * n + 1000) * (50 if self.min_carries else 1)
+        for _ in range(budget):
             if len(out) == n:
                 return out
             count = rng.randint(*self.num_operands)
