@@ -279,8 +279,16 @@ def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
 # The TPU SPMD partitioner may split a sharded dot into a loop over its shards (windowed
 # einsum: each trip all-gathers or reduce-scatters one block while multiplying another),
 # which a cost twin may not hold. Off in the twins: the same dots, each counted whole.
+# Memory-space assignment (MSA) is off in the twins too: it stages operands in on-chip
+# VMEM with asynchronous copies, and XLA's cost analysis charges such a copy its whole
+# source buffer and its destination, then the consumer's read again, without telling HBM
+# from VMEM, so a weight streamed once through VMEM is counted three times or more (a
+# sliced prefetch charges the whole source per slice). Without MSA every operand is read
+# from HBM and every result written there, once per op: the HBM traffic a roofline wants,
+# which MSA can only lower.
 TWIN_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
-                        "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}}
+                        "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
+                        "xla_msa_enable": False}}
 
 
 def loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
@@ -469,7 +477,7 @@ def sample_mesh(cfg: Config, slice_name: str):
     preset's ``sample_mesh`` (replicas x tensor), or the train mesh for a raw topology."""
     train, _ = topology_mesh(cfg, slice_name)
     if ":" in slice_name:
-        return train
+        return programs.sample_mesh(cfg, train)
     return programs.sample_mesh(dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, slice=get_slice(slice_name).name)), train)
 
 

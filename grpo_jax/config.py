@@ -127,6 +127,9 @@ class MeshConfig:
 
     -1 in one ICI axis fills it from the device count. `slice` names a preset from
     `grpo_jax.slices` whose recommended training mesh replaces the ICI axes.
+    `sample_tensor` > 0 sets the sampler's mesh to replicas x tensor = sample_tensor
+    (every device holds 1/sample_tensor of the policy); 0 keeps the slice preset's
+    sampling mesh, or the train mesh without a slice.
     """
 
     ici_data: int = 1
@@ -136,6 +139,7 @@ class MeshConfig:
     dcn_fsdp: int = 1
     dcn_tensor: int = 1
     slice: str = ""
+    sample_tensor: int = 0
 
     def validate(self) -> None:
         ici = (self.ici_data, self.ici_fsdp, self.ici_tensor)
@@ -144,6 +148,9 @@ class MeshConfig:
             raise ConfigError(f"mesh axes must be positive or -1, got ici={ici} dcn={dcn}")
         if sum(v == -1 for v in ici) > 1 or -1 in dcn:
             raise ConfigError(f"at most one ICI axis may be -1 and no DCN axis, got ici={ici} dcn={dcn}")
+        if self.sample_tensor < 0:
+            raise ConfigError(f"mesh.sample_tensor must be >= 0 (0: the slice's sampling mesh), "
+                              f"got {self.sample_tensor}")
 
 
 @dataclass(frozen=True)

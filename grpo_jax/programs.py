@@ -49,9 +49,11 @@ def train_step(cfg: Config, mesh: Mesh) -> TrainStep:
 
 
 def sample_mesh(cfg: Config, train: Mesh) -> Mesh:
-    """The sampler's mesh: the slice preset's sampling mesh (replicas x tensor) when
-    ``mesh.slice`` is set, else the train mesh."""
-    return make_sample_mesh(cfg.mesh, list(train.devices.flat)) if cfg.mesh.slice else train
+    """The sampler's mesh: replicas x tensor (``mesh.sample_tensor``, else the slice
+    preset's) when ``mesh.slice`` or ``mesh.sample_tensor`` is set, else the train mesh."""
+    if cfg.mesh.slice or cfg.mesh.sample_tensor:
+        return make_sample_mesh(cfg.mesh, list(train.devices.flat))
+    return train
 
 
 def sampler_mesh(mesh: Mesh | None) -> Mesh | None:

@@ -95,15 +95,20 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
 
 
 def make_sample_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """The sampler's mesh: with ``cfg.slice`` set, that slice preset's ``sample_mesh``
-    (replicas x tensor: decode is bandwidth-bound, so each replica holds the whole policy
-    rather than re-gathering fsdp shards at every token), with the same DCN part; without
-    it, the train mesh."""
-    if not cfg.slice:
+    """The sampler's mesh: replicas x ``cfg.sample_tensor`` when that is set, else the
+    slice preset's ``sample_mesh`` when ``cfg.slice`` is (replicas x tensor: decode is
+    bandwidth-bound, so each replica holds the whole policy rather than re-gathering fsdp
+    shards at every token), with the same DCN part; else the train mesh. MeshError when
+    the tensor degree does not divide the devices of a slice."""
+    if not cfg.slice and not cfg.sample_tensor:
         return make_mesh(cfg, devices)
-    data, fsdp, tensor = get_slice(cfg.slice).sample_mesh
-    return make_mesh(dataclasses.replace(cfg, slice="", ici_data=data, ici_fsdp=fsdp, ici_tensor=tensor),
-                     devices)
+    devices = list(jax.devices() if devices is None else devices)
+    tensor = cfg.sample_tensor or get_slice(cfg.slice).sample_mesh[2]
+    per_slice = len(devices) // math.prod((cfg.dcn_data, cfg.dcn_fsdp, cfg.dcn_tensor))
+    if per_slice % tensor:
+        raise MeshError(f"mesh.sample_tensor={tensor} does not divide the {per_slice} devices of a slice")
+    return make_mesh(dataclasses.replace(cfg, slice="", ici_data=per_slice // tensor, ici_fsdp=1,
+                                         ici_tensor=tensor), devices)
 
 
 def mesh_from_shape(shape: tuple[int, int, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
