@@ -4,6 +4,7 @@ The design, written before the runs: docs/figure5_sparse_design.md. One command 
 whole study and resumes where it was cut:
 
     python experiments/figure5_sparse.py                       # seeds as designed
+    python experiments/figure5_sparse.py --reward-models-only   # parts 1-3 only: the reward models' accuracy
     python experiments/figure5_sparse.py run.steps=2 --seeds 0 --oracle-seeds 0 --out runs/f5s_smoke
 
 In order, each part skipped when its output already exists under --out:
@@ -172,12 +173,14 @@ def main(argv=None):
                    help=f"seeds of the main arms {', '.join(MAIN_ARMS)} (default 0-4)")
     p.add_argument("--oracle-seeds", type=int, nargs="+", default=[0, 1, 2],
                    help="seeds of the rule-scored oracle arms and the RFT control (default 0 1 2)")
-    p.add_argument("--reach", type=float, default=0.5, help="the held-out accuracy of the speed test")
+    p.add_argument("--reach", type=float, default=0.1, help="the held-out accuracy of the speed test (default 0.1)")
     p.add_argument("--rm-questions", type=int, default=256, help="reward-model training questions")
     p.add_argument("--rm-group", type=int, default=16, help="SFT samples per reward-model question")
-    p.add_argument("--rm-held-out", type=int, default=64, help="held-out (validation) questions")
+    p.add_argument("--rm-held-out", type=int, default=128, help="held-out (validation) questions")
     p.add_argument("--rm-steps", type=int, default=500, help="reward-model training steps")
     p.add_argument("--rm-trunk-steps", type=int, default=500, help="reward-model base-model steps")
+    p.add_argument("--reward-models-only", action="store_true",
+                   help="stop once the reward models are trained (their held-out accuracies, before any arm)")
     p.add_argument("--out", default="runs/figure5_sparse", help="output directory")
     args = p.parse_intermixed_args(argv)  # overrides go before --seeds / --oracle-seeds, which take a list
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + SPARSE_REGIME)
@@ -194,6 +197,8 @@ def main(argv=None):
         shown = {k: round(v, 3) for k, v in rm_metrics[name].items()
                  if k.startswith("held_out") or k in ("majority_baseline", "train_samples")}
         print(f"[figure5] {name}: {json.dumps(shown)}")
+    if args.reward_models_only:
+        return rm_metrics
 
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     start = evaluate(cfg, params, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
