@@ -8,6 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from grpo_jax import model, sharding
 from grpo_jax.config import MeshConfig, ModelConfig
+from grpo_jax.errors import ConfigError
 from shards import per_device_bytes
 
 CFG = ModelConfig(vocab_size=128, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -81,6 +82,23 @@ def test_mesh_fill_in_and_errors():
         sharding.resolve_mesh_shape(MeshConfig(ici_data=3, ici_fsdp=-1), 8)
     mesh = sharding.make_mesh(MeshConfig(ici_data=2, ici_fsdp=-1, ici_tensor=2))
     assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def test_sample_mesh_tensor_degree():
+    """mesh.sample_tensor sets the sampler's replicas x tensor on any device count and
+    over a slice preset's own (v5litepod-8 samples on 2 x tensor 4); 0 keeps the preset's,
+    or the train mesh without a slice; a degree that does not divide a slice's devices
+    and a negative one are refused, naming the field."""
+    shape = lambda cfg: dict(sharding.make_sample_mesh(cfg).shape)
+    assert shape(MeshConfig(sample_tensor=2)) == {"data": 4, "fsdp": 1, "tensor": 2}
+    assert shape(MeshConfig(slice="v5litepod-8")) == {"data": 2, "fsdp": 1, "tensor": 4}
+    assert shape(MeshConfig(slice="v5litepod-8", sample_tensor=8)) == {"data": 1, "fsdp": 1, "tensor": 8}
+    assert shape(MeshConfig(ici_fsdp=-1)) == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert shape(MeshConfig(dcn_data=2, sample_tensor=2)) == {"data": 4, "fsdp": 1, "tensor": 2}
+    with pytest.raises(sharding.MeshError, match="mesh.sample_tensor=3 does not divide the 8 devices"):
+        sharding.make_sample_mesh(MeshConfig(sample_tensor=3))
+    with pytest.raises(ConfigError, match="mesh.sample_tensor must be >= 0"):
+        MeshConfig(sample_tensor=-1).validate()
 
 
 def test_multislice_mesh_on_cpu_devices():
