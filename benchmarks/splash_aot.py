@@ -73,7 +73,7 @@ def train_step(with_cost: bool) -> None:
         mem = aot.memory(compiled)
         line = f"| {attention} | {mem['peak_bytes'] / 1e9:.2f} | {mem['temp_bytes'] / 1e9:.2f} | {secs:.0f} |"
         if with_cost:
-            flops, nbytes = aot.train_cost(cfg, mesh, rows, 256)
+            flops, nbytes = aot.train_cost(cfg, mesh, rows, 256)[:2]
             line += f" {flops / 1e12:.2f} | {nbytes / 1e9:.1f} |"
         print(line, flush=True)
 

@@ -292,7 +292,9 @@ TWIN_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
 
 
 def loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
-    """[FLOPs, bytes accessed] per chip of a cost twin lowered for ``mesh``, compiled;
+    """[FLOPs, bytes accessed, collective bytes, collectives] per chip of a cost twin
+    lowered for ``mesh``, compiled (collective bytes: the results of its collectives,
+    ``collective_ops``);
     RuntimeError if a loop is left in it (its body would be counted once), NotCounted if
     the compiler runs out of HBM for it (written out, a program holds more at once)."""
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.devices()[0].platform
@@ -307,7 +309,9 @@ def loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
         raise RuntimeError(f"{name}: the cost twin still holds a while loop; its count would miss trips")
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    return np.array([float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))])
+    ops = collective_ops(compiled.as_text())
+    return np.array([float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
+                     float(sum(op["bytes"] for op in ops)), float(len(ops))])
 
 
 def _bilinear(c: dict, x: float, y: float) -> np.ndarray:
@@ -444,7 +448,9 @@ def report(compiled, chip: ChipSpec, cost: np.ndarray | NotCounted, model_flops_
            resident_bytes: int = 0) -> dict:
     """Per chip: memory of the compiled program (the fit), its cost with every loop trip
     (``sampler_cost`` / ``train_cost``), collectives, and the roofline estimate
-    max(FLOPs / peak, bytes / bandwidth). ``resident_bytes``: other buffers live on each
+    max(FLOPs / peak, bytes / HBM bandwidth, collective bytes / ICI all-reduce bandwidth):
+    a lower bound that assumes the three overlap perfectly and ignores each collective's
+    latency (``ici_collectives`` says how many a call runs). ``resident_bytes``: other buffers live on each
     chip while the program runs (the train state during sampling); the program fits when
     its peak plus these fit HBM. ``cost`` a NotCounted: the fit without a time (FLOPs,
     bytes and the estimate None, "not_counted" its reason)."""
@@ -453,12 +459,15 @@ def report(compiled, chip: ChipSpec, cost: np.ndarray | NotCounted, model_flops_
                 "model_flops_per_chip": model_flops_per_chip, "collectives": collectives(compiled.as_text()),
                 "estimated_seconds": None, "bound": None, "not_counted": str(cost)}
     flops, nbytes = float(cost[0]), float(cost[1])
-    t_compute, t_memory = flops / chip.peak_bf16_flops, nbytes / chip.hbm_bandwidth
-    est = max(t_compute, t_memory)
+    ici_bytes, ici_ops = (float(cost[2]), float(cost[3])) if len(cost) > 2 else (0.0, 0.0)
+    times = {"compute": flops / chip.peak_bf16_flops, "memory": nbytes / chip.hbm_bandwidth,
+             "interconnect": ici_bytes / chip.ici_bandwidth}
+    bound = max(times, key=times.get)
     return {**fit(compiled, chip, resident_bytes), "flops_per_chip": flops, "bytes_per_chip": nbytes,
             "model_flops_per_chip": model_flops_per_chip,
             "collectives": collectives(compiled.as_text()),
-            "estimated_seconds": est, "bound": "compute" if t_compute >= t_memory else "memory"}
+            "ici_bytes_per_chip": ici_bytes, "ici_collectives": ici_ops, "ici_seconds": times["interconnect"],
+            "estimated_seconds": times[bound], "bound": bound}
 
 
 def check_fit(name: str, rep: dict) -> None:

@@ -4,6 +4,10 @@ Source: Google Cloud TPU documentation, "TPU versions" pages (cloud.google.com/t
 v4, /v5e, /v5p, /v6e), per chip: peak bf16 dense FLOP/s, HBM capacity, HBM bandwidth.
 ``hbm_bytes`` is the capacity the issue states (v4 32 GB, v5e 16 GB, v5p 95 GB,
 v6e 32 GB); the compiler reports slightly less usable HBM (e.g. 95.74 GiB on v5p).
+``ici_bandwidth`` is the pages' "all-reduce bandwidth per Pod" over the pod's chips (v4,
+v5e, v6e); v5p's page gives no such figure, only the bidirectional ICI bandwidth per chip
+(1200 GB/s), which is twice the per-chip all-reduce figure on v5e (400 / 200) and v6e
+(800 / 400), so v5p's is taken as half of it.
 """
 
 from dataclasses import dataclass
@@ -17,15 +21,16 @@ class ChipSpec:
     peak_bf16_flops: float  # FLOP/s per chip
     hbm_bytes: float  # bytes per chip
     hbm_bandwidth: float  # bytes/s per chip
+    ici_bandwidth: float  # all-reduce bytes/s per chip over the inter-chip interconnect
 
 
 GB = 1e9
 
 CHIPS: dict[str, ChipSpec] = {
-    "v4": ChipSpec("v4", 275e12, 32 * GB, 1228e9),
-    "v5e": ChipSpec("v5e", 197e12, 16 * GB, 819e9),
-    "v5p": ChipSpec("v5p", 459e12, 95 * GB, 2765e9),
-    "v6e": ChipSpec("v6e", 918e12, 32 * GB, 1640e9),
+    "v4": ChipSpec("v4", 275e12, 32 * GB, 1228e9, 1.1e15 / 4096),
+    "v5e": ChipSpec("v5e", 197e12, 16 * GB, 819e9, 51.2e12 / 256),
+    "v5p": ChipSpec("v5p", 459e12, 95 * GB, 2765e9, 1200e9 / 2),
+    "v6e": ChipSpec("v6e", 918e12, 32 * GB, 1640e9, 102.4e12 / 256),
 }
 
 # Slice preset name (grpo_jax.slices) -> topology name for get_topology_desc.

@@ -62,7 +62,9 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
             per_token = cost.get("decode_per_token")
             rep.update(engine=engine, analytic_bytes_per_token=aot.decode_bytes_analytic(cfg, smesh, per_call, g, prompt_len),
                        flops_per_token=None if per_token is None else float(per_token[0]),
-                       bytes_per_token=None if per_token is None else float(per_token[1]))
+                       bytes_per_token=None if per_token is None else float(per_token[1]),
+                       ici_bytes_per_token=None if per_token is None else float(per_token[2]),
+                       ici_collectives_per_token=None if per_token is None else float(per_token[3]))
         results[f"sample_{name}"] = rep
         log(_line(f"sample_{name}", rep))
     if sampler_only:
@@ -157,7 +159,7 @@ def summary(results: dict, chip, **where) -> dict:
 
 def _line(name: str, r: dict) -> str:
     cost = (f"{r['flops_per_chip'] / 1e12:9.2f} TFLOP/chip  {r['bytes_per_chip'] / 1e9:9.2f} GB/chip  "
-            f"est. {r['estimated_seconds']:8.3f} s ({r['bound']}-bound)"
+            f"{r['ici_bytes_per_chip'] / 1e9:8.2f} GB ICI/chip  est. {r['estimated_seconds']:8.3f} s ({r['bound']}-bound)"
             if r["estimated_seconds"] is not None else "cost not counted (its twin does not fit HBM)")
     return (f"  {name:14s} peak {(r['peak_bytes'] + r['resident_bytes']) / 1e9:7.2f} / {r['hbm_capacity_bytes'] / 1e9:.0f} GB "
             f"{'fits' if r['fits'] else 'DOES NOT FIT'}  {cost}  compile {r['compile_seconds']:.0f} s")
@@ -205,7 +207,9 @@ def main(argv=None) -> int:
             return 0
         print(f"sampler fits: rollout {sum(r['estimated_seconds'] * r['calls_per_step'] for r in results.values()):.1f} s "
               f"per step, decode {dec['bytes_per_token'] / 1e9:.2f} GB/token/chip against "
-              f"{dec['analytic_bytes_per_token'] / 1e9:.2f} GB of weights + KV read; compiler estimates")
+              f"{dec['analytic_bytes_per_token'] / 1e9:.2f} GB of weights + KV read, "
+              f"{dec['ici_collectives_per_token']:.0f} collectives of {dec['ici_bytes_per_token'] / 1e6:.1f} MB "
+              "in all per token; compiler estimates")
         return 0
     s = results["summary"]
     if s["not_counted"]:
