@@ -104,22 +104,29 @@ def default_runtime_version(accelerator_type: str) -> str:
 #   where it keeps the fsdp all-gather group at 64 and cuts per-device activations.
 # * Sampling: decoding is memory-bandwidth bound and embarrassingly batch-parallel, and
 #   fsdp would re-gather every weight at every decoded token. So each replica holds the
-#   whole bf16 policy, split over the smallest `tensor` degree t that leaves room for the
-#   KV cache of a 7B model (16 GB v5e -> t=4, 32 GB v4/v6e -> t=2, 95 GB v5p -> t=1),
-#   never crossing a host, and the G samples of each question spread over N/t replicas.
+#   whole bf16 policy split over a `tensor` degree t, never crossing a host, and the G
+#   samples of each question spread over N/t replicas. Each chip reads 1/t of the
+#   weights per decoded token while its share of the KV cache does not depend on t, at
+#   the price of two small all-reduces per layer; v5p takes its host's 4 chips for that
+#   reason (docs/tpu.md measures it), the others the smallest t that leaves room for a 7B
+#   model's KV cache (16 GB v5e -> 4, 32 GB v4/v6e -> 2). `mesh.sample_tensor` overrides it.
 _TRAIN_NOTE = (
     "train: fsdp over all {n} devices (float32 params + AdamW states sharded; data=1 "
     "inside a slice, use data for multi-slice). "
 )
 _SAMPLE_NOTE = (
     "sample: {r} data-parallel replicas x tensor={t} (decode is bandwidth-bound and "
-    "batch-parallel; t is the smallest split that fits a 7B bf16 policy + KV cache in "
-    "{hbm} GB/device; for models <= 1B use ({n}, 1, 1))."
+    "batch-parallel; each chip reads 1/t of the bf16 policy per token; {why}; "
+    "mesh.sample_tensor=T overrides it)."
 )
+_FITS = "t is the smallest split that fits a 7B bf16 policy + KV cache in {hbm} GB/device"
+_HOST = "t spans the host's chips: the weight read, not the {hbm} GB of HBM, bounds the decode"
 
 
 def _preset(name: str, num_devices: int, num_hosts: int, hbm_gb: int, sample_tensor: int,
-            train_mesh: tuple[int, int, int] | None = None, extra: str = "") -> SlicePreset:
+            train_mesh: tuple[int, int, int] | None = None, extra: str = "",
+            host_split: bool = False) -> SlicePreset:
+    why = (_HOST if host_split else _FITS).format(hbm=hbm_gb)
     train = train_mesh or (1, num_devices, 1)
     if train_mesh is None:
         train_note = _TRAIN_NOTE.format(n=num_devices)
@@ -141,8 +148,7 @@ def _preset(name: str, num_devices: int, num_hosts: int, hbm_gb: int, sample_ten
         notes=(
             extra
             + train_note
-            + _SAMPLE_NOTE.format(r=num_devices // sample_tensor, t=sample_tensor,
-                                  hbm=hbm_gb, n=num_devices)
+            + _SAMPLE_NOTE.format(r=num_devices // sample_tensor, t=sample_tensor, why=why)
         ),
     )
 
@@ -161,8 +167,8 @@ SLICES: dict[str, SlicePreset] = {
         _preset("v5litepod-256", 256, 64, 16, 4, train_mesh=(1, 64, 4),
                 extra="Full v5e pod: 64 hosts x 4 chips (16x16). "),
         # v5p: 95 GB per chip (megacore device); 4 chips per host.
-        _preset("v5p-8", 4, 1, 95, 1, extra="Single host, 4 chips. "),
-        _preset("v5p-128", 64, 16, 95, 1, extra="16 hosts x 4 chips (4x4x4). "),
+        _preset("v5p-8", 4, 1, 95, 4, extra="Single host, 4 chips. ", host_split=True),
+        _preset("v5p-128", 64, 16, 95, 4, extra="16 hosts x 4 chips (4x4x4). ", host_split=True),
         # v6e (Trillium): 32 GB per chip; same host layout as v5e.
         _preset("v6e-8", 8, 1, 32, 2, extra="Single host, 8 chips (2x4). "),
         _preset("v6e-256", 256, 64, 32, 2, train_mesh=(1, 64, 4),
