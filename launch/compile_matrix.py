@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Run launch/compile.py over the preset x slice matrix of docs/tpu.md and print the table.
 
-    python launch/compile_matrix.py [--only PRESET] [--missing] [--out benchmarks/tpu_check]
+    python launch/compile_matrix.py [--only PRESET] [--missing | --table] [--out benchmarks/tpu_check]
 
 Each entry runs in its own process (one compile at a time; a failure to fit is a
 result, not a crash) and writes OUT/PRESET_SLICE[_LABEL].json; --missing runs only the
-entries without one, so a matrix longer than a working session resumes. The table is compiler
+entries without one, so a matrix longer than a working session resumes; --table compiles
+nothing and prints the table of the reports already there. The table is compiler
 estimates, not measured TPU runs. OUT/before/matrix.json (the matrix of the earlier
 estimator, which counted loop bodies once and analytic FLOPs for MFU) is shown beside it.
 """
@@ -104,11 +105,13 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="run only this preset's rows")
     parser.add_argument("--missing", action="store_true",
                         help="run only the rows with no report in OUT yet (a matrix cut short resumes)")
+    parser.add_argument("--table", action="store_true",
+                        help="compile nothing: merge the reports in OUT into matrix.json and print the table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/tpu_check"), help="JSON folder")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    todo = [m for m in MATRIX if args.only in (None, m[0])
+    todo = [m for m in MATRIX if args.only in (None, m[0]) and not args.table
             and not (args.missing and report_path(out, m[0], m[1], m[3]).exists())]
     rows = []
     for i, (preset, slice_name, extra, label) in enumerate(todo, 1):
