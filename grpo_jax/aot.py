@@ -305,11 +305,12 @@ def loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
             raise
         raise NotCounted(f"{name}: its cost twin (every loop written out) does not fit HBM: "
                          f"{str(e).splitlines()[0]}") from None
-    if re.search(r"\swhile\(", compiled.as_text()):
+    text = compiled.as_text()
+    if re.search(r"\swhile\(", text):
         raise RuntimeError(f"{name}: the cost twin still holds a while loop; its count would miss trips")
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    ops = collective_ops(compiled.as_text())
+    ops = collective_ops(text)
     return np.array([float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
                      float(sum(op["bytes"] for op in ops)), float(len(ops))])
 

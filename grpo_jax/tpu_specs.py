@@ -5,9 +5,8 @@ v4, /v5e, /v5p, /v6e), per chip: peak bf16 dense FLOP/s, HBM capacity, HBM bandw
 ``hbm_bytes`` is the capacity the issue states (v4 32 GB, v5e 16 GB, v5p 95 GB,
 v6e 32 GB); the compiler reports slightly less usable HBM (e.g. 95.74 GiB on v5p).
 ``ici_bandwidth`` is the pages' "all-reduce bandwidth per Pod" over the pod's chips (v4,
-v5e, v6e); v5p's page gives no such figure, only the bidirectional ICI bandwidth per chip
-(1200 GB/s), which is twice the per-chip all-reduce figure on v5e (400 / 200) and v6e
-(800 / 400), so v5p's is taken as half of it.
+v5e, v6e); v5p's page gives only its bidirectional ICI bandwidth per chip, so its value is
+derived from that as docs/tpu.md ("What the twins count") explains.
 """
 
 from dataclasses import dataclass
