@@ -155,6 +155,9 @@ _SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
 
 
 _SCATTER_FUSION = re.compile(r"^%?all-reduce-scatter\S* .*-> (.*) \{$")
+# A piece of an asynchronous collective: its channel id and its fusion config's flag_start
+# (-1 on the start, a flag index on each continuation).
+_ASYNC_PIECE = re.compile(r'channel_id=(\d+),.*"async_collective_fusion_config":\{"flag_start":"(-?\d+)"')
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
 
 
@@ -202,10 +205,14 @@ def collective_ops(hlo_text: str) -> list[dict]:
     trip counts of the while loops around it, outermost first (it runs their product of
     times per call). The TPU backend writes a reduce-scatter as an ``all-reduce-scatter``
     fusion around an all-reduce of the whole array: that all-reduce is listed as the
-    reduce-scatter it is, with the fusion's result (the shard)."""
+    reduce-scatter it is, with the fusion's result (the shard). An asynchronous collective
+    that the TPU backend overlaps with other work is split into pieces, each written as the
+    whole collective with one channel id: its start (``flag_start`` -1) and continuations
+    spread over the fusions it overlaps (in a loop body, or over the layers of a
+    written-out program). It moves its bytes once, so it is listed once, where it starts."""
     comps = _computations(hlo_text)
     loops_of = _loop_trips(comps)
-    ops = []
+    ops, started, continued = [], set(), {}
     for name, (header, lines) in comps.items():
         scatter = _SCATTER_FUSION.match(header)
         for line in lines:
@@ -221,9 +228,17 @@ def collective_ops(hlo_text: str) -> list[dict]:
             shapes = _SHAPE.findall(head)
             nbytes = sum((int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1)
                          * _DTYPE_BYTES.get(dtype, 4) for dtype, dims in shapes)
-            ops.append({"kind": kind, "bytes": nbytes, "shapes": [f"{t}[{d}]" for t, d in shapes],
-                        "loops": loops_of[name]})
-    return ops
+            op = {"kind": kind, "bytes": nbytes, "shapes": [f"{t}[{d}]" for t, d in shapes],
+                  "loops": loops_of[name]}
+            piece = _ASYNC_PIECE.search(rhs)
+            if piece is None or piece.group(2) == "-1":
+                ops.append(op)
+                if piece is not None:
+                    started.add(piece.group(1))
+            else:
+                continued.setdefault(piece.group(1), op)
+    # A chain whose start is not in the text is listed once, at its first piece.
+    return ops + [op for chain, op in continued.items() if chain not in started]
 
 
 def collectives(hlo_text: str) -> dict:

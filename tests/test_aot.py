@@ -298,6 +298,46 @@ def test_collectives_are_counted_with_their_result_bytes():
     assert found["all-gather"]["bytes"] in (4096 * 1024 * 2, 4096 * 1024 * 4)
 
 
+def test_an_async_collective_split_into_pieces_is_counted_once_where_it_starts():
+    # Hand-written: a start outside a 30-trip loop, continuations inside it and after it,
+    # all with the start's channel id; beside it an ordinary all-reduce in the loop.
+    piece = lambda name, flag: (f'  %{name} = f32[4096,1024]{{1,0}} all-gather(%w), channel_id=6, dimensions={{0}}, '
+                                f'backend_config={{"async_collective_fusion_config":{{"flag_start":"{flag}","flag_end":"8"}}}}')
+    hlo = "\n".join([
+        "%cond (c: s32[]) -> pred[] {",
+        "  %n = s32[] constant(30)",
+        "}",
+        "%body (b: s32[]) -> s32[] {",
+        piece("ag.2", 2), piece("ag.3", 2),
+        "  %ar = f32[8]{0} all-reduce(%y), channel_id=7, to_apply=%add",
+        "}",
+        "ENTRY %main (x: s32[]) -> s32[] {",
+        piece("ag.1", -1),
+        "  %loop = s32[] while(%x), condition=%cond, body=%body",
+        piece("ag.4", 2),
+        "}"])
+    assert sorted(aot.collective_ops(hlo), key=lambda op: op["kind"]) == [
+        {"kind": "all-gather", "bytes": 4096 * 1024 * 4, "shapes": ["f32[4096,1024]"], "loops": []},
+        {"kind": "all-reduce", "bytes": 8 * 4, "shapes": ["f32[8]"], "loops": [30]}]
+    # Continuations whose start is not in the text: one collective, at the first piece.
+    headless = aot.collective_ops(hlo.replace(piece("ag.1", -1), ""))
+    assert [op["loops"] for op in headless if op["kind"] == "all-gather"] == [[30]]
+    # A real compile: cpu-tiny's prefill on a v5litepod-8's sampling mesh (vocab over
+    # tensor = 4) gathers the tied embedding for the last token's logits as one async
+    # all-gather that the compiler splits over the layers' fusions.
+    cfg = get_preset("cpu-tiny")
+    mesh = aot.sample_mesh(cfg, "v5litepod-8")
+    per_call = cfg.rl.sample_prompts or cfg.data.batch_size
+    lowered = aot.lower_sampler(cfg, mesh, per_call, cfg.rl.group_size, 256)["prefill"]
+    text = lowered.compile().as_text()
+    v, e = cfg.model.vocab_size, cfg.model.embed_dim
+    pieces = [line for line in text.splitlines() if f"[{v},{e}]" in line.split("all-gather(")[0]
+              and " all-gather(" in line]
+    assert len(pieces) > 1  # the compiler did split it (else this test checks nothing)
+    gathers = [op for op in aot.collective_ops(text) if op["kind"] == "all-gather" and op["shapes"][0].endswith(f"[{v},{e}]")]
+    assert len(gathers) == 1 and gathers[0]["loops"] == []
+
+
 def test_train_step_gathers_the_unembedding_once_per_pass_and_reduce_scatters_its_gradient():
     """FSDP on v5e:2x4 (fsdp = 8), an untied [E, V] unembedding, 8 log-prob chunks per
     micro-batch: its all-gathers run once per micro-batch (outside the chunk loop), its
