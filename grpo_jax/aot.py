@@ -442,7 +442,7 @@ def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prom
     params, cache = args[0], args[1]
     size = (lambda x: float(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(x)))) \
         if programs.sampler_mesh(mesh) is None else bytes_per_chip
-    kv = size((cache.k, cache.v))
+    kv = size((cache.k, cache.v, cache.k_scale, cache.v_scale))  # no scales unless int8
     if programs.decode_engine(cfg, programs.sampler_mesh(mesh)) == "shared":
         rows = sampling.padded_rows(prompts, group_size, programs.sampler_mesh(mesh), "shared")[1]
         slots_per_row = cache.mask.shape[0] / rows

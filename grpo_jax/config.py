@@ -39,6 +39,9 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # written-out forward over a prompt cache shared by a question's rows (`shared`); `auto`
 # picks one from the sampling mesh's devices (`sampling.resolve_engine`).
 DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
+# The sampler's KV cache dtypes (rl.kv_dtype): auto is the model's compute dtype; int8 keeps
+# a float32 scale per slot and kv head (grpo_jax.model.quantize_kv).
+KV_DTYPES = ("auto", "bfloat16", "int8")
 # The weights a LoRA adapter can target (grpo_jax.lora): attention q/k/v/o, MLP gate/up/down.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -231,6 +234,8 @@ class RLConfig:
     sample_dtype: str = _rl("float32", "sampling", _SAMPLED)
     # Which decode program samples (DECODE_ENGINES); the run prints the one it resolved to.
     decode: str = _rl("auto", "sampling")
+    # The sampler's KV cache dtype (KV_DTYPES): int8 halves a bf16 cache's bytes per decoded token.
+    kv_dtype: str = _rl("auto", "sampling")
 
     def modes(self, group_size: int | None = None) -> "RLModes":
         """What the train step compiles in: every "mode" field, and the switches a number
@@ -250,6 +255,7 @@ class RLConfig:
         _choice(self, "policy_loss", POLICY_LOSSES)
         _choice(self, "sample_dtype", ("float32", "bfloat16"))
         _choice(self, "decode", DECODE_ENGINES)
+        _choice(self, "kv_dtype", KV_DTYPES)
         if self.sample_prompts < 0:
             raise ConfigError(f"rl.sample_prompts must be >= 0 (0 = one call), got {self.sample_prompts}")
         if self.tis_cap < 0:

@@ -52,21 +52,49 @@ class KVCache:
     transposed, so that a decode step's two attention matmuls, q [G,D] x k [D,S] and
     probs [G,S] x v [S,D], read the cache as it lies. With [.., max_len, kv_heads, ..] XLA
     transposed the whole cache of every layer at every step (benchmarks/NOTES.md, "Figures
-    behind code comments")."""
+    behind code comments").
+
+    An int8 cache (``init_cache(..., dtype=jnp.int8)``) also holds k_scale and v_scale
+    [layers, batch, kv_heads, max_len] float32: each slot's key and value of a head are
+    stored as int8 times that scale (``quantize_kv``), and every read dequantizes them."""
 
     k: jax.Array
     v: jax.Array
     mask: jax.Array
     index: jax.Array
+    k_scale: jax.Array | None = None
+    v_scale: jax.Array | None = None
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    dtype = DTYPES[cfg.dtype] if dtype is None else dtype
+    dtype = jnp.dtype(DTYPES[cfg.dtype] if dtype is None else dtype)
     v_shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     k_shape = (cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, max_len)
+    scales = {}
+    if dtype == jnp.int8:
+        scale_shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len)
+        scales = {"k_scale": jnp.zeros(scale_shape, jnp.float32), "v_scale": jnp.zeros(scale_shape, jnp.float32)}
     # Separate buffers for k and v so both can be donated to the decode step.
     return KVCache(k=jnp.zeros(k_shape, dtype), v=jnp.zeros(v_shape, dtype),
-                   mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+                   mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32), **scales)
+
+
+def quantize_kv(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
+    """x -> (int8 round(x / scale), scale float32) with one scale per vector along ``axis``
+    (a head's key or value in one slot): max |x| / 127, so that vector's largest entry
+    is exact and every entry is within scale / 2. An all-zero vector gets scale 0."""
+    x = x.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(x), axis=axis) / 127.0
+    safe = jnp.expand_dims(jnp.where(scale > 0, scale, 1.0), axis)
+    return jnp.clip(jnp.round(x / safe), -127, 127).astype(jnp.int8), scale
+
+
+def dequantize_kv(x: jax.Array, scale: jax.Array | None, axis: int, dt) -> jax.Array:
+    """A cache read in the compute dtype dt: x itself, or int8 x times its ``scale``
+    broadcast along ``axis`` (``quantize_kv``)."""
+    if scale is None:
+        return x.astype(dt)
+    return (x.astype(jnp.float32) * jnp.expand_dims(scale, axis)).astype(dt)
 
 
 @flax.struct.dataclass
@@ -79,6 +107,8 @@ class PrefixCache:
     k: jax.Array
     v: jax.Array
     mask: jax.Array
+    k_scale: jax.Array | None = None  # [layers, P, kv_heads, Tp] of an int8 cache (``KVCache``)
+    v_scale: jax.Array | None = None
 
 
 def _param(module: nn.Module, name: str, shape, axes, init, cfg: ModelConfig):
@@ -279,35 +309,58 @@ def operand(w: jax.Array, dt) -> jax.Array:
     return w if w.dtype == jnp.bfloat16 and dt == jnp.float32 else w.astype(dt)
 
 
+def cache_layer(cache: KVCache, prefix: PrefixCache | None = None) -> dict:
+    """The per-layer view `slot_attention` takes (stacked on a leading layers axis when
+    the layers scan over it): {"k", "v", "k_scale", "v_scale"} of the rows' own cache,
+    plus {"pk", "pv", "pk_scale", "pv_scale"} of a shared prompt cache."""
+    kv = {"k": cache.k, "v": cache.v, "k_scale": cache.k_scale, "v_scale": cache.v_scale}
+    if prefix is not None:
+        kv.update(pk=prefix.k, pv=prefix.v, pk_scale=prefix.k_scale, pv_scale=prefix.v_scale)
+    return kv
+
+
+def _write_slots(kv: dict, k, v, write_index) -> dict:
+    """This call's k [B,K,D,T] and v [B,K,T,D] written into the cache layer's slots
+    write_index... (quantized first when the cache is int8) -> the layer's k, v and scales."""
+    put = jax.lax.dynamic_update_slice_in_dim
+    if kv["k_scale"] is None:
+        return {"k": put(kv["k"], k.astype(kv["k"].dtype), write_index, axis=3),
+                "v": put(kv["v"], v.astype(kv["v"].dtype), write_index, axis=2), "k_scale": None, "v_scale": None}
+    (k8, ks), (v8, vs) = quantize_kv(k, 2), quantize_kv(v, 3)
+    return {"k": put(kv["k"], k8, write_index, axis=3), "v": put(kv["v"], v8, write_index, axis=2),
+            "k_scale": put(kv["k_scale"], ks, write_index, axis=2),
+            "v_scale": put(kv["v_scale"], vs, write_index, axis=2)}
+
+
 def slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=None):
     """The model's own attention over cache slots (module docstring). q [B,T,H,D], k/v
     [B,T,K,D] (this call's tokens, in slots write_index...), q_slot [B,T], key_mask [B,S],
-    kv: the (k, v) cache layers, (k, v, prefix_k, prefix_v) for one token over a shared
-    prompt (`attend_with_prefix`, prefix_mask [P,Tp]), or None (then S = T)
-    -> (out [B,T,H,D], the updated (k, v) or None)."""
+    kv: one layer of `cache_layer` (with a shared prompt's keys for one token,
+    `attend_with_prefix`, prefix_mask [P,Tp]), or None (then S = T)
+    -> (out [B,T,H,D], the updated {"k", "v", "k_scale", "v_scale"} or None).
+    Attention reads the cache as stored: an int8 cache's keys and values dequantized,
+    this call's tokens included."""
     k, v = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)  # the cache layouts
-    prefix = None
+    new_kv = None
     if kv is not None:
-        k_cache, v_cache = kv[:2]
-        prefix = kv[2:] or None
-        k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), write_index, axis=3)
-        v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), write_index, axis=2)
-        new_kv = (k, v)
+        new_kv = _write_slots(kv, k, v, write_index)
+        k = dequantize_kv(new_kv["k"], new_kv["k_scale"], 2, dt)
+        v = dequantize_kv(new_kv["v"], new_kv["v_scale"], 3, dt)
     else:
-        new_kv = None
+        k, v = k.astype(dt), v.astype(dt)
     b, t, h, d = q.shape
     s = k.shape[3]
     allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
     q = q.reshape(b, t, k.shape[1], h // k.shape[1], d)
     blocks = causal_blocks(t) if kv is None else 1
-    if prefix is not None:
+    if kv is not None and kv.get("pk") is not None:
         chex.assert_axis_dimension(q, 1, 1)
-        out = attend_with_prefix(q, k.astype(dt), v.astype(dt), allowed, prefix[0].astype(dt),
-                                 prefix[1].astype(dt), prefix_mask)
+        out = attend_with_prefix(q, k, v, allowed, dequantize_kv(kv["pk"], kv["pk_scale"], 2, dt),
+                                 dequantize_kv(kv["pv"], kv["pv_scale"], 3, dt), prefix_mask)
     elif blocks > 1:
-        out = attend_causal(q, k.astype(dt), v.astype(dt), allowed, blocks)
+        out = attend_causal(q, k, v, allowed, blocks)
     else:
-        out = attend(q, k.astype(dt), v.astype(dt), allowed)
+        out = attend(q, k, v, allowed)
     return out.reshape(b, t, h, d), new_kv
 
 
@@ -316,9 +369,8 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, rope_cs, q_slot, key_mask, kv, write_index, prefix_mask=None):
-        """kv: None (no cache), (k_cache, v_cache), or (k_cache, v_cache, prefix_k,
-        prefix_v) for a one-token decode over a shared prompt (``PrefixCache``, this layer's
-        part; prefix_mask [P, Tp])."""
+        """kv: None (no cache) or this layer's `cache_layer` (with a shared prompt's part
+        for a one-token decode, ``PrefixCache``; prefix_mask [P, Tp])."""
         cfg = self.cfg
         dt = DTYPES[cfg.dtype]
         init = nn.initializers.normal(0.02)
@@ -479,19 +531,17 @@ class Transformer(nn.Module):
         else:
             write_index = cache.index
             key_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, mask, write_index, axis=1)
-            kv = (cache.k, cache.v)
+            kv = cache_layer(cache, prefix)
         q_slot = jnp.broadcast_to(write_index + jnp.arange(t, dtype=jnp.int32), (b, t))
         if rope_cs is None:
             cfg = self.cfg
             rope_cs = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
-        prefix_mask = None
-        if prefix is not None:
-            kv, prefix_mask = kv + (prefix.k, prefix.v), prefix.mask
+        prefix_mask = None if prefix is None else prefix.mask
         x, new_kv = self.layers(x, kv, (rope_cs, q_slot, key_mask, write_index, prefix_mask))
         hidden = self.final_norm(x)
         new_cache = None
         if cache is not None:
-            new_cache = KVCache(k=new_kv[0], v=new_kv[1], mask=key_mask, index=write_index + t)
+            new_cache = KVCache(mask=key_mask, index=write_index + t, **new_kv)
         return hidden, new_cache
 
 

@@ -64,7 +64,7 @@ def sampler_mesh(mesh: Mesh | None) -> Mesh | None:
 
 def decode_engine(cfg: Config, mesh: Mesh | None) -> str:
     """``rl.decode`` resolved for the sampling mesh (``sampling.resolve_engine``)."""
-    return sampling.resolve_engine(cfg.rl.decode, sampler_mesh(mesh))
+    return sampling.resolve_engine(cfg.rl.decode, sampler_mesh(mesh), cfg.rl.kv_dtype)
 
 
 def sampler(cfg: Config, mesh: Mesh | None, *, unrolled: bool = False):
@@ -72,4 +72,5 @@ def sampler(cfg: Config, mesh: Mesh | None, *, unrolled: bool = False):
     twin of ``grpo_jax.aot``)."""
     mesh = sampler_mesh(mesh)
     return sampling.programs(cfg.model, mesh, engine=decode_engine(cfg, mesh),
-                             filtered=cfg.rl.top_k > 0 or cfg.rl.top_p < 1.0, unrolled=unrolled)
+                             filtered=cfg.rl.top_k > 0 or cfg.rl.top_p < 1.0, kv_dtype=cfg.rl.kv_dtype,
+                             unrolled=unrolled)

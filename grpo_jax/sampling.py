@@ -107,9 +107,9 @@ from jax.sharding import Mesh
 from grpo_jax import feature_major as feature_major_lib
 from grpo_jax import loops
 from grpo_jax import model as model_lib
-from grpo_jax.config import DECODE_ENGINES, ConfigError, ModelConfig
+from grpo_jax.config import DECODE_ENGINES, KV_DTYPES, ConfigError, ModelConfig
 from grpo_jax.shapes import bucket_length
-from grpo_jax.sharding import (batch_sharding, constrain, logical_to_sharding, mesh_of, on_mesh, replicated,
+from grpo_jax.sharding import (DTYPES, batch_sharding, constrain, logical_to_sharding, mesh_of, on_mesh, replicated,
                                to_global, to_host)
 
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
@@ -369,26 +369,41 @@ def _uniforms(key, step, row_ids):
     return 1.0 - jax.vmap(draw)(row_ids)
 
 
-# The logical axes of a stacked ``model.KVCache``'s k, v and mask (its index is a scalar).
-_CACHE_AXES = (("layers", "batch", "kv_heads", "head_dim", "seq"),
-               ("layers", "batch", "kv_heads", "seq", "head_dim"),
-               ("batch", "seq"))
+# The logical axes of a stacked ``model.KVCache``'s arrays (its index is a scalar).
+_CACHE_AXES = {"k": ("layers", "batch", "kv_heads", "head_dim", "seq"),
+               "v": ("layers", "batch", "kv_heads", "seq", "head_dim"),
+               "mask": ("batch", "seq"),
+               "k_scale": ("layers", "batch", "kv_heads", "seq"),
+               "v_scale": ("layers", "batch", "kv_heads", "seq")}
+# The arrays of a cache with a leading layers axis (per-layer lists in some engines).
+_LAYERED = ("k", "v", "k_scale", "v_scale")
+
+
+def _cache_arrays(cache: model_lib.KVCache) -> dict:
+    """{name: array} of a cache's arrays other than its index (no scales unless int8)."""
+    return {name: getattr(cache, name) for name in _CACHE_AXES if getattr(cache, name) is not None}
 
 
 def cache_sharding(mesh: Mesh, cache: model_lib.KVCache) -> model_lib.KVCache:
     """The shardings of a stacked cache on ``mesh``, by the rules table: rows over
     ('data', 'fsdp'), kv heads over 'tensor', the index replicated."""
-    k, v, mask = (logical_to_sharding(names, x.shape, mesh)
-                  for names, x in zip(_CACHE_AXES, (cache.k, cache.v, cache.mask)))
-    return model_lib.KVCache(k=k, v=v, mask=mask, index=replicated(mesh))
+    return cache.replace(index=replicated(mesh), **{
+        name: logical_to_sharding(_CACHE_AXES[name], x.shape, mesh) for name, x in _cache_arrays(cache).items()})
 
 
 def constrain_cache(cache: model_lib.KVCache) -> model_lib.KVCache:
     """A stacked cache constrained to `cache_sharding` on the mesh being traced under
     (``sharding.constrain``); unchanged without one (the per-layer cache of the
     feature-major engine only exists there)."""
-    k, v, mask = (constrain(x, names) for names, x in zip(_CACHE_AXES, (cache.k, cache.v, cache.mask)))
-    return model_lib.KVCache(k=k, v=v, mask=mask, index=constrain(cache.index, ()))
+    return cache.replace(index=constrain(cache.index, ()), **{
+        name: constrain(x, _CACHE_AXES[name]) for name, x in _cache_arrays(cache).items()})
+
+
+def kv_cache_dtype(cfg: ModelConfig, kv_dtype: str):
+    """The sampler's cache dtype for ``rl.kv_dtype``: auto is the model's compute dtype."""
+    if kv_dtype not in KV_DTYPES:
+        raise ConfigError(f"rl.kv_dtype={kv_dtype!r} is not one of {list(KV_DTYPES)}")
+    return jnp.dtype(DTYPES[cfg.dtype] if kv_dtype == "auto" else kv_dtype)
 
 
 def _constrain_rows(x):
@@ -396,8 +411,8 @@ def _constrain_rows(x):
     return constrain(x, ("batch",) + (None,) * (x.ndim - 1))
 
 
-def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_tokens, prompt_mask,
-             src_rows, *, cache_len: int, chunk_tokens: int | None = None):
+def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, kv_dtype: str, params, prompt_tokens,
+             prompt_mask, src_rows, *, cache_len: int, chunk_tokens: int | None = None):
     """Prompts [Pp,Tp] -> (cache with Bp rows, logits [Bp,V] for the first new token).
 
     The Pp prompts go through the model once; sample row r then gets a copy of prompt row
@@ -414,16 +429,19 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
     For the feature-major engine (whose decode carries a buffer per layer) the
     cache's k and v are lists of per-layer arrays ([Bp, K, D, S] / [Bp, K, S, D]): the pad
     writes each layer's buffer directly, where slicing a stacked cache apart at the start of
-    decode (and stacking it again at its end) copies the whole cache twice per call."""
+    decode (and stacking it again at its end) copies the whole cache twice per call.
+
+    The cache is stored in ``kv_dtype`` (``rl.kv_dtype``, `kv_cache_dtype`)."""
     TRACE_COUNTS["prefill"] += 1
     num_prompts, tp = prompt_tokens.shape
     chunks = prefill_chunks(num_prompts, tp, engine, chunk_tokens)
+    dtype = kv_cache_dtype(cfg, kv_dtype)
     if chunks == 1:
-        last, cache = _prompt_forward(cfg, params, prompt_tokens, prompt_mask)
+        last, cache = _prompt_forward(cfg, params, prompt_tokens, prompt_mask, dtype)
     else:
         rows = -(-num_prompts // chunks)
         split = lambda x: jnp.pad(x, ((0, chunks * rows - num_prompts), (0, 0))).reshape(chunks, rows, tp)
-        last, cache = loops.map(lambda a: _prompt_forward(cfg, params, *a),
+        last, cache = loops.map(lambda a: _prompt_forward(cfg, params, *a, dtype),
                                   (split(prompt_tokens), split(prompt_mask)))
         # [chunks, layers, rows, ...] -> [layers, chunks * rows, ...], without the padding rows
         join = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], chunks * rows, *x.shape[3:])[:, :num_prompts]
@@ -439,9 +457,10 @@ def _prefill(cfg: ModelConfig, mesh: Mesh | None, engine: str, params, prompt_to
     if engine == "feature_major":
         layers = range(cfg.num_layers)
         k, v = [pad(cache.k[i], -1) for i in layers], [pad(cache.v[i], -2) for i in layers]
+        cache = cache.replace(k=k, v=v, mask=pad(cache.mask, -1))
     else:
-        k, v = pad(cache.k, -1), pad(cache.v, -2)
-    cache = model_lib.KVCache(k=k, v=v, mask=pad(cache.mask, -1), index=cache.index)
+        slot_axis = {"k": -1, "v": -2, "mask": -1, "k_scale": -1, "v_scale": -1}
+        cache = cache.replace(**{name: pad(x, slot_axis[name]) for name, x in _cache_arrays(cache).items()})
     logits = model_lib.logits_from_hidden(cfg, params, last)
     if src_rows is not None:  # None: one sample per prompt, rows already in place
         cache, logits = _copy_to_rows(cache, logits, src_rows, mesh)
@@ -465,10 +484,10 @@ def prefill_chunks(num_prompts: int, tp: int, engine: str, chunk_tokens: int | N
     return -(-num_prompts // rows)
 
 
-def _prompt_forward(cfg: ModelConfig, params, prompt_tokens, prompt_mask):
-    """Prompts [P, Tp] through the model against a cache of their own Tp slots -> (the last
-    column's hidden state [P, E], the cache)."""
-    cache = constrain_cache(model_lib.init_cache(cfg, prompt_tokens.shape[0], prompt_tokens.shape[1]))
+def _prompt_forward(cfg: ModelConfig, params, prompt_tokens, prompt_mask, dtype):
+    """Prompts [P, Tp] through the model against a cache of their own Tp slots, stored in
+    ``dtype`` -> (the last column's hidden state [P, E], the cache)."""
+    cache = constrain_cache(model_lib.init_cache(cfg, prompt_tokens.shape[0], prompt_tokens.shape[1], dtype))
     positions = model_lib.default_positions(prompt_mask)
     hidden, cache = model_lib.forward_hidden(cfg, params, prompt_tokens, prompt_mask, positions,
                                              cache=cache, unroll=False)
@@ -481,25 +500,27 @@ def _copy_to_rows(cache: model_lib.KVCache, logits, src_rows, mesh: Mesh | None)
     puts every row's slot in the row's own shard, so under a mesh each device copies from
     its own block (a shard_map with block-local indices): no cache bytes cross devices.
     A per-layer cache (lists, see `_prefill`) is only made without a mesh."""
-    def take(k, v, mask, logits, src):
-        return (jnp.take(k, src, axis=1), jnp.take(v, src, axis=1), jnp.take(mask, src, axis=0),
+    def take(arrays, logits, src):
+        return ({name: jnp.take(x, src, axis=1 if name in _LAYERED else 0) for name, x in arrays.items()},
                 jnp.take(logits, src, axis=0))
 
     if isinstance(cache.k, list):
         k, v = ([jnp.take(x, src_rows, axis=0) for x in xs] for xs in (cache.k, cache.v))
         mask, logits = jnp.take(cache.mask, src_rows, axis=0), jnp.take(logits, src_rows, axis=0)
-    elif mesh is None:
-        k, v, mask, logits = take(cache.k, cache.v, cache.mask, logits, src_rows)
+        return cache.replace(k=k, v=v, mask=mask), logits
+    arrays = _cache_arrays(cache)
+    if mesh is None:
+        arrays, logits = take(arrays, logits, src_rows)
     else:
-        cs = cache_sharding(mesh, cache)
+        cs = _cache_arrays(cache_sharding(mesh, cache))
         rows = batch_sharding(mesh, 1, src_rows.shape[0]).spec
-        specs = (cs.k.spec, cs.v.spec, cs.mask.spec, batch_sharding(mesh, 2, logits.shape[0]).spec)
+        specs = ({name: x.spec for name, x in cs.items()}, batch_sharding(mesh, 2, logits.shape[0]).spec)
         # Slot indices are global; each block starts at shard * (slots per shard).
         per_shard = cache.mask.shape[0] // _batch_degree(mesh)
-        local = lambda *a: take(*a[:4], a[4] - per_shard * _block_index(mesh, rows[0]))
-        k, v, mask, logits = jax.shard_map(local, mesh=mesh, in_specs=specs + (rows,),
-                                           out_specs=specs)(cache.k, cache.v, cache.mask, logits, src_rows)
-    return model_lib.KVCache(k=k, v=v, mask=mask, index=cache.index), logits
+        local = lambda a, lg, src: take(a, lg, src - per_shard * _block_index(mesh, rows[0]))
+        arrays, logits = jax.shard_map(local, mesh=mesh, in_specs=specs + (rows,),
+                                       out_specs=specs)(arrays, logits, src_rows)
+    return cache.replace(**arrays), logits
 
 
 def _block_index(mesh: Mesh, axes) -> jax.Array:
@@ -583,12 +604,19 @@ class _DecodeState:
 
 
 def _engine_cache(engine: str, cache: model_lib.KVCache, num_layers: int) -> model_lib.KVCache:
-    """The decode's cache as the engine carries it: per-layer lists of k and v for
-    `unrolled` and `shared` (so a step writes one slot of one layer's buffer, never the stack) and
-    `feature_major` (the prefill makes them per layer already), stacked for `scan`."""
+    """The decode's cache as the engine carries it: per-layer lists of k and v (and an
+    int8 cache's scales) for `unrolled` and `shared` (so a step writes one slot of one
+    layer's buffer, never the stack) and `feature_major` (the prefill makes them per layer
+    already), stacked for `scan`."""
     if engine in ("unrolled", "shared"):
-        return cache.replace(k=_unstack(cache.k, num_layers), v=_unstack(cache.v, num_layers))
+        return cache.replace(**{name: _unstack(x, num_layers) for name, x in _cache_arrays(cache).items()
+                                if name in _LAYERED})
     return cache
+
+
+def _stacked(cache: model_lib.KVCache) -> model_lib.KVCache:
+    """A per-layer cache (`_engine_cache`) stacked again."""
+    return cache.replace(**{name: _stack(x) for name, x in _cache_arrays(cache).items() if name in _LAYERED})
 
 
 def _decode(cfg: ModelConfig, engine: str, filtered: bool,
@@ -627,7 +655,8 @@ def _decode(cfg: ModelConfig, engine: str, filtered: bool,
     windows = windows or (cache.mask.shape[1],)
     prefix = None
     if engine == "shared":
-        prefix = model_lib.PrefixCache(k=cache.k, v=cache.v, mask=cache.mask)
+        prefix = model_lib.PrefixCache(k=cache.k, v=cache.v, mask=cache.mask, k_scale=cache.k_scale,
+                                       v_scale=cache.v_scale)
         logits0 = _constrain_rows(jnp.repeat(logits0, bsz // logits0.shape[0], axis=0))
         cache = constrain_cache(model_lib.init_cache(cfg, bsz, windows[0], cache.k.dtype))
     pick = functools.partial(_next_token, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -678,7 +707,7 @@ def _decode(cfg: ModelConfig, engine: str, filtered: bool,
             c = model_lib.KVCache(k=ks, v=vs, mask=cache_mask, index=c.index + 1)
         else:
             if engine != "scan":
-                c = c.replace(k=_stack(c.k), v=_stack(c.v))
+                c = _stacked(c)
             # Token `step-1` (slot Tp+step-1) sits at position n + step - 1 (default_positions).
             positions = (prompt_lens + s.step - 1)[:, None]
             hidden, c = model_lib.forward_hidden(cfg, step_params(), s.last[:, None], s.last_real[:, None],
@@ -700,7 +729,7 @@ def _decode(cfg: ModelConfig, engine: str, filtered: bool,
             state = jax.lax.while_loop(functools.partial(cond, window), body, state)
     cache = state.cache
     if engine in ("unrolled", "shared"):
-        cache = cache.replace(k=_stack(cache.k), v=_stack(cache.v))
+        cache = _stacked(cache)
     return state.tokens, state.mask, state.logps, state.finished, state.step, cache
 
 
@@ -739,7 +768,8 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static
     cache then keys on array shapes. ``unrolled`` programs are separate jit objects, so their
     traces never mix with the run's."""
     if kind == "prefill":
-        jitted = jax.jit(functools.partial(_prefill, cfg, mesh, engine), static_argnames=("cache_len", "chunk_tokens"))
+        jitted = jax.jit(functools.partial(_prefill, cfg, mesh, engine, *static),
+                         static_argnames=("cache_len", "chunk_tokens"))
     else:
         # The cache is donated so that the loop updates it in place; the feature-major decode
         # grows it between phases instead, so its output cache is not the input's shape, and
@@ -750,31 +780,39 @@ def _jitted(kind: str, cfg: ModelConfig, mesh: Mesh | None, engine: str, *static
     return OnMesh(jitted, mesh, unrolled)
 
 
-def resolve_engine(engine: str, mesh: Mesh | None) -> str:
+def resolve_engine(engine: str, mesh: Mesh | None, kv_dtype: str = "auto") -> str:
     """The decode engine that runs for ``rl.decode = engine`` on the sampling ``mesh`` (None:
-    one device). ``auto``: ``feature_major`` on one CPU device (the layouts XLA's CPU dots
-    are fastest in), ``unrolled`` on a CPU mesh, ``shared`` on accelerators (decode there
+    one device) with a ``kv_dtype`` cache. ``auto``: ``feature_major`` on one CPU device (the
+    layouts XLA's CPU dots are fastest in; ``unrolled`` for an int8 cache, which it does not
+    hold), ``unrolled`` on a CPU mesh, ``shared`` on accelerators (decode there
     is bound by HBM bandwidth, and the shared engine reads a prompt's cache once per slot
     and only the completion slots filled so far; docs/tpu.md compares the engines).
-    ConfigError for ``feature_major`` on a mesh or an accelerator, where it has no sharding."""
+    ConfigError for ``feature_major`` on a mesh or an accelerator, where it has no sharding,
+    or with an int8 cache."""
     if engine not in DECODE_ENGINES:
         raise ConfigError(f"rl.decode={engine!r} is not one of {list(DECODE_ENGINES)}")
+    if kv_dtype not in KV_DTYPES:
+        raise ConfigError(f"rl.kv_dtype={kv_dtype!r} is not one of {list(KV_DTYPES)}")
     platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
     if engine == "auto":
         if platform != "cpu":
             return "shared"
-        return "feature_major" if mesh is None else "unrolled"
+        return "feature_major" if mesh is None and kv_dtype != "int8" else "unrolled"
     if engine == "feature_major" and (mesh is not None or platform != "cpu"):
         where = f"a mesh of {mesh.size} devices" if mesh is not None else f"a {platform} device"
         raise ConfigError(f"rl.decode=feature_major runs on one CPU device; this sampler has {where}: "
                          "use rl.decode=scan or unrolled")
+    if engine == "feature_major" and kv_dtype == "int8":
+        raise ConfigError("rl.kv_dtype=int8 needs the scan, unrolled or shared decode engine; "
+                          "rl.decode=feature_major keeps its cache in the compute dtype")
     return engine
 
 
 def programs(cfg: ModelConfig, mesh: Mesh | None, *, engine: str, filtered: bool,
-             unrolled: bool = False) -> tuple[OnMesh, OnMesh]:
+             kv_dtype: str = "auto", unrolled: bool = False) -> tuple[OnMesh, OnMesh]:
     """(prefill, decode): the sampler's two jitted programs for a model on a mesh with a
-    resolved decode ``engine`` (``resolve_engine``), ``filtered``: top-k / top-p on. The
+    resolved decode ``engine`` (``resolve_engine``), ``filtered``: top-k / top-p on, the
+    KV cache stored in ``kv_dtype`` (``rl.kv_dtype``; the decode takes it from the cache). The
     sampler runs these; ``grpo_jax.aot`` lowers the same ones (``unrolled``: its cost twin).
     Forward only, over a KV cache: remat and model.attention (the cache-free forward's
     kernel) change training, not sampling, so every remat policy and attention share them.
@@ -782,8 +820,10 @@ def programs(cfg: ModelConfig, mesh: Mesh | None, *, engine: str, filtered: bool
     params and a per-layer cache from the prefill."""
     if engine not in DECODE_ENGINES[1:]:
         raise ValueError(f"programs needs a resolved decode engine (resolve_engine), got {engine!r}")
+    if engine == "feature_major" and kv_dtype == "int8":
+        raise ValueError("the feature-major engine holds no int8 cache (resolve_engine)")
     forward_cfg = dataclasses.replace(cfg, remat="none", attention="xla")
-    return (_jitted("prefill", forward_cfg, mesh, engine, unrolled=unrolled),
+    return (_jitted("prefill", forward_cfg, mesh, engine, kv_dtype, unrolled=unrolled),
             _jitted("decode", forward_cfg, mesh, engine, bool(filtered), unrolled=unrolled))
 
 
@@ -854,27 +894,29 @@ def _copier(cfg: ModelConfig, mesh: Mesh | None, dtype: str):
 def sample(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key, group_size: int = 1,
            max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            stop_tokens: Sequence[int] = (), pad_id: int = 0, mesh: Mesh | None = None,
-           engine: str = "auto") -> Rollout:
+           engine: str = "auto", kv_dtype: str = "auto") -> Rollout:
     """G = group_size completions for each prompt (token-id lists of any lengths).
 
     key: a jax PRNG key (typed or raw); temperature 0 = greedy; top_k 0 = off; top_p 1 = off;
     stop_tokens: ids that end a completion (kept in it); pad_id fills prompts and completions;
     mesh: shard over this mesh (default: the params' mesh, if they live on one);
     engine: the decode engine (`rl.decode`: auto, scan, unrolled, feature_major, shared; see
-    `resolve_engine`, which turns auto into one of the others for the sampling mesh).
+    `resolve_engine`, which turns auto into one of the others for the sampling mesh);
+    kv_dtype: the KV cache's dtype (`rl.kv_dtype`: auto = the model's compute dtype,
+    bfloat16, or int8 with a scale per slot and head, `model.quantize_kv`).
     Conventions (positions, temperature, randomness, padding): see the module docstring.
     """
     return sample_with_info(cfg, params, prompts, key=key, group_size=group_size,
                             max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh,
-                            engine=engine)[0]
+                            engine=engine, kv_dtype=kv_dtype)[0]
 
 
 def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key,
                      group_size: int = 1, max_new_tokens: int, temperature: float = 1.0,
                      top_k: int = 0, top_p: float = 1.0, stop_tokens: Sequence[int] = (),
                      pad_id: int = 0, mesh: Mesh | None = None,
-                     engine: str = "auto") -> tuple[Rollout, SampleInfo]:
+                     engine: str = "auto", kv_dtype: str = "auto") -> tuple[Rollout, SampleInfo]:
     """`sample`, plus a `SampleInfo` describing the shapes used and the decode steps run."""
     prompts = _validate(cfg, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_k=top_k, top_p=top_p,
@@ -883,7 +925,7 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     return _sample_call(cfg, params, prompts, key=key, group_size=group_size,
                         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh,
-                        engine=resolve_engine(engine, mesh),
+                        engine=resolve_engine(engine, mesh, kv_dtype), kv_dtype=kv_dtype,
                         prompt_bucket=bucket_length(max(len(p) for p in prompts)))
 
 
@@ -891,7 +933,7 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *
                    prompts_per_call: int = 0, group_size: int = 1, max_new_tokens: int,
                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                    stop_tokens: Sequence[int] = (), pad_id: int = 0, mesh: Mesh | None = None,
-                   engine: str = "auto") -> Rollout:
+                   engine: str = "auto", kv_dtype: str = "auto") -> Rollout:
     """`sample`'s Rollout as host numpy arrays (on every process), sampled
     `prompts_per_call` prompts at a time (0 = all in one call).
 
@@ -907,7 +949,7 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *
     if not isinstance(prompts_per_call, (int, np.integer)) or prompts_per_call < 0:
         raise ValueError(f"prompts_per_call must be an int >= 0 (0 = one call), got {prompts_per_call!r}")
     mesh = _sampling_mesh(params, mesh)
-    engine = resolve_engine(engine, mesh)
+    engine = resolve_engine(engine, mesh, kv_dtype)
     per_call = prompts_per_call or len(prompts)
     tp = bucket_length(max(len(p) for p in prompts))
     parts = []
@@ -916,7 +958,7 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *
                                   group_size=group_size, max_new_tokens=max_new_tokens,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh, engine=engine,
-                                  prompt_bucket=tp, row_offset=start * group_size)
+                                  kv_dtype=kv_dtype, prompt_bucket=tp, row_offset=start * group_size)
         parts.append(jax.tree.map(to_host, rollout))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
@@ -930,7 +972,7 @@ def _sampling_mesh(params, mesh: Mesh | None) -> Mesh | None:
 def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, group_size: int,
                  max_new_tokens: int, temperature: float, top_k: int, top_p: float,
                  stop_tokens: Sequence[int], pad_id: int, mesh: Mesh | None, engine: str,
-                 prompt_bucket: int, row_offset: int = 0) -> tuple[Rollout, SampleInfo]:
+                 kv_dtype: str, prompt_bucket: int, row_offset: int = 0) -> tuple[Rollout, SampleInfo]:
     """One prefill + decode for validated prompts, left-padded to `prompt_bucket`; sample
     row r draws its randomness as row `row_offset + r`."""
     # -- host: pad
@@ -949,7 +991,7 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
 
     # -- device: prefill once per prompt, then the decode loop
     tp, tc = host.prompt_tokens.shape[1], host.completion_bucket
-    prefill, decode = programs(cfg, mesh, engine=engine, filtered=top_k > 0 or top_p < 1.0)
+    prefill, decode = programs(cfg, mesh, engine=engine, filtered=top_k > 0 or top_p < 1.0, kv_dtype=kv_dtype)
     copy_to = src_rows if group_size > 1 and engine != "shared" else None
     cache_len, windows = cache_plan(engine, tp, tc)
     cache, logits0 = prefill(params, *prompt_arrays, copy_to, cache_len=cache_len)

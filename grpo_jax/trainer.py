@@ -66,8 +66,8 @@ class Trainer:
         self.sample_mesh = programs.sample_mesh(cfg, self.mesh)
         self.decode_engine = programs.decode_engine(cfg, self.sample_mesh)
         if is_main_process():
-            log.info("decode engine: %s (rl.decode=%s, sampling mesh %s)", self.decode_engine,
-                     cfg.rl.decode, dict(self.sample_mesh.shape))
+            log.info("decode engine: %s (rl.decode=%s, rl.kv_dtype=%s, sampling mesh %s)", self.decode_engine,
+                     cfg.rl.decode, cfg.rl.kv_dtype, dict(self.sample_mesh.shape))
         if reward_model is None and cfg.rl.reward_model:
             from grpo_jax.reward_models import RewardModel
 
@@ -198,7 +198,8 @@ class Trainer:
             cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples],
             key=key, prompts_per_call=rl.sample_prompts, group_size=g, max_new_tokens=rl.max_new_tokens,
             temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
-            stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.sample_mesh, engine=self.decode_engine)
+            stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.sample_mesh, engine=self.decode_engine,
+            kv_dtype=rl.kv_dtype)
         t_score = time.perf_counter()
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")

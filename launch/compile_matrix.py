@@ -123,13 +123,18 @@ def main(argv=None) -> int:
     index = lambda r: (r["preset"], r["slice"], r.get("label", ""))
     saved = out / "matrix.json"
     merged = {index(r): r for r in (json.loads(saved.read_text()) if saved.exists() else [])}
-    for preset, slice_name, extra, label in MATRIX:  # reports written by a matrix cut short
+    # The reports on disk are the latest results: written by a matrix cut short, or by a
+    # row's command run by hand.
+    for preset, slice_name, extra, label in MATRIX:
         path = report_path(out, preset, slice_name, label)
-        if (preset, slice_name, label) not in merged and path.exists():
+        if not path.exists():
+            continue
+        results = json.loads(path.read_text())
+        if merged.get((preset, slice_name, label), {}).get("results") != results:
             merged[preset, slice_name, label] = {
                 "preset": preset, "slice": slice_name, "label": label, "exit_code": 0, "wall_seconds": None,
                 "command": " ".join(["python", *command(preset, slice_name, extra, label, out)]),
-                "results": json.loads(path.read_text())}
+                "results": results}
     # A row whose compile was killed (by the OOM killer, say) has no result: not recorded,
     # so --missing runs it again.
     for r in rows:

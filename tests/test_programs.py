@@ -2,6 +2,7 @@
 
 
 import jax
+import jax.numpy as jnp
 import pytest
 from test_trainer import SevensTask, tok  # noqa: F401  (tok: the fixture)
 
@@ -41,11 +42,12 @@ def _record(monkeypatch) -> dict:
     return seen
 
 
-@pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=shared"]])
+@pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=shared"], ["rl.kv_dtype=int8"]])
 def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok, overrides):
     """cpu-tiny on 8 fake devices: the sampler's prefill and decode and the train step, as
     one trainer step calls them, lower to the same HLO as `aot` lowers them for the same
-    config and mesh; the decode engine is rl.decode's (unrolled is auto's on a CPU mesh)."""
+    config and mesh; the decode engine is rl.decode's (unrolled is auto's on a CPU mesh),
+    and the KV cache the decode gets is rl.kv_dtype's."""
     cfg = _cfg(tmp_path, tok.vocab_size, *overrides)
     seen = _record(monkeypatch)
     trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
@@ -55,6 +57,9 @@ def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatc
     trainer.train(1)
     trainer.close()
     prompt_len = seen["prefill"][1][1].shape[1]
+    cache = seen["decode"][1][1]
+    assert (cache.k.dtype, cache.k_scale is not None) == ((jnp.int8, True) if "rl.kv_dtype=int8" in overrides
+                                                          else (jnp.float32, False))
     lowered = aot.lower_sampler(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
     for name in ("prefill", "decode"):
         assert lowered[name].as_text() == seen[name][0], name

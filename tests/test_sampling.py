@@ -296,6 +296,44 @@ def test_decode_engine_resolution_and_its_errors():
         sampling.resolve_engine("feature_major", mesh)
     with pytest.raises(ConfigError, match="rl.decode='fast' is not one of"):
         sampling.resolve_engine("fast", None)
+    # An int8 cache: auto on one CPU device takes the unrolled engine; feature_major is refused.
+    assert sampling.resolve_engine("auto", None, "int8") == "unrolled"
+    assert sampling.resolve_engine("auto", None, "bfloat16") == "feature_major"
+    with pytest.raises(ConfigError, match="rl.kv_dtype=int8 needs the scan, unrolled or shared decode engine"):
+        sampling.resolve_engine("feature_major", None, "int8")
+    with pytest.raises(ConfigError, match="rl.kv_dtype='fp8' is not one of"):
+        sampling.resolve_engine("auto", None, "fp8")
+
+
+@pytest.mark.parametrize("engine", ["scan", "unrolled", "shared"])
+def test_an_int8_cache_reports_log_probs_near_the_full_forward(params, engine):
+    """Every engine over an int8 cache (int8 keys and values, a scale per slot and head):
+    the log-prob it reports for each token it drew is within 0.05 of the float32 forward
+    pass over the whole sequence (what the trainer recomputes), and not equal to it."""
+    prefill, _ = sampling.programs(CFG, None, engine=engine, filtered=False, kv_dtype="int8")
+    host = sampling.host_batch(PROMPTS, G, 12, 0, None, 16, engine=engine)
+    cache, _ = prefill.eval_shape(params, host.prompt_tokens, host.prompt_mask,
+                                  host.src_rows if engine != "shared" else None, cache_len=16)
+    assert cache.k.dtype == cache.v.dtype == jnp.int8
+    assert cache.k_scale.shape == cache.v_scale.shape == cache.k.shape[:3] + (16,)
+    r = _sample(params, temperature=1.0, engine=engine, kv_dtype="int8")
+    logp = jax.nn.log_softmax(_training_logits(params, r), axis=-1)
+    want = np.take_along_axis(np.asarray(logp), np.asarray(r.tokens)[..., None], axis=-1)[..., 0]
+    gap = np.abs(np.where(np.asarray(r.mask), np.asarray(r.logprobs) - want, 0.0))
+    assert 0 < gap.max() < 0.05
+
+
+def test_an_int8_cache_on_a_mesh_draws_what_one_device_draws(params):
+    """The int8 cache's scales are sharded and copied like its keys: on 8 devices (rows over
+    4 shards, heads over 'tensor') the unrolled and shared engines draw what one device draws."""
+    kw = dict(key=jax.random.key(5), group_size=G, max_new_tokens=12, temperature=1.0, kv_dtype="int8")
+    mesh8 = mesh_from_shape((2, 2, 2))
+    p8 = _peaky(model.init_params(CFG, jax.random.key(0), mesh8))
+    a = sampling.sample(CFG, params, PROMPTS, engine="scan", **kw)
+    for engine in ("unrolled", "shared"):
+        b = sampling.sample(CFG, p8, PROMPTS, mesh=mesh8, engine=engine, **kw)
+        np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens), err_msg=engine)
+        np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-4, err_msg=engine)
 
 
 @pytest.mark.parametrize("engine", ["unrolled", "feature_major", "shared"])
