@@ -234,7 +234,9 @@ class RLConfig:
     sample_dtype: str = _rl("float32", "sampling", _SAMPLED)
     # Which decode program samples (DECODE_ENGINES); the run prints the one it resolved to.
     decode: str = _rl("auto", "sampling")
-    # The sampler's KV cache dtype (KV_DTYPES): int8 halves a bf16 cache's bytes per decoded token.
+    # The sampler's KV cache dtype (KV_DTYPES): int8 halves a bf16 cache's bytes per decoded
+    # token; like a bfloat16 sample_dtype, its log-probs then differ slightly from the
+    # trainer's (logged as logprob_mismatch_*, corrected by rl.tis_cap).
     kv_dtype: str = _rl("auto", "sampling")
 
     def modes(self, group_size: int | None = None) -> "RLModes":
