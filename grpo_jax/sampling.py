@@ -581,11 +581,13 @@ def phase_steps(windows: tuple[int, ...], num_cols: int, steps: int) -> list[int
 
 
 def _resize_slots(cache: model_lib.KVCache, slots: int) -> model_lib.KVCache:
-    """The feature-major decode's per-layer cache (k [B,K,D,S], v [B,K,S,D] per layer, mask
-    [B,S]) with S padded by empty slots to `slots`."""
+    """A per-layer decode cache (k [B,K,D,S], v [B,K,S,D] per layer, an int8 cache's scales
+    [B,K,S] per layer, mask [B,S]) with S padded by empty slots to `slots`."""
     grow = lambda x, axis: jnp.pad(x, [(0, slots - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
+    scales = {name: [grow(s, 2) for s in getattr(cache, name)] for name in ("k_scale", "v_scale")
+              if getattr(cache, name) is not None}
     return cache.replace(k=[grow(k, 3) for k in cache.k], v=[grow(v, 2) for v in cache.v],
-                         mask=grow(cache.mask, 1))
+                         mask=grow(cache.mask, 1), **scales)
 
 
 @flax.struct.dataclass

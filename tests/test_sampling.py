@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from grpo_jax import model, sampling
+from grpo_jax import model, sampling, shapes
 from grpo_jax.config import cpu_tiny
 from jax.sharding import PartitionSpec as P
 
@@ -305,18 +305,20 @@ def test_decode_engine_resolution_and_its_errors():
         sampling.resolve_engine("auto", None, "fp8")
 
 
-@pytest.mark.parametrize("engine", ["scan", "unrolled", "shared"])
-def test_an_int8_cache_reports_log_probs_near_the_full_forward(params, engine):
+@pytest.mark.parametrize("engine,new_tokens", [("scan", 12), ("unrolled", 12), ("shared", 12), ("shared", 48)])
+def test_an_int8_cache_reports_log_probs_near_the_full_forward(params, engine, new_tokens):
     """Every engine over an int8 cache (int8 keys and values, a scale per slot and head):
     the log-prob it reports for each token it drew is within 0.05 of the float32 forward
-    pass over the whole sequence (what the trainer recomputes), and not equal to it."""
+    pass over the whole sequence (what the trainer recomputes), and not equal to it. 48
+    new tokens: the shared engine's completion cache grows between two phases, scales too."""
     prefill, _ = sampling.programs(CFG, None, engine=engine, filtered=False, kv_dtype="int8")
     host = sampling.host_batch(PROMPTS, G, 12, 0, None, 16, engine=engine)
     cache, _ = prefill.eval_shape(params, host.prompt_tokens, host.prompt_mask,
                                   host.src_rows if engine != "shared" else None, cache_len=16)
     assert cache.k.dtype == cache.v.dtype == jnp.int8
     assert cache.k_scale.shape == cache.v_scale.shape == cache.k.shape[:3] + (16,)
-    r = _sample(params, temperature=1.0, engine=engine, kv_dtype="int8")
+    assert len(sampling.cache_plan(engine, 16, shapes.bucket_length(new_tokens))[1]) == (2 if new_tokens == 48 else 1)
+    r = _sample(params, temperature=1.0, engine=engine, kv_dtype="int8", max_new_tokens=new_tokens)
     logp = jax.nn.log_softmax(_training_logits(params, r), axis=-1)
     want = np.take_along_axis(np.asarray(logp), np.asarray(r.tokens)[..., None], axis=-1)[..., 0]
     gap = np.abs(np.where(np.asarray(r.mask), np.asarray(r.logprobs) - want, 0.0))
