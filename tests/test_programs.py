@@ -42,12 +42,11 @@ def _record(monkeypatch) -> dict:
     return seen
 
 
-@pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=shared"], ["rl.kv_dtype=int8"]])
+@pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=shared"]])
 def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok, overrides):
     """cpu-tiny on 8 fake devices: the sampler's prefill and decode and the train step, as
     one trainer step calls them, lower to the same HLO as `aot` lowers them for the same
-    config and mesh; the decode engine is rl.decode's (unrolled is auto's on a CPU mesh),
-    and the KV cache the decode gets is rl.kv_dtype's."""
+    config and mesh; the decode engine is rl.decode's (unrolled is auto's on a CPU mesh)."""
     cfg = _cfg(tmp_path, tok.vocab_size, *overrides)
     seen = _record(monkeypatch)
     trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
@@ -57,14 +56,36 @@ def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatc
     trainer.train(1)
     trainer.close()
     prompt_len = seen["prefill"][1][1].shape[1]
-    cache = seen["decode"][1][1]
-    assert (cache.k.dtype, cache.k_scale is not None) == ((jnp.int8, True) if "rl.kv_dtype=int8" in overrides
-                                                          else (jnp.float32, False))
+    assert seen["decode"][1][1].k.dtype == jnp.float32 and seen["decode"][1][1].k_scale is None
     lowered = aot.lower_sampler(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
     for name in ("prefill", "decode"):
         assert lowered[name].as_text() == seen[name][0], name
     rows = cfg.data.batch_size * cfg.rl.group_size
     assert aot.lower_train_step(cfg, trainer.mesh, rows, prompt_len).as_text() == seen["train_step"][0]
+
+
+def test_the_trainer_samples_with_rl_kv_dtype(tmp_path, monkeypatch, tok):
+    """rl.kv_dtype=int8 reaches the trainer's sampler call, and the programs the run (and
+    the AOT check) builds for it carry an int8 cache with its scales."""
+    cfg = _cfg(tmp_path, tok.vocab_size, "rl.kv_dtype=int8")
+    asked = {}
+
+    class Sampled(Exception):
+        pass
+
+    def sample_to_host(*args, **kwargs):
+        asked.update(kwargs)
+        raise Sampled
+
+    monkeypatch.setattr(sampling, "sample_to_host", sample_to_host)
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      progress=False, resume=False)
+    with pytest.raises(Sampled):
+        trainer.train(1)
+    trainer.close()
+    assert asked["kv_dtype"] == "int8" and asked["engine"] == trainer.decode_engine == "unrolled"
+    cache = aot.sampler_calls(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, 16)["decode"][1][1]
+    assert cache.k.dtype == cache.v.dtype == jnp.int8 and cache.k_scale.shape == cache.k.shape[:3] + (16 + 16,)
 
 
 def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monkeypatch, tok):
