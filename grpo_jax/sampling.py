@@ -400,9 +400,8 @@ def constrain_cache(cache: model_lib.KVCache) -> model_lib.KVCache:
 
 
 def kv_cache_dtype(cfg: ModelConfig, kv_dtype: str):
-    """The sampler's cache dtype for ``rl.kv_dtype``: auto is the model's compute dtype."""
-    if kv_dtype not in KV_DTYPES:
-        raise ConfigError(f"rl.kv_dtype={kv_dtype!r} is not one of {list(KV_DTYPES)}")
+    """The sampler's cache dtype for ``rl.kv_dtype`` (checked by `resolve_engine`): auto is
+    the model's compute dtype."""
     return jnp.dtype(DTYPES[cfg.dtype] if kv_dtype == "auto" else kv_dtype)
 
 

@@ -73,17 +73,16 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     np.testing.assert_allclose(_logits(gqa, p, tokens), _logits(mha, p_mha, tokens), atol=1e-5)
 
 
-@pytest.mark.parametrize("unroll", [False, True])
-def test_cached_decoding_matches_full_forward(unroll):
+def _cached_decode(unroll: bool, cache_dtype=None):
+    """Two rows (row 0 left-padded by 3) decoded through a cache: a 5-token prefill, then
+    one token at a time -> (the cached logits, the full forward's, the final cache)."""
     params = _params(TINY)
-    b, t = 2, 12
+    b, t, prefix = 2, 12, 5
     tokens = jax.random.randint(jax.random.key(4), (b, t), 0, TINY.vocab_size)
-    # row 0 left-padded by 3
     mask = jnp.ones((b, t), bool).at[0, :3].set(False)
     full = _logits(TINY, params, tokens, mask)
-    cache = model.init_cache(TINY, b, 16)
+    cache = model.init_cache(TINY, b, 16, cache_dtype)
     positions = model.default_positions(mask)
-    prefix = 5
     # Jitted: the one-token steps share one compile instead of dispatching op by op.
     step = jax.jit(lambda *a: model.forward_hidden(TINY, *a, unroll=unroll))
     hidden, cache = step(params, tokens[:, :prefix], mask[:, :prefix], positions[:, :prefix], cache)
@@ -91,10 +90,15 @@ def test_cached_decoding_matches_full_forward(unroll):
     for i in range(prefix, t):
         h, cache = step(params, tokens[:, i:i + 1], mask[:, i:i + 1], positions[:, i:i + 1], cache)
         outs.append(h)
-    logits = model.logits_from_hidden(TINY, params, jnp.concatenate(outs, 1))
+    return model.logits_from_hidden(TINY, params, jnp.concatenate(outs, 1)), full, cache
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_cached_decoding_matches_full_forward(unroll):
+    logits, full, cache = _cached_decode(unroll)
     np.testing.assert_allclose(logits[0, 3:], full[0, 3:], atol=1e-5)
     np.testing.assert_allclose(logits[1], full[1], atol=1e-5)
-    assert int(cache.index) == t
+    assert int(cache.index) == 12
 
 
 def test_quantize_kv_keeps_every_entry_within_half_a_step():
@@ -113,21 +117,8 @@ def test_decoding_over_an_int8_cache_stays_near_the_full_forward(unroll):
     """The cached decode of test_cached_decoding_matches_full_forward over an int8 cache
     (keys and values quantised per slot and head): logits within 0.02 of the full forward,
     not equal to them (the cache is int8), the keys stored int8 with their scales."""
-    params = _params(TINY)
-    b, t, prefix = 2, 12, 5
-    tokens = jax.random.randint(jax.random.key(4), (b, t), 0, TINY.vocab_size)
-    mask = jnp.ones((b, t), bool).at[0, :3].set(False)
-    full = _logits(TINY, params, tokens, mask)
-    cache = model.init_cache(TINY, b, 16, jnp.int8)
-    positions = model.default_positions(mask)
-    step = jax.jit(lambda *a: model.forward_hidden(TINY, *a, unroll=unroll))
-    hidden, cache = step(params, tokens[:, :prefix], mask[:, :prefix], positions[:, :prefix], cache)
-    outs = [hidden]
-    for i in range(prefix, t):
-        h, cache = step(params, tokens[:, i:i + 1], mask[:, i:i + 1], positions[:, i:i + 1], cache)
-        outs.append(h)
-    logits = model.logits_from_hidden(TINY, params, jnp.concatenate(outs, 1))
-    assert cache.k.dtype == jnp.int8 and bool((cache.k_scale[:, :, :, :t] > 0).all())
+    logits, full, cache = _cached_decode(unroll, jnp.int8)
+    assert cache.k.dtype == jnp.int8 and bool((cache.k_scale[:, :, :, :12] > 0).all())
     gap = np.abs(np.asarray(logits[1] - full[1]))
     assert 0 < gap.max() < 0.02
     np.testing.assert_allclose(logits[0, 3:], full[0, 3:], atol=0.02)
