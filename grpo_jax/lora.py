@@ -9,7 +9,7 @@ weights they adapt): ``adapters["layers"]["attn"]["q_lora_a"]`` is A of q, [laye
 and ``..._lora_b`` its B, [layers, r, heads, head_dim]. A takes the weight's input axes,
 B its output axes, so both are sharded by the rules table like the weight (the rank axis
 is replicated). ``policy_params(base, adapters)`` puts them beside the weights, where the
-model's layers find them (``model.adapted_weight``); without them the same model is the base.
+model's layers find them (``model.adapted_product``); without them the same model is the base.
 This is why LoRA costs no second model: the train state keeps the base once and it is
 π_ref too (``model_view``), the optimizer sees only the adapters, and the sampler reads
 ``merge(base, adapters)``, made once per step.

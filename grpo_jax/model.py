@@ -127,15 +127,32 @@ def adapted_weight(w: jax.Array, a: jax.Array, b: jax.Array, alpha: float) -> ja
     return (w + delta).astype(w.dtype)
 
 
-def _adapted(module: nn.Module, name: str, w: jax.Array) -> jax.Array:
-    """The weight ``name`` as the layer uses it: with its adapter when the params carry one
-    (``{name}_lora_a`` / ``{name}_lora_b`` beside it, ``grpo_jax.lora.policy_params``),
-    else as stored. Merged here, where the layer reads it, so that inside the layer scan
-    only one layer's merged weights exist at a time."""
+def _adapter(module: nn.Module, name: str) -> tuple[jax.Array, jax.Array] | None:
+    """The LoRA adapter (A, B) of the weight ``name`` when the params carry one
+    (``{name}_lora_a`` / ``{name}_lora_b`` beside it, ``grpo_jax.lora.policy_params``)."""
     if not module.has_variable("params", f"{name}_lora_a"):
-        return w
-    a, b = (module.get_variable("params", f"{name}_lora_{part}") for part in "ab")
-    return adapted_weight(w, a, b, module.cfg.lora_alpha)
+        return None
+    return tuple(module.get_variable("params", f"{name}_lora_{part}") for part in "ab")
+
+
+def adapted_product(spec: str, x: jax.Array, w: jax.Array, adapter, alpha: float, dt) -> jax.Array:
+    """einsum(spec, x, W') for W' = W + (alpha / r)·A·B (`adapted_weight`), computed as
+
+        x·W + (alpha / r)·(x·A)·B,   spec "x,w->y"; a [*in, r], b [r, *out] (w's axes split)
+
+    so that the backward pass forms dx, dA and dB only: through a merged W' autodiff forms
+    the full [in, out] gradient of every adapted weight (a third of a full fine-tune's
+    matmul work) and the scan keeps each layer's merged copy for it. ``adapter`` None is
+    the plain product."""
+    y = product(spec, x, operand(w, dt))
+    if adapter is None:
+        return y
+    a, b = adapter
+    (x_axes, w_axes), y_axes = spec.split("->")[0].split(","), spec.split("->")[1]
+    w_in, w_out = w_axes[:a.ndim - 1], w_axes[a.ndim - 1:]
+    h_axes = "".join(c for c in x_axes if c not in w_in) + "z"
+    h = product(f"{x_axes},{w_in}z->{h_axes}", x, operand(a, dt))
+    return y + (alpha / a.shape[-1]) * product(f"{h_axes},z{w_out}->{y_axes}", h, operand(b, dt))
 
 
 class RMSNorm(nn.Module):
@@ -378,8 +395,9 @@ class Attention(nn.Module):
         wk = _param(self, "k", (cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim), ("embed", "kv_heads", "head_dim"), init, cfg)
         wv = _param(self, "v", (cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim), ("embed", "kv_heads", "head_dim"), init, cfg)
         wo = _param(self, "o", (cfg.num_heads, cfg.head_dim, cfg.embed_dim), ("heads", "head_dim", "embed"), init, cfg)
-        wq, wk, wv, wo = (_adapted(self, name, w) for name, w in zip("qkvo", (wq, wk, wv, wo)))
-        q, k, v = (product("bte,ehd->bthd", x, operand(w, dt)) for w in (wq, wk, wv))
+        alpha = cfg.lora_alpha
+        q, k, v = (adapted_product("bte,ehd->bthd", x, w, _adapter(self, name), alpha, dt)
+                   for name, w in zip("qkv", (wq, wk, wv)))
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
             q = q + _param(self, "q_bias", (cfg.num_heads, cfg.head_dim), ("heads", "head_dim"), zeros, cfg).astype(dt)
@@ -393,7 +411,11 @@ class Attention(nn.Module):
             out, new_kv = slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask)
         b, t, h, d = q.shape
         # One contracting dim of h*d: with two (h, d) XLA transposed the weight at every call.
-        return product("btf,fe->bte", out.reshape(b, t, h * d), operand(wo, dt).reshape(h * d, -1)), new_kv
+        adapter = _adapter(self, "o")
+        if adapter is not None:
+            adapter = (adapter[0].reshape(h * d, -1), adapter[1])
+        return adapted_product("btf,fe->bte", out.reshape(b, t, h * d), wo.reshape(h * d, -1), adapter,
+                               alpha, dt), new_kv
 
 
 @jax.custom_vjp
@@ -444,6 +466,68 @@ def _swiglu_bwd(res, dy):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
+def _thin(x, adapter):
+    """x·A [..., r] of one adapter (A [in, r]), or None without one."""
+    return None if adapter is None else product("...i,ir->...r", x, adapter[0])
+
+
+def _lora_linear(x, w, h, adapter, scale):
+    """x·W + scale·h·B for h = x·A (`adapted_product` for a 2-D weight)."""
+    y = product("...i,io->...o", x, w)
+    return y if adapter is None else y + scale * product("...r,ro->...o", h, adapter[1])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def swiglu_lora(scale, x, gate, up, down, adapters):
+    """`swiglu` with LoRA on its weights: adapters is one (A [in, r], B [r, out]) or None
+    per weight (gate, up, down), and each product is x·W + scale·(x·A)·B. The backward is
+    written out, as `swiglu`'s is: it keeps x, the two pre-activations and the thin
+    [..., r] products, and forms the adapters' gradients and dx, never a gradient of the
+    frozen [E, F] weights (autodiff would keep a third [..., F] residual for B of down)."""
+    return _swiglu_lora_fwd(scale, x, gate, up, down, adapters)[0]
+
+
+def _swiglu_lora_fwd(scale, x, gate, up, down, adapters):
+    lg, lu, ld = adapters
+    hg, hu = _thin(x, lg), _thin(x, lu)
+    a, b = _lora_linear(x, gate, hg, lg, scale), _lora_linear(x, up, hu, lu, scale)
+    m = jax.nn.silu(a) * b
+    y = _lora_linear(m, down, _thin(m, ld), ld, scale)
+    return y, (x, a, b, hg, hu, gate, up, down, adapters)
+
+
+def _swiglu_lora_bwd(scale, res, dy):
+    x, a, b, hg, hu, gate, up, down, (lg, lu, ld) = res
+    s = jax.nn.sigmoid(a)
+    silu = a * s
+    m = silu * b
+    dm = jnp.einsum("...e,fe->...f", dy, down)
+    d_ld = None
+    if ld is not None:
+        d_hd = scale * jnp.einsum("...e,re->...r", dy, ld[1])
+        d_ld = (jnp.einsum("...f,...r->fr", m, d_hd), scale * jnp.einsum("...r,...e->re", _thin(m, ld), dy))
+        dm = dm + jnp.einsum("...r,fr->...f", d_hd, ld[0])
+    db = dm * silu
+    da = dm * b * s * (1 + a * (1 - s))  # d silu(a)/da = s (1 + a (1 − s))
+    dx = jnp.einsum("...f,ef->...e", da, gate) + jnp.einsum("...f,ef->...e", db, up)
+    grads = []
+    for d, h, adapter in ((da, hg, lg), (db, hu, lu)):
+        if adapter is None:
+            grads.append(None)
+            continue
+        dh = scale * jnp.einsum("...f,rf->...r", d, adapter[1])
+        grads.append((jnp.einsum("...e,...r->er", x, dh), scale * jnp.einsum("...r,...f->rf", h, d)))
+        dx = dx + jnp.einsum("...r,er->...e", dh, adapter[0])
+    grads.append(d_ld)
+    cast = tuple(None if g is None else (g[0].astype(p[0].dtype), g[1].astype(p[1].dtype))
+                 for g, p in zip(grads, (lg, lu, ld)))
+    # The frozen weights get no cotangent (None: zero), so nothing forms one.
+    return dx.astype(x.dtype), None, None, None, cast
+
+
+swiglu_lora.defvjp(_swiglu_lora_fwd, _swiglu_lora_bwd)
+
+
 class MLP(nn.Module):
     cfg: ModelConfig
 
@@ -455,8 +539,12 @@ class MLP(nn.Module):
         gate = _param(self, "gate", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         up = _param(self, "up", (cfg.embed_dim, cfg.mlp_dim), ("embed", "mlp"), init, cfg)
         down = _param(self, "down", (cfg.mlp_dim, cfg.embed_dim), ("mlp", "embed"), init, cfg)
-        gate, up, down = (_adapted(self, name, w) for name, w in zip(("gate", "up", "down"), (gate, up, down)))
-        return swiglu(x, operand(gate, dt), operand(up, dt), operand(down, dt))
+        weights = (operand(gate, dt), operand(up, dt), operand(down, dt))
+        adapters = tuple(None if ab is None else (operand(ab[0], dt), operand(ab[1], dt))
+                         for ab in (_adapter(self, name) for name in ("gate", "up", "down")))
+        if adapters == (None, None, None):
+            return swiglu(x, *weights)
+        return swiglu_lora(cfg.lora_alpha / cfg.lora_rank, x, *weights, adapters)
 
 
 class Block(nn.Module):

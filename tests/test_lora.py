@@ -2,6 +2,7 @@
 reference is the base, the merge is W + (α/r)·A·B, and the train step needs less memory."""
 
 import dataclasses
+import re
 import warnings
 
 import jax
@@ -80,6 +81,36 @@ def test_merge_is_base_plus_scaled_product_and_matches_the_in_layer_merge():
     np.testing.assert_allclose(_logits(cfg, merged, TOKENS),
                                _logits(cfg, lora.policy_params(base, adapters), TOKENS),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("targets", [None, "q,o,gate,down"])
+def test_adapter_gradients_equal_the_merged_weights_and_form_no_weight_gradient(targets):
+    """The layers compute x·W + s·(x·A)·B (`model.adapted_product`, `model.swiglu_lora`'s
+    written-out backward): the adapters' gradients equal autodiff through the merged weights
+    W + s·A·B, and the compiled gradient holds no product shaped like a full weight (the
+    work a merged weight's gradient would cost)."""
+    cfg = TINY if targets is None else dataclasses.replace(TINY, lora_targets=targets)
+    base = model.init_params(cfg, jax.random.key(0))
+    adapters = _perturbed(lora.init_adapters(cfg, jax.random.key(1)))
+    weights = jax.random.normal(jax.random.key(2), (1, TOKENS.shape[1], cfg.vocab_size))
+
+    def loss(params):
+        return jnp.sum(jax.nn.log_softmax(model.forward_logits(cfg, params, TOKENS)) * weights)
+
+    in_layer = jax.jit(jax.grad(lambda ad: loss(lora.policy_params(base, ad))))
+    merged = jax.jit(jax.grad(lambda ad: loss(lora.merge(base, ad, cfg))))
+    got, want = in_layer(adapters), merged(adapters)
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5), got, want)
+    assert float(jnp.max(jnp.abs(jax.tree.leaves(got)[0]))) > 1e-3
+    full = {tuple(int(d) for d in x.shape[1:]) for x in jax.tree.leaves(base["layers"]) if x.ndim >= 3}
+
+    def weight_shaped_products(fn):
+        hlo = fn.lower(adapters).compile().as_text()
+        return {tuple(int(d) for d in dims.split(",")) for dims in
+                re.findall(r"= f32\[([\d,]+)\]\{[^}]*\} dot\(", hlo)} & full
+
+    assert weight_shaped_products(merged)  # the merge and dW' = xᵀ·dy: seen when formed
+    assert not weight_shaped_products(in_layer)
 
 
 def test_only_adapters_are_trained_and_the_reference_is_the_base():
