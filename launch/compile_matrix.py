@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # (preset, slice, config overrides, label of the overridden row). The presets as they are,
 # the 7B recipe's other reading of "batch size 1024" (1024 outputs = 16 questions x 64,
 # see the preset's docstring), 64 questions per sampler call where HBM allows it (v5p-128:
-# more rows per read of the weights; with an int8 KV cache, half the cache's bytes), what
-# makes it fit v4-32, and the smallest slice it fits
+# more rows per read of the weights), what makes it fit v4-32, each of those and v5litepod-256
+# with an int8 KV cache (half the cache's bytes per decoded token), v5p-128's update without
+# recomputation (its train step holds 12 of 95 GB with the preset's full remat), and the smallest slice it fits
 # on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch). The 1.5B
 # preset is sized for one 8-chip host and runs as it is on both (docs/tpu.md).
 OUTPUTS_1024 = ["data.batch_size=16", "rl.num_micro_batches=4"]
@@ -37,10 +38,14 @@ MATRIX = [
     ("deepseekmath-rl-7b", "v5p-128", [], ""),
     ("deepseekmath-rl-7b", "v5p-128", ["rl.sample_prompts=64"], "sample_prompts-64"),
     ("deepseekmath-rl-7b", "v5p-128", ["rl.sample_prompts=64", "rl.kv_dtype=int8"], "sample_prompts-64-int8"),
+    ("deepseekmath-rl-7b", "v5p-128", ["rl.sample_prompts=64", "rl.kv_dtype=int8", "model.remat=none"],
+     "sample_prompts-64-int8-remat-none"),
     ("deepseekmath-rl-7b", "v5p-128", OUTPUTS_1024, "1024-outputs"),
     ("deepseekmath-rl-7b", "v4-32", [], ""),
     ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=2"], "sample_prompts-2"),
+    ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=2", "rl.kv_dtype=int8"], "sample_prompts-2-int8"),
     ("deepseekmath-rl-7b", "v5litepod-256", [], ""),
+    ("deepseekmath-rl-7b", "v5litepod-256", ["rl.kv_dtype=int8"], "int8"),
     ("deepseekmath-rl-7b", "v5p-8", ["rl.sample_prompts=1", "rl.num_micro_batches=4096"], "smallest"),
     # LoRA on one host (docs/lora.md): the 7B recipe's preset, and the 1.5B beside its full fine-tune.
     ("deepseekmath-rl-7b-lora", "v5p-8", [], ""),
