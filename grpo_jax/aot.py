@@ -277,16 +277,18 @@ def matmul_params(m) -> int:
 def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
     """The model's useful FLOPs over the whole slice for one step of ``questions`` (the
     numerator of MFU): 2N per prefilled prompt token (each question's prompt once), 2N per
-    sampled token, 6N per trained token (prompt and completion, per update) and 2N per
-    reference-model token. Attention scores, remat recomputation, padding rows and per-row
-    prefill copies are cost, not useful work."""
+    sampled token, 6N per trained token (prompt and completion, per update; 4N with LoRA,
+    whose frozen weights need no gradient: forward and dx only) and 2N per reference-model
+    token. Attention scores, remat recomputation, padding rows and per-row prefill copies
+    are cost, not useful work."""
     n = matmul_params(cfg.model)
     rows = questions * programs.group_size(cfg)
     seq = prompt_len + cfg.rl.max_new_tokens
     ref = 2 * n if get_algorithm(cfg.rl.algorithm).needs_reference(cfg) else 0
+    trained = (4 if cfg.model.lora_rank > 0 else 6) * n
     return {"prefill": 2.0 * n * questions * prompt_len,
             "decode": 2.0 * n * rows * cfg.rl.max_new_tokens,
-            "train_step": float((6 * n * cfg.rl.num_updates + ref) * rows * seq)}
+            "train_step": float((trained * cfg.rl.num_updates + ref) * rows * seq)}
 
 
 # ---------------------------------------------------------------------- the cost count

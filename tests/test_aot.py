@@ -204,6 +204,10 @@ def test_model_flops_count_the_6n_rule():
     rows, seq = 8 * cfg.rl.group_size, 32 + cfg.rl.max_new_tokens
     assert got == {"prefill": 2 * n * 8 * 32, "decode": 2 * n * rows * cfg.rl.max_new_tokens,
                    "train_step": (6 * n + 2 * n) * rows * seq}  # β > 0: a reference pass
+    # LoRA trains no weight of the model: forward and dx per trained token; the frozen
+    # base is the reference.
+    lora = apply_overrides(cfg, ["model.lora_rank=8"])
+    assert aot.model_flops(lora, 8, 32)["train_step"] == (4 * n + 2 * n) * rows * seq
 
 
 def test_fit_check_passes_where_it_fits_and_leaves_the_cpu_backend(checked):
