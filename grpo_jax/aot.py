@@ -285,7 +285,7 @@ def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
     rows = questions * programs.group_size(cfg)
     seq = prompt_len + cfg.rl.max_new_tokens
     ref = 2 * n if get_algorithm(cfg.rl.algorithm).needs_reference(cfg) else 0
-    trained = (4 if cfg.model.lora_rank > 0 else 6) * n
+    trained = (4 if lora.enabled(cfg.model) else 6) * n
     return {"prefill": 2.0 * n * questions * prompt_len,
             "decode": 2.0 * n * rows * cfg.rl.max_new_tokens,
             "train_step": float((trained * cfg.rl.num_updates + ref) * rows * seq)}

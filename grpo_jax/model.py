@@ -542,7 +542,7 @@ class MLP(nn.Module):
         weights = (operand(gate, dt), operand(up, dt), operand(down, dt))
         adapters = tuple(None if ab is None else (operand(ab[0], dt), operand(ab[1], dt))
                          for ab in (_adapter(self, name) for name in ("gate", "up", "down")))
-        if adapters == (None, None, None):
+        if all(ab is None for ab in adapters):
             return swiglu(x, *weights)
         return swiglu_lora(cfg.lora_alpha / cfg.lora_rank, x, *weights, adapters)
 

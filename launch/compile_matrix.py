@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # see the preset's docstring), 64 questions per sampler call where HBM allows it (v5p-128:
 # more rows per read of the weights), what makes it fit v4-32, each of those and v5litepod-256
 # with an int8 KV cache (half the cache's bytes per decoded token), v5p-128's update without
-# recomputation (its train step holds 12 of 95 GB with the preset's full remat), and the smallest slice it fits
-# on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch). The 1.5B
+# recomputation (its train step has the HBM to spare, docs/tpu.md), and the smallest slice it
+# fits on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch). The 1.5B
 # preset is sized for one 8-chip host and runs as it is on both (docs/tpu.md).
 OUTPUTS_1024 = ["data.batch_size=16", "rl.num_micro_batches=4"]
 MATRIX = [
