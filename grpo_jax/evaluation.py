@@ -260,7 +260,8 @@ def evaluate(cfg, params, task, tokenizer, examples: Sequence, *, key, mesh=None
 
     prompts = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
     common = dict(max_new_tokens=cfg.rl.max_new_tokens, stop_tokens=tokenizer.stop_ids,
-                  pad_id=tokenizer.pad_id, mesh=mesh, engine=cfg.rl.decode, kv_dtype=cfg.rl.kv_dtype)
+                  pad_id=tokenizer.pad_id, mesh=mesh, engine=cfg.rl.decode, kv_dtype=cfg.rl.kv_dtype,
+                  decode_phases=cfg.rl.decode_phases)
     greedy = texts_of(sampling.sample(cfg.model, params, prompts, key=key, group_size=1,
                                       temperature=0.0, **common))
     right = [task.is_correct(task.extract_answer(t), ex) for t, ex in zip(greedy, examples)]

@@ -209,7 +209,7 @@ def _global_key(key, mesh: Mesh):
 
 
 def _validate(cfg: ModelConfig, prompts, *, group_size, max_new_tokens, temperature, top_k,
-              top_p, stop_tokens, pad_id) -> list[list[int]]:
+              top_p, stop_tokens, pad_id, decode_phases) -> list[list[int]]:
     """Check every argument on the host; return the prompts as lists of ints."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) and not isinstance(prompts, np.ndarray):
         raise TypeError(f"prompts must be a sequence of token-id sequences, got {type(prompts).__name__}")
@@ -225,6 +225,8 @@ def _validate(cfg: ModelConfig, prompts, *, group_size, max_new_tokens, temperat
         raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+    if not isinstance(decode_phases, (int, np.integer)) or decode_phases < 1:
+        raise ValueError(f"decode_phases must be an int >= 1, got {decode_phases!r}")
     vocab = cfg.vocab_size
     for name, ids in (("stop_tokens", list(stop_tokens)), ("pad_id", [pad_id])):
         bad = [t for t in ids if not 0 <= int(t) < vocab]
@@ -540,33 +542,37 @@ def _stack(parts: list):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
 
 
-# Decode phases (feature-major decode): attention reads every cache slot at every step, though
-# at step t only the prompt's and t completion slots are filled. So the loop runs in up to
-# DECODE_PHASES phases, each over a cache that ends one phase's share of the completion
-# bucket further on. Each phase is one more traced and compiled copy of the step, and more
-# than 4 phases gained nothing measurable (benchmarks/NOTES.md, "Figures behind code
-# comments"); short completions, where attention is a small share, keep one phase.
-DECODE_PHASES = 4
+# Decode phases (feature-major and shared decode): attention reads every cache slot at every
+# step, though at step t only the prompt's and t completion slots are filled. So the loop
+# runs in up to `rl.decode_phases` phases, each over a cache that ends one phase's share of
+# the completion bucket further on. Each phase is one more traced and compiled copy of the
+# step. On one CPU more than 4 phases gained nothing measurable (benchmarks/NOTES.md,
+# "Figures behind code comments"); on TPU a step is bound by the slots it reads, and more
+# phases read fewer empty ones (docs/tpu.md, "Decode phases"). Short completions, where
+# attention is a small share, keep one phase.
+DECODE_PHASES = 4  # rl.decode_phases' default
 _MIN_PHASE_SLOTS = 32
 
 
-def decode_windows(prompt_slots: int, num_cols: int) -> tuple[int, ...]:
-    """The cache windows of the decode phases for a prompt bucket and a completion bucket:
-    increasing slot counts, the last one the whole cache (prompt_slots + num_cols)."""
-    phases = max(1, min(DECODE_PHASES, num_cols // _MIN_PHASE_SLOTS))
+def decode_windows(prompt_slots: int, num_cols: int, phases: int = DECODE_PHASES) -> tuple[int, ...]:
+    """The cache windows of up to ``phases`` decode phases for a prompt bucket and a
+    completion bucket: increasing slot counts, the last one the whole cache
+    (prompt_slots + num_cols), each phase at least _MIN_PHASE_SLOTS long."""
+    phases = max(1, min(phases, num_cols // _MIN_PHASE_SLOTS))
     return tuple(prompt_slots + num_cols * (i + 1) // phases for i in range(phases))
 
 
-def cache_plan(engine: str, prompt_slots: int, num_cols: int) -> tuple[int, tuple[int, ...]]:
+def cache_plan(engine: str, prompt_slots: int, num_cols: int,
+               phases: int = DECODE_PHASES) -> tuple[int, tuple[int, ...]]:
     """(the prefill's cache slots, the decode's windows) of one call: `feature_major` decodes
-    in phases over a cache that grows (`decode_windows`); `shared` keeps the prompts' cache
-    as the prefill made it and decodes into completion slots that grow by phase; the others
-    run one loop over the whole prompt + completion cache."""
+    in up to ``phases`` phases over a cache that grows (`decode_windows`); `shared` keeps the
+    prompts' cache as the prefill made it and decodes into completion slots that grow by
+    phase; the others run one loop over the whole prompt + completion cache."""
     if engine == "feature_major":
-        windows = decode_windows(prompt_slots, num_cols)
+        windows = decode_windows(prompt_slots, num_cols, phases)
         return windows[0], windows
     if engine == "shared":
-        return prompt_slots, decode_windows(0, num_cols)
+        return prompt_slots, decode_windows(0, num_cols, phases)
     return prompt_slots + num_cols, (prompt_slots + num_cols,)
 
 
@@ -895,7 +901,7 @@ def _copier(cfg: ModelConfig, mesh: Mesh | None, dtype: str):
 def sample(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key, group_size: int = 1,
            max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            stop_tokens: Sequence[int] = (), pad_id: int = 0, mesh: Mesh | None = None,
-           engine: str = "auto", kv_dtype: str = "auto") -> Rollout:
+           engine: str = "auto", kv_dtype: str = "auto", decode_phases: int = DECODE_PHASES) -> Rollout:
     """G = group_size completions for each prompt (token-id lists of any lengths).
 
     key: a jax PRNG key (typed or raw); temperature 0 = greedy; top_k 0 = off; top_p 1 = off;
@@ -904,37 +910,39 @@ def sample(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key, g
     engine: the decode engine (`rl.decode`: auto, scan, unrolled, feature_major, shared; see
     `resolve_engine`, which turns auto into one of the others for the sampling mesh);
     kv_dtype: the KV cache's dtype (`rl.kv_dtype`: auto = the model's compute dtype,
-    bfloat16, or int8 with a scale per slot and head, `model.quantize_kv`).
+    bfloat16, or int8 with a scale per slot and head, `model.quantize_kv`);
+    decode_phases: the most phases the feature-major and shared engines decode in
+    (`rl.decode_phases`, `cache_plan`); it changes what a step reads, not what it draws.
     Conventions (positions, temperature, randomness, padding): see the module docstring.
     """
     return sample_with_info(cfg, params, prompts, key=key, group_size=group_size,
                             max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh,
-                            engine=engine, kv_dtype=kv_dtype)[0]
+                            engine=engine, kv_dtype=kv_dtype, decode_phases=decode_phases)[0]
 
 
 def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key,
                      group_size: int = 1, max_new_tokens: int, temperature: float = 1.0,
                      top_k: int = 0, top_p: float = 1.0, stop_tokens: Sequence[int] = (),
-                     pad_id: int = 0, mesh: Mesh | None = None,
-                     engine: str = "auto", kv_dtype: str = "auto") -> tuple[Rollout, SampleInfo]:
+                     pad_id: int = 0, mesh: Mesh | None = None, engine: str = "auto",
+                     kv_dtype: str = "auto", decode_phases: int = DECODE_PHASES) -> tuple[Rollout, SampleInfo]:
     """`sample`, plus a `SampleInfo` describing the shapes used and the decode steps run."""
     prompts = _validate(cfg, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_k=top_k, top_p=top_p,
-                        stop_tokens=stop_tokens, pad_id=pad_id)
+                        stop_tokens=stop_tokens, pad_id=pad_id, decode_phases=decode_phases)
     mesh = _sampling_mesh(params, mesh)
     return _sample_call(cfg, params, prompts, key=key, group_size=group_size,
                         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh,
                         engine=resolve_engine(engine, mesh, kv_dtype), kv_dtype=kv_dtype,
-                        prompt_bucket=bucket_length(max(len(p) for p in prompts)))
+                        decode_phases=decode_phases, prompt_bucket=bucket_length(max(len(p) for p in prompts)))
 
 
 def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, key,
                    prompts_per_call: int = 0, group_size: int = 1, max_new_tokens: int,
                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                    stop_tokens: Sequence[int] = (), pad_id: int = 0, mesh: Mesh | None = None,
-                   engine: str = "auto", kv_dtype: str = "auto") -> Rollout:
+                   engine: str = "auto", kv_dtype: str = "auto", decode_phases: int = DECODE_PHASES) -> Rollout:
     """`sample`'s Rollout as host numpy arrays (on every process), sampled
     `prompts_per_call` prompts at a time (0 = all in one call).
 
@@ -946,7 +954,7 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *
     """
     prompts = _validate(cfg, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_k=top_k, top_p=top_p,
-                        stop_tokens=stop_tokens, pad_id=pad_id)
+                        stop_tokens=stop_tokens, pad_id=pad_id, decode_phases=decode_phases)
     if not isinstance(prompts_per_call, (int, np.integer)) or prompts_per_call < 0:
         raise ValueError(f"prompts_per_call must be an int >= 0 (0 = one call), got {prompts_per_call!r}")
     mesh = _sampling_mesh(params, mesh)
@@ -959,7 +967,8 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *
                                   group_size=group_size, max_new_tokens=max_new_tokens,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh, engine=engine,
-                                  kv_dtype=kv_dtype, prompt_bucket=tp, row_offset=start * group_size)
+                                  kv_dtype=kv_dtype, decode_phases=decode_phases, prompt_bucket=tp,
+                                  row_offset=start * group_size)
         parts.append(jax.tree.map(to_host, rollout))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
@@ -973,7 +982,8 @@ def _sampling_mesh(params, mesh: Mesh | None) -> Mesh | None:
 def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, group_size: int,
                  max_new_tokens: int, temperature: float, top_k: int, top_p: float,
                  stop_tokens: Sequence[int], pad_id: int, mesh: Mesh | None, engine: str,
-                 kv_dtype: str, prompt_bucket: int, row_offset: int = 0) -> tuple[Rollout, SampleInfo]:
+                 kv_dtype: str, decode_phases: int, prompt_bucket: int,
+                 row_offset: int = 0) -> tuple[Rollout, SampleInfo]:
     """One prefill + decode for validated prompts, left-padded to `prompt_bucket`; sample
     row r draws its randomness as row `row_offset + r`."""
     # -- host: pad
@@ -994,7 +1004,7 @@ def _sample_call(cfg: ModelConfig, params, prompts: list[list[int]], *, key, gro
     tp, tc = host.prompt_tokens.shape[1], host.completion_bucket
     prefill, decode = programs(cfg, mesh, engine=engine, filtered=top_k > 0 or top_p < 1.0, kv_dtype=kv_dtype)
     copy_to = src_rows if group_size > 1 and engine != "shared" else None
-    cache_len, windows = cache_plan(engine, tp, tc)
+    cache_len, windows = cache_plan(engine, tp, tc, decode_phases)
     cache, logits0 = prefill(params, *prompt_arrays, copy_to, cache_len=cache_len)
     decode_params = feature_major_weights(cfg, params) if engine == "feature_major" else params
     tokens, mask, logps, finished, steps, _ = decode(

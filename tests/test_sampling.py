@@ -393,6 +393,12 @@ def test_phase_steps_follow_the_decode_loop():
     r, info = sampling.sample_with_info(CFG, params, PROMPTS, engine="shared", **kw)
     assert info.decode_steps == 50 and r.mask.all()
     np.testing.assert_array_equal(np.asarray(r.tokens), np.asarray(sampling.sample(CFG, params, PROMPTS, engine="scan", **kw).tokens))
+    # rl.decode_phases: at most that many phases, each at least 32 slots; one phase draws the same.
+    assert sampling.cache_plan("shared", 16, 64, 1)[1] == (64,)
+    assert sampling.cache_plan("shared", 16, 1024, 16)[1] == tuple(range(64, 1025, 64))
+    assert sampling.cache_plan("feature_major", 16, 128, 8) == (48, (48, 80, 112, 144))
+    one = sampling.sample(CFG, params, PROMPTS, engine="shared", decode_phases=1, **kw)
+    np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(r.tokens))
 
 
 def test_shared_engine_on_a_mesh_draws_what_one_device_draws(params):
@@ -483,6 +489,7 @@ def test_one_compilation_per_bucket(params):
     ([[1]], {"temperature": -0.5}, ValueError, "temperature must be >= 0"),
     ([[1]], {"top_p": 0.0}, ValueError, r"top_p must be in \(0, 1\]"),
     ([[1]], {"top_p": 1.5}, ValueError, r"top_p must be in \(0, 1\]"),
+    ([[1]], {"decode_phases": 0}, ValueError, r"decode_phases must be an int >= 1, got 0"),
     ([[1]], {"top_k": -1}, ValueError, "top_k must be"),
     ([[1]], {"stop_tokens": (2, 512)}, ValueError, r"stop_tokens \[512\] outside"),
 ])
