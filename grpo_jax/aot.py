@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from grpo_jax import lora, loops, programs
+from grpo_jax import lora, loops, packing, programs
 from grpo_jax import model as model_lib
 from grpo_jax import train_step as ts
 from grpo_jax.algorithms import get_algorithm
@@ -129,7 +129,10 @@ def lower_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
     """The run's train step lowered for a batch of ``rows`` x (prompt_len +
     rl.max_new_tokens) tokens, on abstract state and batch sharded like a real run's."""
     step, state = train_state(cfg, mesh)
-    return step.lower(state, abstract_batch(rows, prompt_len, cfg.rl.max_new_tokens, mesh))
+    batch = abstract_batch(rows, prompt_len, cfg.rl.max_new_tokens, mesh)
+    if cfg.rl.pack:  # the largest packing the batch can need (one sequence per row)
+        batch = batch.replace(packing=packing.abstract(rows, prompt_len, cfg.rl.max_new_tokens, mesh))
+    return step.lower(state, batch)
 
 
 def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
@@ -385,7 +388,8 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     from grpo_jax import sampling
 
     tc = bucket_length(cfg.rl.max_new_tokens)
-    windows = sampling.cache_plan(programs.decode_engine(cfg, programs.sampler_mesh(mesh)), prompt_len, tc)[1]
+    windows = sampling.cache_plan(programs.decode_engine(cfg, programs.sampler_mesh(mesh)), prompt_len, tc,
+                                  cfg.rl.decode_phases)[1]
     pre, dec = {}, {w: {} for w in dict.fromkeys((windows[0], windows[-1]))}
     with _threefry_unrolled_on_cpu():
         for layers in (1, 2):
@@ -528,7 +532,7 @@ def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: 
     num_prompts, rows = sampling.padded_rows(prompts, group_size, smesh, engine)
     tc = bucket_length(cfg.rl.max_new_tokens)
     feature_major = engine == "feature_major"
-    cache_len, windows = sampling.cache_plan(engine, prompt_len, tc)
+    cache_len, windows = sampling.cache_plan(engine, prompt_len, tc, cfg.rl.decode_phases)
     if cost_steps is not None:
         windows = (windows[-1] if window is None else window,)
         cache_len = cache_len if engine == "shared" else windows[0]

@@ -44,6 +44,8 @@ class Batch:
     step_rewards: Any  # [B, S] f32, process-supervision reward per step
     step_end: Any  # [B, S] int32, completion token index where each step ends
     step_mask: Any  # [B, S] bool, real steps
+    # The rows' sequences packed for the forward passes (rl.pack; ``packing.pack``), or None.
+    packing: Any = None
 
 
 def make_batch(prompt_tokens, prompt_mask, tokens, mask, *, sample_logprobs=None, rewards=None,

@@ -238,6 +238,14 @@ class RLConfig:
     # token; like a bfloat16 sample_dtype, its log-probs then differ slightly from the
     # trainer's (logged as logprob_mismatch_*, corrected by rl.tis_cap).
     kv_dtype: str = _rl("auto", "sampling")
+    # The most phases the feature-major and shared decode engines run in (sampling.cache_plan):
+    # each phase reads a cache that ends a phase's share of the completion bucket further on,
+    # so more phases read fewer empty slots and compile one more copy of the step each.
+    decode_phases: int = _rl(4, "sampling")
+    # Pack each micro-batch's sequences end to end for the train step's forward passes
+    # instead of padding every row to prompt + completion bucket (grpo_jax.packing): the
+    # same loss and gradient, fewer positions when completions are shorter than the bucket.
+    pack: bool = _rl(False, "mode")
 
     def modes(self, group_size: int | None = None) -> "RLModes":
         """What the train step compiles in: every "mode" field, and the switches a number
@@ -272,6 +280,7 @@ class RLConfig:
         _positive(self, "num_updates")
         _positive(self, "max_new_tokens")
         _positive(self, "num_micro_batches")
+        _positive(self, "decode_phases")
         _positive(self, "logprob_chunk_size")
         if self.beta < 0:
             raise ConfigError(f"rl.beta must be >= 0, got {self.beta}")

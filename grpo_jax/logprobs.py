@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from grpo_jax import loops
+from grpo_jax import loops, packing
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
 from grpo_jax.sharding import logical_to_spec, spec_axes
@@ -277,8 +277,11 @@ def completion_hidden(cfg: ModelConfig, params: Any, batch: Any) -> jax.Array:
     default positions, and keeps positions Tp − 1 … Tp + Tc − 2. ``batch`` is anything
     with ``prompt_tokens, prompt_mask, tokens, mask`` (a ``train_step.Batch`` or a
     ``sampling.Rollout``). Prompts must be left-padded (the last prompt column is a real
-    token) and have at least one column.
+    token) and have at least one column. A batch with ``packing`` (``rl.pack``) runs over
+    its packed rows instead (``packing.completion_hidden``), to the same result.
     """
+    if getattr(batch, "packing", None) is not None:
+        return packing.completion_hidden(cfg, params, batch)
     tp = batch.prompt_tokens.shape[1]
     tc = batch.tokens.shape[1]
     if tp < 1 or tc < 1:

@@ -349,11 +349,13 @@ def _write_slots(kv: dict, k, v, write_index) -> dict:
             "v_scale": put(kv["v_scale"], vs, write_index, axis=2)}
 
 
-def slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=None):
+def slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=None, segments=None):
     """The model's own attention over cache slots (module docstring). q [B,T,H,D], k/v
     [B,T,K,D] (this call's tokens, in slots write_index...), q_slot [B,T], key_mask [B,S],
     kv: one layer of `cache_layer` (with a shared prompt's keys for one token,
-    `attend_with_prefix`, prefix_mask [P,Tp]), or None (then S = T)
+    `attend_with_prefix`, prefix_mask [P,Tp]), or None (then S = T); segments [B,T]
+    (no cache only): a query sees only keys of its own segment (packed sequences,
+    `grpo_jax.packing`)
     -> (out [B,T,H,D], the updated {"k", "v", "k_scale", "v_scale"} or None).
     Attention reads the cache as stored: an int8 cache's keys and values dequantized,
     this call's tokens included."""
@@ -368,6 +370,8 @@ def slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=N
     b, t, h, d = q.shape
     s = k.shape[3]
     allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
+    if segments is not None:
+        allowed = allowed & (segments[:, :, None] == segments[:, None, :])
     q = q.reshape(b, t, k.shape[1], h // k.shape[1], d)
     blocks = causal_blocks(t) if kv is None else 1
     if kv is not None and kv.get("pk") is not None:
@@ -385,9 +389,10 @@ class Attention(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, rope_cs, q_slot, key_mask, kv, write_index, prefix_mask=None):
+    def __call__(self, x, rope_cs, q_slot, key_mask, kv, write_index, prefix_mask=None, segments=None):
         """kv: None (no cache) or this layer's `cache_layer` (with a shared prompt's part
-        for a one-token decode, ``PrefixCache``; prefix_mask [P, Tp])."""
+        for a one-token decode, ``PrefixCache``; prefix_mask [P, Tp]); segments [B, T]:
+        packed sequences' ids (no cache only, `slot_attention`)."""
         cfg = self.cfg
         dt = DTYPES[cfg.dtype]
         init = nn.initializers.normal(0.02)
@@ -406,9 +411,9 @@ class Attention(nn.Module):
         q = rope(q, rope_cs)
         k = rope(k, rope_cs)
         if kv is None and cfg.attention == "splash":
-            out, new_kv = splash.attention(q, k, v, key_mask), None
+            out, new_kv = splash.attention(q, k, v, key_mask, segments=segments), None
         else:
-            out, new_kv = slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask)
+            out, new_kv = slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask, segments)
         b, t, h, d = q.shape
         # One contracting dim of h*d: with two (h, d) XLA transposed the weight at every call.
         adapter = _adapter(self, "o")
@@ -554,9 +559,10 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x, kv, aux):
-        rope_cs, q_slot, key_mask, write_index, prefix_mask = aux
+        rope_cs, q_slot, key_mask, write_index, prefix_mask, segments = aux
         h, new_kv = Attention(self.cfg, name="attn")(
-            RMSNorm(self.cfg, name="attn_norm")(x), rope_cs, q_slot, key_mask, kv, write_index, prefix_mask)
+            RMSNorm(self.cfg, name="attn_norm")(x), rope_cs, q_slot, key_mask, kv, write_index, prefix_mask,
+            segments)
         x = x + h
         x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
         # The residual stream between layers: rows over ('data', 'fsdp'), per the rules table.
@@ -604,11 +610,14 @@ class Transformer(nn.Module):
                 "value_bias", nn.with_logical_partitioning(nn.initializers.zeros, ()), (), DTYPES[cfg.param_dtype])
 
     def __call__(self, tokens, positions, mask, cache: KVCache | None = None, rope_cs=None,
-                 prefix: PrefixCache | None = None):
+                 prefix: PrefixCache | None = None, segments=None):
         """tokens, positions: [B,T] int32; mask: [B,T] bool (real tokens); rope_cs: the
         `rope_tables` of `positions` when the caller has them (else computed here); prefix:
-        a shared prompt cache the rows attend to before their own ``cache`` (decode, T = 1).
+        a shared prompt cache the rows attend to before their own ``cache`` (decode, T = 1);
+        segments: [B,T] int32 ids of packed sequences (no cache), attention stays inside each.
         Returns (hidden [B,T,E] after the final norm, updated cache or None)."""
+        if segments is not None and cache is not None:
+            raise ValueError("segments are for a forward pass without a cache (packed sequences)")
         dt = DTYPES[self.cfg.dtype]
         x = jnp.take(self.embedding, tokens, axis=0).astype(dt)
         b, t = tokens.shape
@@ -625,7 +634,7 @@ class Transformer(nn.Module):
             cfg = self.cfg
             rope_cs = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
         prefix_mask = None if prefix is None else prefix.mask
-        x, new_kv = self.layers(x, kv, (rope_cs, q_slot, key_mask, write_index, prefix_mask))
+        x, new_kv = self.layers(x, kv, (rope_cs, q_slot, key_mask, write_index, prefix_mask, segments))
         hidden = self.final_norm(x)
         new_cache = None
         if cache is not None:
@@ -690,8 +699,11 @@ def default_positions(mask: jax.Array) -> jax.Array:
 def forward_hidden(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array | None = None,
                    positions: jax.Array | None = None, cache: KVCache | None = None,
                    *, unroll: bool | None = None, rope_cs=None,
-                   prefix: PrefixCache | None = None) -> tuple[jax.Array, KVCache | None]:
-    """tokens [B,T] int32 -> (hidden [B,T,E], cache). mask defaults to all real tokens.
+                   prefix: PrefixCache | None = None, segments: jax.Array | None = None
+                   ) -> tuple[jax.Array, KVCache | None]:
+    """tokens [B,T] int32 -> (hidden [B,T,E], cache). mask defaults to all real tokens;
+    segments [B,T] int32: several sequences per row, each attending only to its own tokens
+    (`grpo_jax.packing`; pass their positions too).
 
     rope_cs: `rope_tables(positions, ...)` computed by the caller. The decode loop passes
     them sliced from tables made once before the loop: computed inside the step, XLA's CPU
@@ -703,7 +715,7 @@ def forward_hidden(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
     positions = default_positions(mask) if positions is None else positions
     value_head = "value_head" in params
     return _module(cfg, value_head, unroll).apply({"params": params}, tokens, positions, mask, cache, rope_cs,
-                                                  prefix)
+                                                  prefix, segments)
 
 
 def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:

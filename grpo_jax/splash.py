@@ -83,19 +83,19 @@ def _kernel(num_heads: int, seq_len: int, interpret: bool):
                               interpret=interpret)
 
 
-def _rows_attention(q, k, v, key_mask, *, interpret: bool):
-    """``attention`` on the rows and heads one device holds (no mesh)."""
+def _rows_attention(q, k, v, segments, *, interpret: bool):
+    """``attention`` on the rows and heads one device holds (no mesh); segments [B,T] int32."""
     _, t, h, d = q.shape
     n = padded_length(t)
 
     def heads_first(x):  # [B,T,N,D] -> [B,N,n,D], zero rows appended
         return jnp.swapaxes(jnp.pad(x, ((0, 0), (0, n - t), (0, 0), (0, 0))), 1, 2)
 
-    segments = jnp.pad(key_mask.astype(jnp.int32), ((0, 0), (0, n - t)))  # appended: pads
+    ids = jnp.pad(segments, ((0, 0), (0, n - t)))  # appended: pads
     # The kernel does not scale the scores: q carries the 1/sqrt(D).
     q = q * jnp.asarray(1 / d ** 0.5, q.dtype)
     out = jax.vmap(_kernel(h, n, interpret))(heads_first(q), heads_first(k), heads_first(v),
-                                             sa.SegmentIds(segments, segments))
+                                             sa.SegmentIds(ids, ids))
     return jnp.swapaxes(out, 1, 2)[:, :t]
 
 
@@ -111,11 +111,14 @@ def specs(mesh, q_shape, kv_shape) -> tuple[P, P, P]:
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, *,
-              interpret: bool = False) -> jax.Array:
+              segments: jax.Array | None = None, interpret: bool = False) -> jax.Array:
     """Causal grouped-query attention by the splash kernel. q [B,T,H,D], k/v [B,T,K,D],
     key_mask [B,T] bool (real tokens) -> [B,T,H,D] in q's dtype:
 
         out_t = Σ_{s <= t, same segment} softmax_s(q_t·k_s / sqrt(D)) v_s
+
+    The segments are the padding mask (1 real, 0 pad), or ``segments`` [B,T] int32 when
+    a row packs several sequences (ids 1, 2, ... and 0 on padding, `grpo_jax.packing`).
 
     On the mesh being traced under (``sharding.on_mesh``), per device in a shard_map; with
     none, on the arrays as they are. ``interpret``: Pallas' interpreter instead of the TPU
@@ -124,9 +127,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, *,
     device = None if mesh.empty else mesh.abstract_device
     require_tpu(device.platform if device is not None else jax.devices()[0].platform, interpret=interpret)
     local = functools.partial(_rows_attention, interpret=interpret)
+    segments = (key_mask if segments is None else segments).astype(jnp.int32)
     if mesh.empty:
-        return local(q, k, v, key_mask)
+        return local(q, k, v, segments)
     q_spec, kv_spec, mask_spec = specs(mesh, q.shape, k.shape)
     # check_vma=False: Pallas calls do not declare how their outputs vary over the mesh.
     return jax.shard_map(local, in_specs=(q_spec, kv_spec, kv_spec, mask_spec), out_specs=q_spec,
-                         check_vma=False)(q, k, v, key_mask)
+                         check_vma=False)(q, k, v, segments)

@@ -42,7 +42,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from grpo_jax import loops, lora, losses, splash
+from grpo_jax import loops, lora, losses, packing, splash
 from grpo_jax import model as model_lib
 from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorithm,
                                  split_micro_batches)
@@ -351,8 +351,19 @@ class TrainStep:
                 f"{'needs' if wants_ref else 'keeps no'} reference; build the state with "
                 "init_train_state(cfg, ...) for the same config")
 
+    def packed(self, batch: Batch) -> Batch:
+        """``batch`` (host arrays) with its sequences packed when rl.pack is on
+        (``packing.pack``: per micro-batch and device block of this step's mesh); as it
+        is otherwise, or when it is packed already."""
+        if not self.cfg.rl.pack or batch.packing is not None:
+            return batch
+        blocks = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        return packing.pack(jax.tree.map(np.asarray, batch), self.cfg.rl.num_micro_batches,
+                            self.algorithm.micro_batch_unit, blocks)
+
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         self._check(state)
+        batch = self.packed(batch)
         compiled = self.compiled(state, batch)
         state, batch = self._place(state, batch)
         return compiled(state, batch, self.hparams())

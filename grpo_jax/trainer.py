@@ -199,7 +199,7 @@ class Trainer:
             key=key, prompts_per_call=rl.sample_prompts, group_size=g, max_new_tokens=rl.max_new_tokens,
             temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
             stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.sample_mesh, engine=self.decode_engine,
-            kv_dtype=rl.kv_dtype)
+            kv_dtype=rl.kv_dtype, decode_phases=rl.decode_phases)
         t_score = time.perf_counter()
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")
@@ -218,12 +218,20 @@ class Trainer:
                                    scores.step_end, scores.step_mask)
         return batch, info
 
+    def _on_mesh(self, batch):
+        """The host batch as global arrays on the train mesh; a packing's rows (rl.pack) are
+        sharded by their own count."""
+        placed = shard_batch(batch.replace(packing=None), self.mesh)
+        if batch.packing is None:
+            return placed
+        return placed.replace(packing=shard_batch(batch.packing, self.mesh))
+
     def train_step(self, step: int) -> dict:
         key = jax.random.fold_in(self.rng, step)
         t0 = time.perf_counter()
         batch, info = self.make_batch(step, key)
         t1 = time.perf_counter()
-        self.state, metrics = self.step_fn(self.state, shard_batch(batch, self.mesh))
+        self.state, metrics = self.step_fn(self.state, self._on_mesh(self.step_fn.packed(batch)))
         metrics = {k: float(v) for k, v in metrics.items()}
         t2 = time.perf_counter()
         # sample = rollout (and batching); score = rewards; update = the jitted step,

@@ -52,6 +52,7 @@ CHANGES = {
     "rl.num_micro_batches": (2, "grpo", {}),
     "rl.logprob_chunk_size": (16, "grpo", {}),
     "rl.logprob_keep_probs": (True, "grpo", {}),  # same values; test_train_step shows the program
+    "rl.pack": (True, "grpo", {}),  # same values; test_packing shows the same step from fewer rows
     "rl.advantage_estimator": ("rloo", "grpo", {}),
     "rl.policy_loss": ("cispo", "grpo", {}),
     "rl.tis_cap": (0.5, "grpo", {}),
@@ -112,7 +113,8 @@ ELSEWHERE = {
     "rl.sample_prompts": "test_trainer.py::test_rollout_in_calls_of_a_few_questions_equals_one_call",
     "rl.sample_dtype": "test_trainer.py::test_bfloat16_sampling_copy_reaches_the_sampler",
     "rl.decode": "test_programs.py::test_the_trainer_runs_the_programs_the_aot_check_lowers",
-    "rl.kv_dtype": "test_programs.py::test_the_trainer_samples_with_rl_kv_dtype",
+    "rl.kv_dtype": "test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
+    "rl.decode_phases": "test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
     "mesh.sample_tensor": "test_sharding.py::test_sample_mesh_tensor_degree",
     "model.attention": "test_splash.py::test_train_step_with_splash_compiles_for_a_tpu",
     "data.data_dir": "test_tasks_datasets.py::test_gsm8k_examples",

@@ -64,10 +64,11 @@ def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatc
     assert aot.lower_train_step(cfg, trainer.mesh, rows, prompt_len).as_text() == seen["train_step"][0]
 
 
-def test_the_trainer_samples_with_rl_kv_dtype(tmp_path, monkeypatch, tok):
-    """rl.kv_dtype=int8 reaches the trainer's sampler call, and the programs the run (and
-    the AOT check) builds for it carry an int8 cache with its scales."""
-    cfg = _cfg(tmp_path, tok.vocab_size, "rl.kv_dtype=int8")
+def test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases(tmp_path, monkeypatch, tok):
+    """rl.kv_dtype=int8 and rl.decode_phases reach the trainer's sampler call; the programs
+    the run (and the AOT check) builds carry an int8 cache with its scales, and the check
+    decodes in the phases rl.decode_phases gives."""
+    cfg = _cfg(tmp_path, tok.vocab_size, "rl.kv_dtype=int8", "rl.decode_phases=2")
     asked = {}
 
     class Sampled(Exception):
@@ -84,8 +85,13 @@ def test_the_trainer_samples_with_rl_kv_dtype(tmp_path, monkeypatch, tok):
         trainer.train(1)
     trainer.close()
     assert asked["kv_dtype"] == "int8" and asked["engine"] == trainer.decode_engine == "unrolled"
+    assert asked["decode_phases"] == 2
     cache = aot.sampler_calls(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, 16)["decode"][1][1]
     assert cache.k.dtype == cache.v.dtype == jnp.int8 and cache.k_scale.shape == cache.k.shape[:3] + (16 + 16,)
+    for phases, windows in ((2, (64, 128)), (4, (32, 64, 96, 128))):
+        shared = cfg.replace(rl={"decode": "shared", "max_new_tokens": 128, "decode_phases": phases})
+        calls = aot.sampler_calls(shared, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, 16)
+        assert calls["decode"][2]["windows"] == windows
 
 
 def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monkeypatch, tok):

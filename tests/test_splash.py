@@ -55,6 +55,31 @@ def test_splash_equals_the_models_attention_with_left_padding_and_gqa():
     np.testing.assert_allclose(out, _cache_layout_attention(q, k, v, same_segment), atol=2e-6)
 
 
+def test_splash_keeps_packed_sequences_apart():
+    """Row 0 packs two sequences (positions 0-39 and 40-89, then 10 pads), row 1 one of 100
+    tokens (rl.pack, grpo_jax.packing): with their segment ids the kernel's output and
+    gradients at every real query are the model's attention with its segment mask."""
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.normal(size=(B, T, n, D)), jnp.float32) for n in (H, K, K))
+    segments = np.ones((B, T), np.int32)
+    segments[0, 40:90], segments[0, 90:] = 2, 0
+    real = segments > 0
+    causal = np.tril(np.ones((T, T), bool))[None]
+    allowed = jnp.asarray(causal & real[:, None, :] & (segments[:, :, None] == segments[:, None, :]))
+    w = jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) * jnp.asarray(real)[:, :, None, None]
+
+    def with_grads(f):
+        return jax.jit(lambda *x: (f(*x), jax.grad(lambda *y: jnp.sum(f(*y) * w), argnums=(0, 1, 2))(*x)))
+
+    out, grads = with_grads(lambda *x: splash.attention(*x, jnp.asarray(real), segments=jnp.asarray(segments),
+                                                        interpret=True))(q, k, v)
+    ref, ref_grads = with_grads(lambda *x: _cache_layout_attention(*x, allowed))(q, k, v)
+    np.testing.assert_allclose(np.where(real[:, :, None, None], out, 0), np.where(real[:, :, None, None], ref, 0),
+                               atol=2e-6)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, r, atol=5e-6)
+
+
 def test_heads_stay_whole_when_the_kv_heads_do_not_divide_over_tensor():
     mesh = mesh_from_shape((2, 1, 2))
     assert splash.specs(mesh, (B, T, H, D), (B, T, 1, D)) == (
