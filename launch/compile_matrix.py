@@ -40,6 +40,7 @@ MATRIX = [
     ("deepseekmath-rl-7b", "v5p-128", ["rl.sample_prompts=64", "rl.kv_dtype=int8"], "sample_prompts-64-int8"),
     ("deepseekmath-rl-7b", "v5p-128", ["rl.sample_prompts=64", "rl.kv_dtype=int8", "model.remat=none"],
      "sample_prompts-64-int8-remat-none"),
+    ("deepseekmath-rl-7b-v5p-128", "v5p-128", [], ""),
     ("deepseekmath-rl-7b", "v5p-128", OUTPUTS_1024, "1024-outputs"),
     ("deepseekmath-rl-7b", "v4-32", [], ""),
     ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=2"], "sample_prompts-2"),

@@ -22,6 +22,14 @@ def test_paper_recipe_preset_holds_the_paper_numbers():
     assert (cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.weight_decay) == (0.9, 0.95, 0.1)
 
 
+def test_the_v5p_128_preset_is_the_recipe_with_its_speed_settings_only():
+    """Everything the paper fixes stays; only how the step runs changes."""
+    fast, recipe = config.load_config("deepseekmath-rl-7b-v5p-128"), config.load_config("deepseekmath-rl-7b")
+    changes = ["model.remat=none", "rl.sample_prompts=64", "rl.kv_dtype=int8", "rl.decode_phases=16",
+               "rl.pack=true", "run.run_dir=runs/deepseekmath-rl-7b-v5p-128"]
+    assert fast == config.apply_overrides(recipe, changes)
+
+
 # Qwen2.5-1.5B-Instruct's config.json (the fields the importer reads).
 QWEN2_5_1_5B_JSON = {
     "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu",
