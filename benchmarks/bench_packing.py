@@ -1,10 +1,10 @@
 """Packed vs padded train step (``rl.pack``): one GRPO update on SmolLM2-135M shapes, with
 completions shorter than their bucket, as a real rollout's are.
 
-    python benchmarks/bench_packing.py [--rows 32] [--prompt-len 64] [--completion-len 256] [--reps 3]
+    python benchmarks/bench_packing.py [--rows 32] [--prompt-len 64] [--completion-len 256] [--fill 1.0] [--reps 3]
 
 The batch: R rows, prompts of U(prompt_len / 2, prompt_len) tokens left-padded to prompt_len,
-completions of U(completion_len / 8, completion_len) tokens right-padded to completion_len
+completions of U(completion_len / 8, fill x completion_len) tokens right-padded to completion_len
 (seeded; random weights of the `smollm2-135m` preset's shape, float32, `model.remat=none`,
 4 micro-batches). Both steps run the same update (tests/test_packing.py checks they give the
 same loss and gradient); packed, the forward passes run over the packed rows
@@ -24,12 +24,12 @@ import jax
 import numpy as np
 
 
-def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0):
+def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0, fill: float = 1.0):
     from grpo_jax.batching import make_batch as make
 
     rng = np.random.default_rng(seed)
     n = rng.integers(prompt_len // 2, prompt_len + 1, rows)
-    lengths = rng.integers(max(1, completion_len // 8), completion_len + 1, rows)
+    lengths = rng.integers(max(1, completion_len // 8), int(fill * completion_len) + 1, rows)
     pmask = np.arange(prompt_len)[None] >= (prompt_len - n)[:, None]
     cmask = np.arange(completion_len)[None] < lengths[:, None]
     return make(np.where(pmask, rng.integers(1, vocab, (rows, prompt_len)), 0), pmask,
@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=32, help="sequences per update (default 32)")
     ap.add_argument("--prompt-len", type=int, default=64, help="prompt bucket (default 64)")
     ap.add_argument("--completion-len", type=int, default=256, help="completion bucket (default 256)")
+    ap.add_argument("--fill", type=float, default=1.0,
+                    help="longest completion as a share of the bucket (default 1.0)")
     args = ap.parse_args()
     reps = common.reps_of(args, full=3, quick=1)
     if args.quick:
@@ -53,7 +55,7 @@ def main() -> None:
 
     base = apply_overrides(smollm2_135m(), ["model.remat=none", "rl.group_size=4", "rl.num_micro_batches=4",
                                             f"rl.max_new_tokens={args.completion_len}"])
-    batch = make_batch(args.rows, args.prompt_len, args.completion_len, base.model.vocab_size)
+    batch = make_batch(args.rows, args.prompt_len, args.completion_len, base.model.vocab_size, fill=args.fill)
     params = model.init_params(base.model, jax.random.key(0))
     mesh = sharding.mesh_from_shape((1, 1, 1))
     runners, info = {}, {}
@@ -78,7 +80,8 @@ def main() -> None:
     width = args.prompt_len + args.completion_len
     machine = common.machine_info()
     print(f"{machine['cpu']}, {args.rows} rows x ({args.prompt_len} + {args.completion_len}) positions, "
-          f"{real} real tokens ({real / (args.rows * width):.0%} of the padded positions), {reps} reps")
+          f"completions up to {args.fill:g} of the bucket, {real} real tokens ({real / (args.rows * width):.0%} "
+          f"of the padded positions), {reps} reps")
     rows = [(name, info[name], f"{info[name] * width / real:.2f}", common.spread(stats[name]),
              f"{stats['padded']['median'] / stats[name]['median']:.2f}x") for name in runners]
     print(common.markdown_table(["step", "forward rows", "positions / real tokens", "seconds (median, spread)",

@@ -125,12 +125,13 @@ def _plan(batch: Any, num: int, unit: int, blocks: int):
     if rows % num or per_micro % blocks:
         raise ValueError(f"{rows} rows do not split into {num} micro-batches over {blocks} devices")
     micro, local = _local_rows(rows, num, unit)
-    block = local // (per_micro // blocks)
+    group = micro * blocks + local // (per_micro // blocks)  # (micro-batch, device block)
+    order = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[order], np.arange(num * blocks + 1))
     bins = {}
-    for k in range(num):
-        for d in range(blocks):
-            ids = np.flatnonzero((micro == k) & (block == d))
-            bins[k, d] = _first_fit([(int(i), int(lengths[i])) for i in ids], tp + tc)
+    for g in range(num * blocks):
+        ids = order[bounds[g]:bounds[g + 1]]
+        bins[divmod(g, blocks)] = _first_fit([(int(i), int(lengths[i])) for i in ids], tp + tc)
     most = per_micro // blocks
     step = _round_up(-(-most // SHAPES), unit)
     return min(_round_up(max(len(b) for b in bins.values()), step), most), bins, n, lengths
