@@ -13,7 +13,8 @@ key s only if s <= t and both carry the same id. The id is the padding mask (1: 
 before it) and a pad query sees only pads at or before it -- itself at least, so no row is
 fully masked: a pad query's output is the softmax-weighted average of those pads' values,
 finite, and the loss masks it out. (The model's own attention gives a pad query an average
-of the real values instead; real queries agree.)
+of the real values instead; real queries agree.) A packed row (``rl.pack``,
+``grpo_jax.packing``) gives each of its sequences its own id, so each attends only to itself.
 
 Shapes. Every block size must be a multiple of 128 (the TPU's lane width: the kernel tiles
 segment ids and the key dimension in lanes) and divide the sequence; ``padded_length``
