@@ -58,7 +58,7 @@ import numpy as np
 
 from grpo_jax import advantages as adv_lib
 from grpo_jax import loops
-from grpo_jax import losses
+from grpo_jax import losses, packing
 from grpo_jax.config import RL_NUMBERS, Config, RLConfig
 from grpo_jax.logprobs import sequence_logprobs, sequence_values
 
@@ -292,6 +292,10 @@ class Algorithm:
         hp = _hp(cfg, hp)
         num, unit = cfg.rl.num_micro_batches, self.micro_batch_unit
         run = lambda fn: jax.lax.stop_gradient(map_micro_batches(fn, batch, num, unit))
+        if getattr(batch, "packing", None) is not None:  # micro-batches in the packing's row order
+            ordered = packing.in_order(batch, batch.packing)
+            run = lambda fn: jax.lax.stop_gradient(packing.rows_back(map_micro_batches(fn, ordered, num, unit),
+                                                                      batch.packing))
         logp_kw = dict(temperature=self.logprob_temperature(hp),
                        chunk_size=cfg.rl.logprob_chunk_size)
         old_logp = ref_logp = old_values = None

@@ -45,7 +45,7 @@ from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
 from grpo_jax.sharding import batch_sharding
 
-__all__ = ["Packing", "pack", "abstract", "completion_hidden", "rows_per_block"]
+__all__ = ["Packing", "pack", "abstract", "completion_hidden", "rows_per_block", "in_order", "rows_back"]
 
 SHAPES = 8
 
@@ -58,7 +58,9 @@ class Packing:
     tokens: Any  # [M·R, L] int32: sequences end to end, 0 after the last
     segments: Any  # [M·R, L] int32: the sequence's id within its row (1, 2, ...), 0 on padding
     positions: Any  # [M·R, L] int32: each token's position within its own sequence
-    index: Any  # [B, Tc] int32: where row i's completion token t is predicted, flat in its device's r x L
+    index: Any  # [B, Tc] int32, reordered rows: where completion token t is predicted, flat in the device's r x L
+    order: Any  # [B] int32: the reordered batch's row i is row order[i] of its device's block
+    inverse: Any  # [B] int32: row i of the batch is row inverse[i] of its device's reordered block
     blocks: int = flax.struct.field(pytree_node=False, default=1)  # D, the devices a micro-batch's rows span
 
 
@@ -78,12 +80,6 @@ def _contiguous_lengths(mask: np.ndarray, *, left: bool, what: str) -> np.ndarra
         side = "left-padded (real tokens last)" if left else "right-padded (real tokens first)"
         raise ValueError(f"packing needs {what} {side}; row {bad[0]} is not")
     return n
-
-
-def _local_rows(rows: int, num: int, unit: int) -> tuple[np.ndarray, np.ndarray]:
-    """(micro-batch, index within it) of every row, as ``split_micro_batches`` splits them."""
-    i = np.arange(rows)
-    return (i // unit) % num, (i // (num * unit)) * unit + i % unit
 
 
 def _merge(x: np.ndarray, unit: int) -> np.ndarray:
@@ -115,26 +111,38 @@ def rows_per_block(batch: Any, num_micro_batches: int, unit: int, blocks: int) -
 
 
 def _plan(batch: Any, num: int, unit: int, blocks: int):
+    """(r, {(micro-batch, block): bins of original rows}, prompt lengths, sequence lengths,
+    order [B]: the original row at each position of the reordered batch)."""
     rows, tp = np.shape(batch.prompt_tokens)
     tc = np.shape(batch.tokens)[1]
     n = _contiguous_lengths(batch.prompt_mask, left=True, what="prompts")
     if (n < 1).any():
         raise ValueError(f"packing needs at least one prompt token per row; row {int(np.argmin(n))} has none")
     lengths = n + _contiguous_lengths(batch.mask, left=False, what="completions")
-    per_micro = rows // num
-    if rows % num or per_micro % blocks:
-        raise ValueError(f"{rows} rows do not split into {num} micro-batches over {blocks} devices")
-    micro, local = _local_rows(rows, num, unit)
-    group = micro * blocks + local // (per_micro // blocks)  # (micro-batch, device block)
-    order = np.argsort(group, kind="stable")
-    bounds = np.searchsorted(group[order], np.arange(num * blocks + 1))
+    if rows % (num * blocks * unit):
+        raise ValueError(f"{rows} rows do not split into {num} micro-batches over {blocks} devices "
+                         f"in units of {unit}")
+    block_units = rows // (blocks * unit)
+    unit_lengths = lengths.reshape(-1, unit).sum(axis=1)
+    # Dealt longest first, back and forth over the micro-batches: every micro-batch gets one
+    # unit of each band of `num` lengths, long ones beside short ones.
+    lap, within = divmod(np.arange(block_units), num)
+    dealt_to = np.where(lap % 2 == 0, within, num - 1 - within)
+    order = np.empty(rows, np.int64)
     bins = {}
-    for g in range(num * blocks):
-        ids = order[bounds[g]:bounds[g + 1]]
-        bins[divmod(g, blocks)] = _first_fit([(int(i), int(lengths[i])) for i in ids], tp + tc)
-    most = per_micro // blocks
+    for d in range(blocks):
+        units = d * block_units + np.arange(block_units)
+        ranked = units[np.argsort(-unit_lengths[units], kind="stable")]
+        for k in range(num):
+            mine = ranked[dealt_to == k]
+            # split_micro_batches gives micro-batch k the block's unit slots k, k + num, ...
+            slots = d * block_units + k + num * np.arange(len(mine))
+            order[(slots[:, None] * unit + np.arange(unit)).ravel()] = (mine[:, None] * unit + np.arange(unit)).ravel()
+            ids = (mine[:, None] * unit + np.arange(unit)).ravel()
+            bins[k, d] = _first_fit([(int(i), int(lengths[i])) for i in ids], tp + tc)
+    most = rows // (num * blocks)
     step = _round_up(-(-most // SHAPES), unit)
-    return min(_round_up(max(len(b) for b in bins.values()), step), most), bins, n, lengths
+    return min(_round_up(max(len(b) for b in bins.values()), step), most), bins, n, lengths, order
 
 
 def pack(batch: Any, num_micro_batches: int, unit: int = 1, blocks: int = 1) -> Any:
@@ -142,7 +150,7 @@ def pack(batch: Any, num_micro_batches: int, unit: int = 1, blocks: int = 1) -> 
     sequences packed per device block (module docstring). ``unit``: rows kept together
     (``Algorithm.micro_batch_unit``); ``blocks``: the batch-sharding degree.
     ValueError for a prompt that is not left-padded or a completion that is not right-padded."""
-    r, bins, n, lengths = _plan(batch, num_micro_batches, unit, blocks)
+    r, bins, n, lengths, order = _plan(batch, num_micro_batches, unit, blocks)
     prompt_tokens, tokens = np.asarray(batch.prompt_tokens), np.asarray(batch.tokens)
     rows, tp = prompt_tokens.shape
     tc = tokens.shape[1]
@@ -162,7 +170,10 @@ def pack(batch: Any, num_micro_batches: int, unit: int = 1, blocks: int = 1) -> 
                 # completion's end (masked out of every loss) any in-range index will do.
                 t = np.minimum(np.arange(tc), max(lengths[i] - n[i] - 1, 0))
                 index[i] = b * width + offset + n[i] - 1 + t
-    packing = Packing(**{name: _merge(x, unit) for name, x in out.items()}, index=index, blocks=blocks)
+    local = (np.arange(rows) // (rows // blocks)) * (rows // blocks)  # each position's block start
+    packing = Packing(**{name: _merge(x, unit) for name, x in out.items()}, index=index[order],
+                      order=(order - local).astype(np.int32), inverse=(np.argsort(order) - local).astype(np.int32),
+                      blocks=blocks)
     return batch.replace(packing=packing)
 
 
@@ -177,7 +188,7 @@ def abstract(rows: int, prompt_len: int, completion_len: int, mesh) -> Packing:
 
     packed = (rows, width)  # M micro-batches x (blocks x r = rows / M rows each)
     return Packing(tokens=arr(packed), segments=arr(packed), positions=arr(packed),
-                   index=arr((rows, completion_len)), blocks=blocks)
+                   index=arr((rows, completion_len)), order=arr((rows,)), inverse=arr((rows,)), blocks=blocks)
 
 
 def completion_hidden(cfg: ModelConfig, params: Any, batch: Any) -> jax.Array:
@@ -193,3 +204,24 @@ def completion_hidden(cfg: ModelConfig, params: Any, batch: Any) -> jax.Array:
     index = p.index.reshape(blocks, rows // blocks * tc)
     out = jnp.take_along_axis(per_block, index[..., None], axis=1)
     return out.reshape(rows, tc, embed)
+
+
+def _take_rows(x: jax.Array, index: jax.Array, blocks: int) -> jax.Array:
+    """x[i] <- x[index[i]] within each of ``blocks`` equal row blocks (a batched gather over
+    the blocks, which the batch sharding keeps on their devices)."""
+    per = x.shape[0] // blocks
+    out = jax.vmap(lambda xb, ib: xb[ib])(x.reshape((blocks, per) + x.shape[1:]), index.reshape(blocks, per))
+    return out.reshape(x.shape)
+
+
+def in_order(tree: Any, p: Packing) -> Any:
+    """[B, ...] leaves (a ``Batch`` but its packing, ``Extras``) in the packing's row order:
+    the order whose micro-batches (``split_micro_batches``) the packed rows hold."""
+    if getattr(tree, "packing", None) is not None:
+        return in_order(tree.replace(packing=None), p).replace(packing=p)
+    return jax.tree.map(lambda x: _take_rows(x, p.order, p.blocks), tree)
+
+
+def rows_back(tree: Any, p: Packing) -> Any:
+    """``in_order``'s inverse, for per-row outputs ([B, ...]) of a reordered batch."""
+    return jax.tree.map(lambda x: _take_rows(x, p.inverse, p.blocks), tree)

@@ -208,7 +208,11 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
         return grads, num, den, metrics
 
     def gradients(params, value_params, batch, extras, hp, base):
-        """Σ over micro-batches of grad(numerator), numerator, denominator, metric parts."""
+        """Σ over micro-batches of grad(numerator), numerator, denominator, metric parts.
+        A packed batch (rl.pack) is split in its packing's row order: every part is a sum
+        over rows, so the order changes nothing but which rows share a micro-batch."""
+        if batch.packing is not None:
+            batch, extras = packing.in_order(batch, batch.packing), packing.in_order(extras, batch.packing)
         if num_micro == 1:
             return one_micro_batch(params, value_params, (batch, extras), hp, base)
         micro = split_micro_batches((batch, extras), num_micro, algo.micro_batch_unit)

@@ -9,7 +9,7 @@ from test_programs import _record
 from test_train_step import BATCH, _cfg, _flat, _run, params  # noqa: F401  (params: the fixture)
 from test_trainer import SevensTask, tok  # noqa: F401  (tok: the fixture)
 
-from grpo_jax import aot, packing
+from grpo_jax import algorithms, aot, packing
 from grpo_jax.batching import make_batch
 from grpo_jax.config import apply_overrides, get_preset
 from grpo_jax.model import init_params
@@ -41,20 +41,29 @@ def test_the_layout_by_hand():
     assert packed.blocks == 1
 
 
-def test_rows_per_block_round_up_to_an_eighth_and_stay_on_their_device():
+def test_rows_are_dealt_to_micro_batches_on_their_own_device():
     """16 rows of one prompt token (Tp = 8, Tc = 1, so rows of 9 positions) over 2 devices:
-    every device packs its 8 rows into one; at 4 micro-batches (strided, as
-    split_micro_batches takes them) each device's 2 rows into one."""
+    every device packs its 8 rows into one. At 4 micro-batches the rows of a device are
+    dealt longest first, back and forth (equal lengths: in row order), so micro-batch k gets
+    rows k and 7 - k on device 0 and 8 + k and 15 - k on device 1; the reordered batch puts
+    them where split_micro_batches takes micro-batch k's rows from."""
     tokens = np.zeros((16, 8), np.int32)
     tokens[:, -1] = np.arange(1, 17)
     batch = make_batch(tokens, tokens > 0, np.zeros((16, 1), np.int32), np.zeros((16, 1), bool))
     assert packing.rows_per_block(batch, 1, 1, 2) == 1
     packed = packing.pack(batch, 4, 1, 2).packing
     assert packed.tokens.shape == (4 * 2 * 1, 9)
-    # Micro-batch k holds rows k, k + 4, k + 8, k + 12; rows 0..7 are device 0's.
     split = packed.tokens.reshape(2, 4, 9).transpose(1, 0, 2)  # [micro, device row, L]
-    np.testing.assert_array_equal(split[:, :, :2], [[[1, 5], [9, 13]], [[2, 6], [10, 14]], [[3, 7], [11, 15]],
-                                                    [[4, 8], [12, 16]]])
+    np.testing.assert_array_equal(split[:, :, :2], [[[1, 8], [9, 16]], [[2, 7], [10, 15]], [[3, 6], [11, 14]],
+                                                    [[4, 5], [12, 13]]])
+    # Positions k and k + 4 of a block are micro-batch k's (strided split); order is per block.
+    np.testing.assert_array_equal(packed.order, [0, 1, 2, 3, 7, 6, 5, 4] * 2)
+    np.testing.assert_array_equal(packed.order[packed.inverse[:8]], np.arange(8))
+    reordered = np.asarray(packing.in_order(batch, packed).prompt_tokens)[:, -1]
+    micro = algorithms.split_micro_batches(reordered, 4)
+    np.testing.assert_array_equal(micro, [[1, 8, 9, 16], [2, 7, 10, 15], [3, 6, 11, 14], [4, 5, 12, 13]])
+    np.testing.assert_array_equal(packing.rows_back(packing.in_order(batch, packed), packed).prompt_tokens,
+                                  batch.prompt_tokens)
     long = make_batch(np.ones((16, 8), np.int32), np.ones((16, 8), bool), np.zeros((16, 8), np.int32),
                       np.ones((16, 8), bool))
     assert packing.rows_per_block(long, 1, 1, 1) == 16  # nothing fits beside anything: no gain
