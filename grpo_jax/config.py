@@ -599,15 +599,16 @@ def deepseekmath_rl_7b_v5p_128() -> Config:
     """``deepseekmath_rl_7b`` with the settings that give v5p-128 its fastest step in the
     ahead-of-time check (docs/tpu.md, the matrix): 64 questions per sampler call (4096 rows,
     256 per replica of the tensor-4 sampling mesh), an int8 KV cache, 16 decode phases (each
-    step reads fewer empty cache slots, one more compiled copy of the step per phase) and no
-    recomputation in the train step (its HBM has room). The update is the paper's; the int8 cache samples from a slightly different distribution than the policy
+    step reads fewer empty cache slots, one more compiled copy of the step per phase), no
+    recomputation in the train step (its HBM has room) and packed train rows (a real
+    rollout's completions are shorter than the 1024-token bucket; the check lowers the
+    worst case, one sequence per row). The update is the paper's; the int8 cache samples from a slightly different distribution than the policy
     (``logprob_mismatch_*`` in the metrics; ``rl.tis_cap`` corrects for it). Sized for
     v5p-128 only: smaller chips do not hold 64 questions per call or the train step without
-    remat. Not packed (``rl.pack``): a chip holds 4 rows per micro-batch, too few for
-    packing to save a row in every micro-batch (docs/tpu.md, "Packing the train step's rows")."""
+    remat."""
     return deepseekmath_rl_7b().replace(
         model={"remat": "none"},
-        rl={"sample_prompts": 64, "kv_dtype": "int8", "decode_phases": 16},
+        rl={"sample_prompts": 64, "kv_dtype": "int8", "decode_phases": 16, "pack": True},
         run={"run_dir": "runs/deepseekmath-rl-7b-v5p-128"},
     ).validate()
 

@@ -26,7 +26,7 @@ def test_the_v5p_128_preset_is_the_recipe_with_its_speed_settings_only():
     """Everything the paper fixes stays; only how the step runs changes."""
     fast, recipe = config.load_config("deepseekmath-rl-7b-v5p-128"), config.load_config("deepseekmath-rl-7b")
     changes = ["model.remat=none", "rl.sample_prompts=64", "rl.kv_dtype=int8", "rl.decode_phases=16",
-               "run.run_dir=runs/deepseekmath-rl-7b-v5p-128"]
+               "rl.pack=true", "run.run_dir=runs/deepseekmath-rl-7b-v5p-128"]
     assert fast == config.apply_overrides(recipe, changes)
 
 
