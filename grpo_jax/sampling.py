@@ -61,8 +61,9 @@ Static shapes and compilation
 -----------------------------
 Compiled shapes are: the number of prompts (padded to a multiple of the batch-sharding
 degree) and G, the prompt bucket and the completion bucket (powers of two, at least 16),
-plus two compile-time switches: the decode engine (`rl.decode`, resolved once by
-`resolve_engine`), and whether top-k/top-p filtering is on at all
+plus three compile-time switches: the decode engine (`rl.decode`, resolved once by
+`resolve_engine`), its phases (`rl.decode_phases`, `cache_plan`), and whether top-k/top-p
+filtering is on at all
 (a sort over the vocabulary each step, skipped when top_k = 0 and top_p = 1). Everything
 else — temperature, the values of top_k and top_p, max_new_tokens within its bucket, the
 stop tokens, pad_id, the key — is traced, so a run compiles `_prefill` and `_decode` once
