@@ -21,6 +21,13 @@ so packed and padded batches give the same loss and gradient up to float roundin
 (tests/test_packing.py). The saving is the padding's share of the forward passes: a
 micro-batch of b sequences runs over R <= b rows.
 
+Micro-batches. The packed row count is one static shape, the most any device needs in any
+micro-batch, so which rows share a micro-batch matters: a device's rows are dealt to the
+micro-batches longest first, back and forth (each gets one of every band of lengths), and
+the step splits the batch in that order (``in_order``; per-row outputs of the prepared
+forward passes go back with ``rows_back``). Every loss part is a sum over rows, so the order
+changes nothing else.
+
 Sharding. The batch's rows are split over D = data x fsdp devices, and a micro-batch's rows
 on one device are packed into rows on that same device: each micro-batch has R = D x r rows,
 device d holding rows d·r ... (d+1)·r - 1, and ``index`` counts within a device's r rows, so
