@@ -59,8 +59,9 @@ SHAPES = 8
 
 @flax.struct.dataclass
 class Packing:
-    """M micro-batches of R = blocks x r rows of L positions each, in the row order of the
-    batch (``algorithms.split_micro_batches`` splits them as it splits the batch's rows)."""
+    """M micro-batches of R = blocks x r rows of L positions each, laid out so that
+    ``algorithms.split_micro_batches`` splits them as it splits the reordered batch
+    (``in_order``): micro-batch k's packed rows hold the sequences of its rows."""
 
     tokens: Any  # [M·R, L] int32: sequences end to end, 0 after the last
     segments: Any  # [M·R, L] int32: the sequence's id within its row (1, 2, ...), 0 on padding
