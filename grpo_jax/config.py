@@ -602,8 +602,9 @@ def deepseekmath_rl_7b_v5p_128() -> Config:
     step reads fewer empty cache slots, one more compiled copy of the step per phase), no
     recomputation in the train step (its HBM has room) and packed train rows (a real
     rollout's completions are shorter than the 1024-token bucket; the check lowers the
-    worst case, one sequence per row). The update is the paper's; the int8 cache samples from a slightly different distribution than the policy
-    (``logprob_mismatch_*`` in the metrics; ``rl.tis_cap`` corrects for it). Sized for
+    worst case, one sequence per row). The update is the paper's; the int8 cache samples
+    from a slightly different distribution than the policy (``logprob_mismatch_*`` in the
+    metrics; ``rl.tis_cap`` corrects for it). Sized for
     v5p-128 only: smaller chips do not hold 64 questions per call or the train step without
     remat."""
     return deepseekmath_rl_7b().replace(
