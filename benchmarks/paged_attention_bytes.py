@@ -41,6 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 from grpo_jax import aot, programs, sampling  # noqa: E402
 from grpo_jax.config import apply_overrides, get_preset  # noqa: E402
 from grpo_jax.shapes import bucket_length  # noqa: E402
+from grpo_jax.sharding import batch_degree  # noqa: E402
 
 PROMPT_LEN = 256  # launch/compile.py's prompt bucket
 ROWS = (  # (preset, slice, overrides): matrix rows of launch/compile_matrix.py
@@ -61,7 +62,7 @@ def shapes(preset: str, slice_name: str, overrides: list[str]) -> dict:
     per_call = cfg.rl.sample_prompts or cfg.data.batch_size
     _, args, _ = aot.sampler_calls(cfg, smesh, per_call, cfg.rl.group_size, PROMPT_LEN)["decode"]
     params, cache = args[0], args[1]
-    replicas = smesh.shape["data"] * smesh.shape["fsdp"]
+    replicas = batch_degree(smesh)
     slots = cache.mask.shape[0] // replicas
     rows = sampling.padded_rows(per_call, cfg.rl.group_size, programs.sampler_mesh(smesh), "shared")[1] // replicas
     kv = aot.bytes_per_chip((cache.k, cache.v, cache.k_scale, cache.v_scale))

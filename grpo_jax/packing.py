@@ -50,7 +50,7 @@ import numpy as np
 
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
-from grpo_jax.sharding import batch_sharding
+from grpo_jax.sharding import batch_degree, batch_sharding
 
 __all__ = ["Packing", "pack", "abstract", "completion_hidden", "rows_per_block", "in_order", "rows_back"]
 
@@ -188,7 +188,7 @@ def pack(batch: Any, num_micro_batches: int, unit: int = 1, blocks: int = 1) -> 
 def abstract(rows: int, prompt_len: int, completion_len: int, mesh) -> Packing:
     """The largest packing a batch of ``rows`` can need (one sequence per row), as
     ShapeDtypeStructs sharded like the batch: what the ahead-of-time check lowers."""
-    blocks = mesh.shape["data"] * mesh.shape["fsdp"]
+    blocks = batch_degree(mesh)
     width = prompt_len + completion_len
 
     def arr(shape):

@@ -110,7 +110,7 @@ from grpo_jax import loops
 from grpo_jax import model as model_lib
 from grpo_jax.config import DECODE_ENGINES, KV_DTYPES, ConfigError, ModelConfig
 from grpo_jax.shapes import bucket_length
-from grpo_jax.sharding import (DTYPES, batch_sharding, constrain, logical_to_sharding, mesh_of, on_mesh, replicated,
+from grpo_jax.sharding import (DTYPES, batch_degree, batch_sharding, constrain, logical_to_sharding, mesh_of, on_mesh, replicated,
                                to_global, to_host)
 
 TRACE_COUNTS: collections.Counter = collections.Counter()  # "prefill" / "decode" -> traces
@@ -148,15 +148,11 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _batch_degree(mesh: Mesh | None) -> int:
-    return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-
-
 def padded_rows(num_prompts: int, group_size: int, mesh: Mesh | None, engine: str = "scan") -> tuple[int, int]:
     """(prefill rows, decode rows) of one call: the num_prompts x group_size samples padded
     with dummy rows to a multiple of the batch-sharding degree D, and the prefill batch of
     the engine's layout (`_layout`)."""
-    slots, src = _layout(engine, num_prompts, group_size, _batch_degree(mesh))
+    slots, src = _layout(engine, num_prompts, group_size, batch_degree(mesh))
     return len(slots), len(src)
 
 
@@ -271,7 +267,7 @@ def host_batch(prompts: list[list[int]], group_size: int, max_new_tokens: int, p
     """Left-pad the prompts into `prompt_bucket`, lay them out for the prefill
     (the engine's `_layout`) and lay out the (padded) sample rows, whose randomness indices start
     at `row_offset` (the call's first row in the whole batch)."""
-    slot_prompt, src = _layout(engine, len(prompts), group_size, _batch_degree(mesh))
+    slot_prompt, src = _layout(engine, len(prompts), group_size, batch_degree(mesh))
     # Row -1 (the dummy slots' prompt) stays all pad and fully masked.
     tokens = np.full((len(prompts) + 1, prompt_bucket), pad_id, np.int32)
     mask = np.zeros((len(prompts) + 1, prompt_bucket), bool)
@@ -518,7 +514,7 @@ def _copy_to_rows(cache: model_lib.KVCache, logits, src_rows, mesh: Mesh | None)
         rows = batch_sharding(mesh, 1, src_rows.shape[0]).spec
         specs = ({name: x.spec for name, x in cs.items()}, batch_sharding(mesh, 2, logits.shape[0]).spec)
         # Slot indices are global; each block starts at shard * (slots per shard).
-        per_shard = cache.mask.shape[0] // _batch_degree(mesh)
+        per_shard = cache.mask.shape[0] // batch_degree(mesh)
         local = lambda a, lg, src: take(a, lg, src - per_shard * _block_index(mesh, rows[0]))
         arrays, logits = jax.shard_map(local, mesh=mesh, in_specs=specs + (rows,),
                                        out_specs=specs)(arrays, logits, src_rows)

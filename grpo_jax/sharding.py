@@ -169,6 +169,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def batch_degree(mesh: Mesh | None) -> int:
+    """How many blocks a batch's rows are split into: data x fsdp (1 without a mesh)."""
+    return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+
+
 def batch_sharding(mesh: Mesh, ndim: int, batch_size: int) -> NamedSharding:
     """Shard dimension 0 over ('data','fsdp'), the rest replicated."""
     return logical_to_sharding(("batch",) + (None,) * (ndim - 1), (batch_size,) + (1,) * (ndim - 1), mesh)

@@ -48,7 +48,7 @@ from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorith
                                  split_micro_batches)
 from grpo_jax.batching import Batch
 from grpo_jax.config import Config, ModelConfig
-from grpo_jax.sharding import batch_sharding, mesh_of, on_mesh, replicated
+from grpo_jax.sharding import batch_degree, batch_sharding, mesh_of, on_mesh, replicated
 
 __all__ = ["TrainState", "TrainStep", "METRIC_NAMES", "init_train_state", "keeps_reference_copy", "make_train_step", "reset_reference",
            "opt_state_shardings", "static_config_key"]
@@ -208,11 +208,7 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
         return grads, num, den, metrics
 
     def gradients(params, value_params, batch, extras, hp, base):
-        """Σ over micro-batches of grad(numerator), numerator, denominator, metric parts.
-        A packed batch (rl.pack) is split in its packing's row order: every part is a sum
-        over rows, so the order changes nothing but which rows share a micro-batch."""
-        if batch.packing is not None:
-            batch, extras = packing.in_order(batch, batch.packing), packing.in_order(extras, batch.packing)
+        """Σ over micro-batches of grad(numerator), numerator, denominator, metric parts."""
         if num_micro == 1:
             return one_micro_batch(params, value_params, (batch, extras), hp, base)
         micro = split_micro_batches((batch, extras), num_micro, algo.micro_batch_unit)
@@ -252,6 +248,10 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
 
     def step(state: TrainState, batch: Batch, hp: RLHParams):
         extras, prep_metrics = algo.prepare(lora.model_view(state), batch, cfg, hp, group_size=group_size)
+        if batch.packing is not None:
+            # The μ updates split a packed batch in its packing's row order (which rows share
+            # a micro-batch); every loss part is a sum over rows, so nothing else changes.
+            batch, extras = packing.in_order(batch, batch.packing), packing.in_order(extras, batch.packing)
         carry = (state.params, state.opt_state, state.value_params, state.value_opt_state)
         base = state.base_params
         if rl.num_updates == 1:
@@ -361,9 +361,8 @@ class TrainStep:
         is otherwise, or when it is packed already."""
         if not self.cfg.rl.pack or batch.packing is not None:
             return batch
-        blocks = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         return packing.pack(jax.tree.map(np.asarray, batch), self.cfg.rl.num_micro_batches,
-                            self.algorithm.micro_batch_unit, blocks)
+                            self.algorithm.micro_batch_unit, batch_degree(self.mesh))
 
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         self._check(state)

@@ -86,6 +86,8 @@ def test_overrides_are_typed_and_applied_in_order():
     ("model.num_heads=5", "multiple of model.num_kv_heads=2"),
     ("rl.temperature=-1", "rl.temperature must be >= 0"),
     ("rl.group_size=0", "rl.group_size must be >= 1"),
+    ("rl.decode_phases=0", "rl.decode_phases must be >= 1"),
+    ("rl.pack=sometimes", "rl.pack expects bool"),
     ("rl.group_size=1", "group_size=1 with rl.scale_by_std=true"),
     ("mesh.ici_data=-1", "at most one ICI axis may be -1"),
     ("rl.max_new_tokens=1000", "leaves no room"),
