@@ -129,7 +129,9 @@ class MeshConfig:
     """Mesh ('data', 'fsdp', 'tensor') = ICI (within a slice) × DCN (across slices).
 
     -1 in one ICI axis fills it from the device count. `slice` names a preset from
-    `grpo_jax.slices` whose recommended training mesh replaces the ICI axes.
+    `grpo_jax.slices` whose recommended training mesh replaces the ICI axes left at their
+    defaults; ICI axes given explicitly are kept (e.g. ici_data=4 ici_fsdp=16: the
+    gradient's reduce-scatter within groups of 16 chips, docs/tpu.md).
     `sample_tensor` > 0 sets the sampler's mesh to replicas x tensor = sample_tensor
     (every device holds 1/sample_tensor of the policy); 0 keeps the slice preset's
     sampling mesh, or the train mesh without a slice.

@@ -41,6 +41,9 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 _RULES = dict(LOGICAL_RULES)
 
 
+_DEFAULT_ICI = (MeshConfig.ici_data, MeshConfig.ici_fsdp, MeshConfig.ici_tensor)
+
+
 def resolve_mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """(ici, dcn) shapes with -1 filled in; raises MeshError naming devices and request."""
     ici = [cfg.ici_data, cfg.ici_fsdp, cfg.ici_tensor]
@@ -54,7 +57,8 @@ def resolve_mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[tuple[int, in
 
         preset = get_slice(cfg.slice)
         check_devices(preset, per_slice)
-        ici = list(preset.train_mesh)
+        if tuple(ici) == _DEFAULT_ICI:  # ICI axes given explicitly (e.g. data x fsdp) win
+            ici = list(preset.train_mesh)
     if -1 in ici:
         known = math.prod(v for v in ici if v != -1)
         if per_slice % known:

@@ -100,6 +100,16 @@ def test_check_devices():
     assert resolve_mesh_shape(MeshConfig(slice="v4-32", dcn_data=2), 32) == (SLICES["v4-32"].train_mesh, (2, 1, 1))
 
 
+def test_explicit_ici_axes_win_over_the_slices_train_mesh():
+    """The preset's train mesh fills ICI axes left at their defaults; data x fsdp given
+    explicitly (the reduce-scatter layout of docs/tpu.md) is kept and checked."""
+    assert SLICES["v5p-128"].train_mesh == (1, 64, 1)
+    assert resolve_mesh_shape(MeshConfig(slice="v5p-128", ici_data=4, ici_fsdp=16), 64) == ((4, 16, 1), (1, 1, 1))
+    assert resolve_mesh_shape(MeshConfig(slice="v5p-128", ici_data=4), 64) == ((4, 16, 1), (1, 1, 1))
+    with pytest.raises(MeshError, match=r"asks for 32 devices"):
+        resolve_mesh_shape(MeshConfig(slice="v5p-128", ici_data=2, ici_fsdp=16), 64)
+
+
 def test_slices_module_does_not_import_jax():
     # Load the file on its own (not through grpo_jax/__init__, which other modules own).
     code = ("import importlib.util, sys; "
