@@ -651,7 +651,12 @@ def _decode(cfg: ModelConfig, engine: str, filtered: bool,
     None: one phase over the cache as it comes. `cost_steps` (static; the cost count of `grpo_jax.aot` only): run
     exactly that many steps, written out, in place of the loop.
 
-    Returns (tokens, mask, logprobs [Bp,num_cols], finished [Bp], steps, cache).
+    Returns (tokens, mask, logprobs [Bp,num_cols], finished [Bp], steps, cache): the
+    donated cache, updated in place (`scan`, `unrolled`); None for the engines that make
+    their own (`shared`, `feature_major`): an output would hold it, and the shared engine's
+    restacked copy of it, past the loop. The cost twin returns it for every engine: a dead
+    cache would let XLA fuse its last steps' writes away, which the loop, carrying it, does
+    not.
     """
     TRACE_COUNTS["decode"] += 1
     bsz = row_ids.shape[0]
@@ -731,9 +736,10 @@ def _decode(cfg: ModelConfig, engine: str, filtered: bool,
                 # inside one: XLA copies a slice of it that a step reads, at every step.
                 state = state.replace(cache=_resize_slots(state.cache, window))
             state = jax.lax.while_loop(functools.partial(cond, window), body, state)
-    cache = state.cache
-    if engine in ("unrolled", "shared"):
-        cache = _stacked(cache)
+    if engine in ("feature_major", "shared") and cost_steps is None:
+        cache = None
+    else:
+        cache = _stacked(state.cache) if engine in ("unrolled", "shared") else state.cache
     return state.tokens, state.mask, state.logps, state.finished, state.step, cache
 
 

@@ -222,6 +222,13 @@ def test_fit_check_passes_where_it_fits_and_leaves_the_cpu_backend(checked):
     assert s["mfu"] == pytest.approx(mfu)
     dec = results["sample_decode"]
     assert dec["bytes_per_token"] >= dec["analytic_bytes_per_token"] > 0
+    # The shared decode hands back no cache (its completion cache is its own): its outputs
+    # (tokens, mask, log-probs, finished flags, the step; padded to TPU tiles) are less
+    # than a chip's share of that cache, 3 rows x 16 slots x 3 layers x k, v x 2 heads x 32.
+    m = cfg.model
+    cache_bytes = 3 * shapes.bucket_length(cfg.rl.max_new_tokens) * m.num_layers * 2 * m.num_kv_heads * m.head_dim * 2
+    assert (m.num_layers, m.num_kv_heads, m.head_dim, cache_bytes) == (3, 2, 32, 36864)
+    assert 0 < dec["output_bytes"] < cache_bytes
     # The sampler is charged for the train state it shares HBM with, computed from the
     # abstract state before the train step compiles: its shards' bytes, which the train
     # step's donated (aliased) buffers exceed only by TPU tile padding (tiny arrays here;
