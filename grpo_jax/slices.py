@@ -107,9 +107,9 @@ def default_runtime_version(accelerator_type: str) -> str:
 #   whole bf16 policy split over a `tensor` degree t, never crossing a host, and the G
 #   samples of each question spread over N/t replicas. Each chip reads 1/t of the
 #   weights per decoded token while its share of the KV cache does not depend on t, at
-#   the price of two small all-reduces per layer; v5p takes its host's 4 chips for that
-#   reason (docs/tpu.md measures it), the others the smallest t that leaves room for a 7B
-#   model's KV cache (16 GB v5e -> 4, 32 GB v4/v6e -> 2). `mesh.sample_tensor` overrides it.
+#   the price of two small all-reduces per layer; v4 and v5p take their host's 4 chips for
+#   that reason (docs/tpu.md measures both), the others the smallest t that leaves room for
+#   a 7B model's KV cache (16 GB v5e -> 4, 32 GB v6e -> 2). `mesh.sample_tensor` overrides it.
 _TRAIN_NOTE = (
     "train: fsdp over all {n} devices (float32 params + AdamW states sharded; data=1 "
     "inside a slice, use data for multi-slice). "
@@ -157,8 +157,8 @@ SLICES: dict[str, SlicePreset] = {
     p.name: p
     for p in (
         # v4: 32 GB HBM per chip (megacore device); 4 chips per host.
-        _preset("v4-8", 4, 1, 32, 2, extra="Single host, 4 chips. "),
-        _preset("v4-32", 16, 4, 32, 2, extra="4 hosts x 4 chips (2x2x4). "),
+        _preset("v4-8", 4, 1, 32, 4, extra="Single host, 4 chips. ", host_split=True),
+        _preset("v4-32", 16, 4, 32, 4, extra="4 hosts x 4 chips (2x2x4). ", host_split=True),
         # v5e: 16 GB per chip; the 8-chip shape is one host, pods use 4-chip workers.
         _preset("v5litepod-8", 8, 1, 16, 4,
                 extra="Single host, 8 chips (2x4): the quickstart / small-model slice. "),

@@ -22,12 +22,15 @@ def test_paper_recipe_preset_holds_the_paper_numbers():
     assert (cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.weight_decay) == (0.9, 0.95, 0.1)
 
 
-def test_the_v5p_128_preset_is_the_recipe_with_its_speed_settings_only():
-    """Everything the paper fixes stays; only how the step runs changes."""
-    fast, recipe = config.load_config("deepseekmath-rl-7b-v5p-128"), config.load_config("deepseekmath-rl-7b")
-    changes = ["model.remat=none", "rl.sample_prompts=64", "rl.kv_dtype=int8", "rl.decode_phases=16",
-               "rl.pack=true", "run.run_dir=runs/deepseekmath-rl-7b-v5p-128"]
-    assert fast == config.apply_overrides(recipe, changes)
+@pytest.mark.parametrize("preset, changes", [
+    ("deepseekmath-rl-7b-v5p-128", ["model.remat=none", "rl.sample_prompts=64", "rl.kv_dtype=int8",
+                                    "rl.decode_phases=16", "rl.pack=true"]),
+    ("deepseekmath-rl-7b-v4-32", ["rl.sample_prompts=8", "rl.kv_dtype=int8", "rl.num_micro_batches=1024"]),
+])
+def test_a_slices_preset_is_the_recipe_with_its_speed_settings_only(preset, changes):
+    """Everything the paper fixes stays; only how the step runs on the slice changes."""
+    fast, recipe = config.load_config(preset), config.load_config("deepseekmath-rl-7b")
+    assert fast == config.apply_overrides(recipe, changes + [f"run.run_dir=runs/{preset}"])
 
 
 # Qwen2.5-1.5B-Instruct's config.json (the fields the importer reads).
