@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # with an int8 KV cache (half the cache's bytes per decoded token), v5p-128's update without
 # recomputation (its train step has the HBM to spare, docs/tpu.md), the v5p-128 preset that
 # takes all of these with 16 decode phases, v5litepod-256 with less recomputation (dots
-# saved; none needs twice the micro-batches), and the smallest slice it
+# saved; none needs twice the micro-batches), the v4-32 preset, and the smallest slice it
 # fits on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch). The 1.5B
 # preset is sized for one 8-chip host and runs as it is on both (docs/tpu.md).
 OUTPUTS_1024 = ["data.batch_size=16", "rl.num_micro_batches=4"]
@@ -48,6 +48,7 @@ MATRIX = [
     ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=2"], "sample_prompts-2"),
     ("deepseekmath-rl-7b", "v4-32", ["rl.sample_prompts=2", "rl.kv_dtype=int8", "rl.num_micro_batches=512"],
      "sample_prompts-2-int8-mb512"),
+    ("deepseekmath-rl-7b-v4-32", "v4-32", [], ""),
     ("deepseekmath-rl-7b", "v5litepod-256", [], ""),
     ("deepseekmath-rl-7b", "v5litepod-256", ["rl.kv_dtype=int8"], "int8"),
     ("deepseekmath-rl-7b", "v5litepod-256", ["rl.kv_dtype=int8", "model.remat=dots"], "int8-remat-dots"),
