@@ -629,6 +629,21 @@ def deepseekmath_rl_7b_v4_32() -> Config:
     ).validate()
 
 
+def deepseekmath_rl_7b_v5litepod_256() -> Config:
+    """``deepseekmath_rl_7b`` sized for a full v5e pod (256 chips x 16 GB) in the
+    ahead-of-time check (docs/tpu.md, the matrix): an int8 KV cache and 64 questions per
+    sampler call (4096 rows, 64 per replica of the slice's tensor-4 sampling mesh: each
+    read of the weights serves 4x the recipe's rows; 128 fit with no HBM to spare), and
+    recomputation in the train step that keeps the matmuls' outputs (``model.remat=dots``;
+    no remat does not fit the 256 micro-batches). The update is the paper's; see
+    ``deepseekmath_rl_7b_v5p_128`` on the int8 cache."""
+    return deepseekmath_rl_7b().replace(
+        model={"remat": "dots"},
+        rl={"sample_prompts": 64, "kv_dtype": "int8"},
+        run={"run_dir": "runs/deepseekmath-rl-7b-v5litepod-256"},
+    ).validate()
+
+
 PRESETS: dict[str, Callable[[], Config]] = {
     "cpu-tiny": cpu_tiny,
     "smollm2-135m": smollm2_135m,
@@ -637,6 +652,7 @@ PRESETS: dict[str, Callable[[], Config]] = {
     "deepseekmath-rl-7b-lora": deepseekmath_rl_7b_lora,
     "deepseekmath-rl-7b-v5p-128": deepseekmath_rl_7b_v5p_128,
     "deepseekmath-rl-7b-v4-32": deepseekmath_rl_7b_v4_32,
+    "deepseekmath-rl-7b-v5litepod-256": deepseekmath_rl_7b_v5litepod_256,
 }
 
 

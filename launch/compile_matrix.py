@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # with an int8 KV cache (half the cache's bytes per decoded token), v5p-128's update without
 # recomputation (its train step has the HBM to spare, docs/tpu.md), the v5p-128 preset that
 # takes all of these with 16 decode phases, v5litepod-256 with less recomputation (dots
-# saved; none needs twice the micro-batches), the v4-32 preset, and the smallest slice it
-# fits on (v5p-8: 4 chips; one question per sampler call, 16 rows per micro-batch). The 1.5B
-# preset is sized for one 8-chip host and runs as it is on both (docs/tpu.md).
+# saved; none needs twice the micro-batches), the v4-32 and v5litepod-256 presets, and the
+# smallest slice it fits on (v5p-8: 4 chips; one question per sampler call, 16 rows per
+# micro-batch). The 1.5B preset is sized for one 8-chip host and runs as it is on both
+# (docs/tpu.md).
 OUTPUTS_1024 = ["data.batch_size=16", "rl.num_micro_batches=4"]
 MATRIX = [
     ("cpu-tiny", "v5litepod-8", [], ""),
@@ -54,6 +55,7 @@ MATRIX = [
     ("deepseekmath-rl-7b", "v5litepod-256", ["rl.kv_dtype=int8", "model.remat=dots"], "int8-remat-dots"),
     ("deepseekmath-rl-7b", "v5litepod-256", ["rl.kv_dtype=int8", "model.remat=none", "rl.num_micro_batches=512"],
      "int8-remat-none-mb512"),
+    ("deepseekmath-rl-7b-v5litepod-256", "v5litepod-256", [], ""),
     ("deepseekmath-rl-7b", "v5p-8", ["rl.sample_prompts=1", "rl.num_micro_batches=4096"], "smallest"),
     # LoRA on one host (docs/lora.md): the 7B recipe's preset, and the 1.5B beside its full fine-tune.
     ("deepseekmath-rl-7b-lora", "v5p-8", [], ""),

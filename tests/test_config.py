@@ -26,6 +26,7 @@ def test_paper_recipe_preset_holds_the_paper_numbers():
     ("deepseekmath-rl-7b-v5p-128", ["model.remat=none", "rl.sample_prompts=64", "rl.kv_dtype=int8",
                                     "rl.decode_phases=16", "rl.pack=true"]),
     ("deepseekmath-rl-7b-v4-32", ["rl.sample_prompts=8", "rl.kv_dtype=int8", "rl.num_micro_batches=1024"]),
+    ("deepseekmath-rl-7b-v5litepod-256", ["model.remat=dots", "rl.sample_prompts=64", "rl.kv_dtype=int8"]),
 ])
 def test_a_slices_preset_is_the_recipe_with_its_speed_settings_only(preset, changes):
     """Everything the paper fixes stays; only how the step runs on the slice changes."""
