@@ -621,8 +621,9 @@ def deepseekmath_rl_7b_v4_32() -> Config:
     (docs/tpu.md, the matrix): an int8 KV cache and 8 questions per sampler call (512 rows,
     128 per replica of the slice's tensor-4 sampling mesh; 16 do not fit beside the 6.9 GB
     of train state per chip), and 1024 micro-batches of 64 rows (4 per chip) with full
-    recomputation, so that the train step and its cost count fit. The update is the
-    paper's; see ``deepseekmath_rl_7b_v5p_128`` on the int8 cache."""
+    recomputation (``model.remat=dots`` does not fit). The check cannot count this update:
+    its cost twin does not fit a 32 GB chip. The update is the paper's; see
+    ``deepseekmath_rl_7b_v5p_128`` on the int8 cache."""
     return deepseekmath_rl_7b().replace(
         rl={"sample_prompts": 8, "kv_dtype": "int8", "num_micro_batches": 1024},
         run={"run_dir": "runs/deepseekmath-rl-7b-v4-32"},
