@@ -1,10 +1,6 @@
 """benchmarks/common.py: how a machine is named in every benchmark report."""
 
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 ZEN5 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -30,11 +26,8 @@ flags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
 
 
 @pytest.fixture
-def common(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import common
-
-    return common
+def common(benchmark_module):
+    return benchmark_module("common")
 
 
 def test_cpu_description_names_family_and_model_of_the_first_processor(common):

@@ -1,20 +1,12 @@
 """bench_estimator: its table's ratios come from the numbers given, and the CPU estimate it
 calibrates counts a decode step's FLOPs as the analytic count does."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 @pytest.fixture
-def bench_estimator(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_estimator
-
-    return bench_estimator
+def bench_estimator(benchmark_module):
+    return benchmark_module("bench_estimator")
 
 
 def test_roofline_takes_the_binding_limit_and_the_serial_sum(bench_estimator):

@@ -1,8 +1,6 @@
 """fsdp_collectives: the hand-written FSDP is the partitioner's gradient, written with one
 all-gather and one reduce-scatter; its compiled-collective table reads libtpu's program."""
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,15 +9,9 @@ from jax.sharding import NamedSharding
 
 from grpo_jax import aot
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import fsdp_collectives
-
-    return fsdp_collectives
+def bench(benchmark_module):
+    return benchmark_module("fsdp_collectives")
 
 
 def test_shard_map_gradient_equals_the_partitioners(bench):

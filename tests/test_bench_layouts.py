@@ -1,17 +1,12 @@
 """bench_layouts: its two orientations compute the same thing (so its timings compare like with like)."""
 
-from pathlib import Path
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
-
-def test_row_and_feature_major_programs_agree_with_numpy(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_layouts
+def test_row_and_feature_major_programs_agree_with_numpy(benchmark_module):
+    bench_layouts = benchmark_module("bench_layouts")
 
     rng = np.random.default_rng(0)
     e, f, v, b = 16, 24, 40, 3
@@ -51,9 +46,8 @@ def test_row_and_feature_major_programs_agree_with_numpy(monkeypatch):
                                rtol=1e-5)
 
 
-def test_both_decode_attention_forms_agree_with_numpy(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_layouts
+def test_both_decode_attention_forms_agree_with_numpy(benchmark_module):
+    bench_layouts = benchmark_module("bench_layouts")
 
     rng = np.random.default_rng(1)
     b, kh, g, d, s = 2, 2, 3, 4, 5
@@ -71,11 +65,10 @@ def test_both_decode_attention_forms_agree_with_numpy(monkeypatch):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_in_one_pass_and_in_chunks_agree(monkeypatch):
+def test_prefill_in_one_pass_and_in_chunks_agree(benchmark_module):
     """The two programs the prefill table times: the same cache and logits (3 prompts, the
     chunked one in chunks of 2 rows, the second padded)."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_layouts
+    bench_layouts = benchmark_module("bench_layouts")
     import jax
 
     from grpo_jax import model, sampling
@@ -92,9 +85,8 @@ def test_prefill_in_one_pass_and_in_chunks_agree(monkeypatch):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
 
 
-def test_read_split_attributes_the_extra_time_to_reading(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_layouts
+def test_read_split_attributes_the_extra_time_to_reading(benchmark_module):
+    bench_layouts = benchmark_module("bench_layouts")
 
     # 0.020 s from memory, 0.012 s in cache: 8 ms extra for 400 MB -> 50 GB/s; 6 GFLOP / 0.012 s.
     r = bench_layouts.read_split(0.020, 0.012, weight_bytes=400_000_000, flops=6_000_000_000)

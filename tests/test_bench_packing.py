@@ -1,22 +1,14 @@
 """bench_packing: its batch has prompts and completions in the stated ranges, padded on the
 sides packing needs, and packs into fewer rows."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from grpo_jax import packing
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_packing
-
-    return bench_packing
+def bench(benchmark_module):
+    return benchmark_module("bench_packing")
 
 
 def test_the_batch_lengths_and_its_packing(bench):

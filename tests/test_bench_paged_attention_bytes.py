@@ -1,22 +1,14 @@
 """paged_attention_bytes: its shared-engine floor is the check's own analytic count, and its
 phase and page counts follow from the shapes by hand."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from grpo_jax import aot
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import paged_attention_bytes
-
-    return paged_attention_bytes
+def bench(benchmark_module):
+    return benchmark_module("paged_attention_bytes")
 
 
 def test_the_shared_floor_is_the_checks_analytic_count_on_the_7b_row(bench):

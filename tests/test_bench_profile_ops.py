@@ -1,10 +1,6 @@
 """profile_ops' pure parts: op names from HLO text, wall time shared among overlapping thunks."""
 
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 HLO = '''
   %ynn_fusion.6 = f32[32,49152]{1,0} fusion(%a, %b), kind=kCustom, calls=%fc.6, metadata={op_name="jit(_decode)/while/body/...e,ve->...v/dot_general" stack_frame_id=197}
@@ -14,11 +10,8 @@ HLO = '''
 
 
 @pytest.fixture
-def profile_ops(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import profile_ops
-
-    return profile_ops
+def profile_ops(benchmark_module):
+    return benchmark_module("profile_ops")
 
 
 def test_op_names_strip_the_jit_and_loop_prefixes_and_keep_the_shape(profile_ops):

@@ -1,20 +1,12 @@
 """bench_rollout's accuracy half: the sampler/trainer log-prob mismatch it reports for `--bf16`."""
 
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 @pytest.fixture
-def bench_rollout(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_rollout
-
-    return bench_rollout
+def bench_rollout(benchmark_module):
+    return benchmark_module("bench_rollout")
 
 
 def test_mismatch_stats_counts_real_tokens_only(bench_rollout):

@@ -3,19 +3,11 @@ records when and at which commit, and refuses another CPU model or mode."""
 
 import argparse
 import json
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 @pytest.fixture
-def run_all(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their sibling `common`
-    import run_all
-
-    return run_all
+def run_all(benchmark_module):
+    return benchmark_module("run_all")
 
 
 def _machine(cpu="AMD EPYC", date="2026-11-24T04:57:17+00:00", commit="aaaaaaa"):

@@ -15,12 +15,8 @@ SMOLLM2_HF = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their sibling `common`
-    import bench_tunix
-    import run_all
-
-    return bench_tunix, run_all
+def bench(benchmark_module):
+    return benchmark_module("bench_tunix"), benchmark_module("run_all")
 
 
 def test_logit_check_passes_close_logits_and_refuses_wrong_ones(bench):
