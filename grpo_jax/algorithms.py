@@ -291,11 +291,10 @@ class Algorithm:
         """
         hp = _hp(cfg, hp)
         num, unit = cfg.rl.num_micro_batches, self.micro_batch_unit
-        run = lambda fn: jax.lax.stop_gradient(map_micro_batches(fn, batch, num, unit))
-        if getattr(batch, "packing", None) is not None:  # micro-batches in the packing's row order
-            ordered = packing.in_order(batch, batch.packing)
-            run = lambda fn: jax.lax.stop_gradient(packing.rows_back(map_micro_batches(fn, ordered, num, unit),
-                                                                      batch.packing))
+        p = getattr(batch, "packing", None)
+        ordered = batch if p is None else packing.in_order(batch, p)  # micro-batches as packed
+        back = (lambda rows: rows) if p is None else (lambda rows: packing.rows_back(rows, p))
+        run = lambda fn: jax.lax.stop_gradient(back(map_micro_batches(fn, ordered, num, unit)))
         logp_kw = dict(temperature=self.logprob_temperature(hp),
                        chunk_size=cfg.rl.logprob_chunk_size)
         old_logp = ref_logp = old_values = None

@@ -145,8 +145,8 @@ def _plan(batch: Any, num: int, unit: int, blocks: int):
             mine = ranked[dealt_to == k]
             # split_micro_batches gives micro-batch k the block's unit slots k, k + num, ...
             slots = d * block_units + k + num * np.arange(len(mine))
-            order[(slots[:, None] * unit + np.arange(unit)).ravel()] = (mine[:, None] * unit + np.arange(unit)).ravel()
             ids = (mine[:, None] * unit + np.arange(unit)).ravel()
+            order[(slots[:, None] * unit + np.arange(unit)).ravel()] = ids
             bins[k, d] = _first_fit([(int(i), int(lengths[i])) for i in ids], tp + tc)
     most = rows // (num * blocks)
     step = _round_up(-(-most // SHAPES), unit)
