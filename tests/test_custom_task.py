@@ -166,6 +166,8 @@ def test_readme_example_runs_as_written_and_improves_its_reward(tmp_path):
     done = subprocess.run([sys.executable, str(EXAMPLE), f"run.run_dir={tmp_path}"], capture_output=True,
                           text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    before, after = map(float, re.search(r"held-out greedy reward: (\S+) -> (\S+)", done.stdout).groups())
-    # Measured 0.45 -> 0.94 on the 64 held-out questions; the margin absorbs CPU-to-CPU drift.
-    assert after >= before + 0.25 and after >= 0.75, (before, after)
+    before, after, shortcut = map(float, re.search(
+        r"held-out greedy reward: (\S+) -> (\S+) \(best shortcut (\S+)\)", done.stdout).groups())
+    # The margin absorbs CPU-to-CPU drift (docs/results.md has the measured run); learning
+    # means clearing the best rule that skips the skill by 10 points.
+    assert after >= before + 0.25 and after >= 0.75 and after >= shortcut + 0.10, (before, after, shortcut)

@@ -358,7 +358,8 @@ class ArithmeticTask(Task):
         """Rules that skip carrying, fitted on ``train`` (see `grpo_jax.shortcuts`): the
         carry-dropped chain, and (for ``+-*``) the right units digit, which needs no carry,
         with the digits above it the commonest in training overall, per count of each
-        operator, or per operator sequence."""
+        operator, or per operator sequence, or those of the carry-dropped chain moved by the
+        commonest net carry of the operator sequence (counting carries from the signs)."""
         def dropped(ex: Example) -> str | None:
             value = carry_dropped_value(ex.meta["operands"], ex.meta["ops"])
             return None if value is None else str(value)
@@ -376,6 +377,21 @@ class ArithmeticTask(Task):
                     "by operator order": lambda ex: tuple(ex.meta["ops"])}
             for name, key in keys.items():
                 rules[f"units digit + commonest rest {name}"] = lookup_rule(train, key, above, with_units)
+
+            def dropped_rest(ex: Example) -> int | None:
+                value = carry_dropped_value(ex.meta["operands"], ex.meta["ops"])
+                return None if value is None else value // 10
+
+            def offset(ex: Example):  # what the dropped carries and borrows move the rest by
+                rest = dropped_rest(ex)
+                return None if rest is None else above(ex) - rest
+
+            def corrected(ex: Example, shift) -> str | None:
+                rest = dropped_rest(ex)
+                return None if rest is None or shift is None else with_units(ex, rest + shift)
+
+            rules["carry-dropped rest + commonest carry shift by operator order"] = lookup_rule(
+                train, keys["by operator order"], offset, corrected)
         return rules
 
 
