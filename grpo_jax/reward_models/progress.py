@@ -96,7 +96,8 @@ def labelling_cost(labels: Sequence[ProgressLabels], n: int) -> dict:
 def policy_completer(cfg, params, tokenizer, *, key, max_new_tokens: int, temperature: float = 1.0,
                      mesh=None, chunk: int = 64) -> Complete:
     """A `Complete` that samples the policy ``params`` (model config ``cfg``): each prompt +
-    prefix is encoded as one prompt and continued ``n`` times, ``chunk`` prefixes a call."""
+    prefix is encoded as one prompt and continued ``n`` times (at most ``max_new_tokens``,
+    and what ``cfg.max_seq_len`` leaves), ``chunk`` prefixes a call."""
     import jax
 
     from grpo_jax import sampling
@@ -107,16 +108,25 @@ def policy_completer(cfg, params, tokenizer, *, key, max_new_tokens: int, temper
     calls = [0]
 
     def complete(prompts: Sequence[str], prefixes: Sequence[str], n: int) -> list[list[str]]:
-        out: list[list[str]] = []
-        for lo in range(0, len(prompts), chunk):
-            ids = [encode_prompt(tokenizer, p + x) for p, x in zip(prompts[lo:lo + chunk], prefixes[lo:lo + chunk])]
+        ids = [encode_prompt(tokenizer, p + x) for p, x in zip(prompts, prefixes)]
+        # Prefixes of similar length share a call, so each call's token budget (what the
+        # longest of them leaves of cfg.max_seq_len) cuts none of them short.
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: list[list[str] | None] = [None] * len(ids)
+        for lo in range(0, len(order), chunk):
+            rows = order[lo:lo + chunk]
+            budget = min(max_new_tokens, cfg.max_seq_len - max(len(ids[i]) for i in rows))
+            if budget < 1:
+                raise ValueError(f"a prompt + step prefix of {max(len(ids[i]) for i in rows)} tokens leaves no "
+                                 f"room to continue within model.max_seq_len={cfg.max_seq_len}")
             calls[0] += 1
-            ro = sampling.sample(cfg, params, ids, key=jax.random.fold_in(key, calls[0]), group_size=n,
-                                 max_new_tokens=max_new_tokens, temperature=temperature,
+            ro = sampling.sample(cfg, params, [ids[i] for i in rows], key=jax.random.fold_in(key, calls[0]),
+                                 group_size=n, max_new_tokens=budget, temperature=temperature,
                                  stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, mesh=mesh)
             ro = jax.tree.map(to_host, ro)
-            texts = [tokenizer.decode(completion_ids(ro, r, tokenizer.stop_ids)) for r in range(len(ids) * n)]
-            out += [texts[i * n:(i + 1) * n] for i in range(len(ids))]
+            texts = [tokenizer.decode(completion_ids(ro, r, tokenizer.stop_ids)) for r in range(len(rows) * n)]
+            for k, i in enumerate(rows):
+                out[i] = texts[k * n:(k + 1) * n]
         return out
 
     return complete
