@@ -58,7 +58,7 @@ def main(argv=None):
     task = common.make_task(cfg)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
-    eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    eval_examples, shortcuts = common.held_out(task, cfg, "ablation")
     start = evaluate(cfg, params, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
     steps = [0] + list(range(cfg.run.eval_every, cfg.run.steps + 1, cfg.run.eval_every))
     curves, rewards = {}, {}
@@ -77,7 +77,8 @@ def main(argv=None):
     finals = {name: [r[-1] for r in runs] for name, runs in curves.items()}
     common.write_json(os.path.join(root, "curves.json"),
                       {"steps": steps, "eval_accuracy": curves, "train_reward": rewards,
-                       "seeds": args.seeds, "claims": claim_verdicts(finals), "config": cfg.to_dict()})
+                       "seeds": args.seeds, "claims": claim_verdicts(finals),
+                       "shortcuts": shortcuts.to_dict(), "config": cfg.to_dict()})
     png = plot_runs(curves, steps, os.path.join(root, "figure5.png"), ylabel="held-out greedy accuracy",
                     title=f"Figure 5 at CPU scale, {cfg.data.num_operands - 1}-step chains\n"
                           f"(mean and 95% interval over {len(args.seeds)} seeds)")

@@ -97,6 +97,18 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
     return params, mesh
 
 
+def held_out(task, cfg, tag: str):
+    """The held-out test questions every experiment evaluates on, and their shortcut
+    baselines (`grpo_jax.shortcuts`), printed once so every accuracy has its bar beside it."""
+    from grpo_jax.shortcuts import shortcut_baselines
+
+    examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    baselines = shortcut_baselines(task, examples)
+    print(f"[{tag}] held-out set: {len(examples)} questions ({baselines.distinct_questions} distinct), "
+          f"{baselines.line()}")
+    return examples, baselines
+
+
 def rl_config(cfg, root: str, name: str, overrides=()) -> config_lib.Config:
     out = cfg.replace(run={"run_dir": os.path.join(root, name)})
     return config_lib.apply_overrides(out, list(overrides)).validate()

@@ -15,7 +15,8 @@ In order, each part skipped when its output already exists under --out:
    --rm-held-out validation questions; both kinds are trained on the same labelled samples
    (<out>/reward_models/{train,held_out}.jsonl); then --mc-samples of the held-out samples
    labelled again by Monte-Carlo completion (`reward_models.progress`, --mc-n continuations
-   of each step prefix by the SFT model), against the rule (<out>/reward_models/mc_check.json);
+   of each step prefix by the SFT model), against the rule
+   (<out>/reward_models/mc_check_s<samples>_n<n>.json);
 3. an outcome (ORM) and a process reward model (PRM), each by experiments/train_reward_model.py
    with the policy's tokenizer (<out>/reward_models/{orm,prm}, with metrics.json holding the
    held-out accuracies);
@@ -248,7 +249,8 @@ def main(argv=None):
     mc = None
     if args.mc_samples:
         mc = mc_check(cfg, params, task, tok, mesh, task.examples("validation", args.rm_held_out, 5_000_001),
-                      data[1], os.path.join(root, "reward_models", "mc_check.json"), args.mc_samples, args.mc_n)
+                      data[1], os.path.join(root, "reward_models", f"mc_check_s{args.mc_samples}_n{args.mc_n}.json"),
+                      args.mc_samples, args.mc_n)
         print(f"[figure5] Monte-Carlo progress labels (n = {mc['n']}) vs the rule on {mc['samples']} held-out "
               f"samples: {mc['continued_steps']['agree']:.3f} of {mc['continued_steps']['steps']} continued steps "
               f"agree (rule 1: {mc['continued_exact_1']['agree']}, rule 0: {mc['continued_exact_0']['agree']}); "

@@ -149,7 +149,7 @@ def main(argv=None):
     task = common.make_task(cfg)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     sft_policy, mesh = common.sft_start(cfg, task, tok, root, args)
-    eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    eval_examples, shortcuts = common.held_out(task, cfg, "iterative")
     acc0 = evaluate(cfg, sft_policy, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
     results = []
     for seed in args.seeds:
@@ -166,7 +166,8 @@ def main(argv=None):
         curves["GRPO, fixed RM"] = [r["fixed_rm"] for r in results]
     common.write_json(os.path.join(root, "curves.json"),
                       {"steps": steps, "seeds": args.seeds, "start_accuracy": acc0,
-                       "eval_accuracy": curves, "per_seed": results, "config": cfg.to_dict()})
+                       "eval_accuracy": curves, "per_seed": results, "shortcuts": shortcuts.to_dict(),
+                       "config": cfg.to_dict()})
     png = plot_runs(curves, steps, os.path.join(root, "figure6.png"), ylabel="held-out greedy accuracy",
                     title=f"Iterative GRPO, {args.iterations} iterations of {cfg.run.steps} steps "
                           f"(mean, 95% interval)")

@@ -35,7 +35,7 @@ def main(argv=None):
     task = common.make_task(cfg)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
-    eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    eval_examples, shortcuts = common.held_out(task, cfg, "figure7")
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= args.samples]
 
     def measure(pr):
@@ -48,7 +48,8 @@ def main(argv=None):
         _, trainer = common.run_rl(cfg, task, tok, params, mesh, root, "grpo", ["rl.algorithm=grpo"],
                                    seed=seed, eval_examples=eval_examples, progress=not args.no_progress)
         after.append(measure(trainer.params))
-    result = {"ks": ks, "before": before, "after": after, "seeds": args.seeds, "config": cfg.to_dict()}
+    result = {"ks": ks, "before": before, "after": after, "seeds": args.seeds, "shortcuts": shortcuts.to_dict(),
+              "config": cfg.to_dict()}
     common.write_json(os.path.join(root, "curves.json"), result)
     curves = {
         "Maj@K before RL": [[before[f"maj@{k}"] for k in ks]],

@@ -49,7 +49,7 @@ def main(argv=None):
     task = common.make_task(cfg)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
-    eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    eval_examples, shortcuts = common.held_out(task, cfg, "ppo_vs_grpo")
     rewards, memory, step_time = {}, {}, {}
     for name in args.methods:
         rewards[name] = []
@@ -65,7 +65,7 @@ def main(argv=None):
     common.write_json(os.path.join(root, "curves.json"),
                       {"steps": steps, "train_reward": rewards, "memory": memory,
                        "median_update_time_s": {k: sorted(v)[len(v) // 2] for k, v in step_time.items()},
-                       "seeds": args.seeds, "config": cfg.to_dict()})
+                       "seeds": args.seeds, "shortcuts": shortcuts.to_dict(), "config": cfg.to_dict()})
     png = plot_runs(rewards, steps, os.path.join(root, "ppo_vs_grpo.png"), ylabel="training reward (10-step moving average)",
                     title="PPO vs GRPO (arithmetic)",
                     bars={k: v["peak_bytes"] / 2**20 for k, v in memory.items()},

@@ -30,6 +30,7 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.evaluation import evaluate
+from grpo_jax.shortcuts import shortcut_baselines
 from grpo_jax.plots import plot_history, plot_runs
 from grpo_jax.stats import format_interval
 from grpo_jax.trainer import Trainer
@@ -69,6 +70,9 @@ def main(argv=None) -> dict:
                     title=f"GRPO after SFT, {len(runs)} seeds: gain {format_interval(gains, digits=2)}")
     print(f"[quickstart] gain in held-out greedy accuracy over seeds {args.seeds}: "
           f"{format_interval(gains)}; per seed {', '.join(f'{g:+.3f}' for g in gains)}; plot {png}")
+    margins = [r["accuracy_after"] - r["shortcuts"]["best_score"] for r in runs]
+    print(f"[quickstart] final accuracy − best shortcut per seed: {', '.join(f'{m:+.3f}' for m in margins)} "
+          f"(learning claimed where >= +0.100 in every seed: {'yes' if min(margins) >= 0.1 else 'no'})")
     return summary
 
 
@@ -79,7 +83,9 @@ def run_seed(args, cfg) -> dict:
     task = common.make_task(cfg)
     tokenizer, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
-    print(f"[quickstart] tokenizer: {tokenizer.vocab_size} pieces; eval set: {len(eval_examples)} held-out questions")
+    shortcuts = shortcut_baselines(task, eval_examples)
+    print(f"[quickstart] tokenizer: {tokenizer.vocab_size} pieces; eval set: {len(eval_examples)} held-out questions, "
+          f"{shortcuts.line()}")
 
     sft_params, mesh = common.sft_start(cfg, task, tokenizer, root, args)
     before = evaluate(cfg, sft_params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
@@ -94,6 +100,7 @@ def run_seed(args, cfg) -> dict:
     summary = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
+        "shortcuts": shortcuts.to_dict(),
         "seed": cfg.run.seed,
         "eval_history": [{"step": 0, "accuracy": before["accuracy"]}] + [
             {"step": h["step"], "accuracy": h["eval_accuracy"]} for h in history if "eval_accuracy" in h],
@@ -109,7 +116,7 @@ def run_seed(args, cfg) -> dict:
                        ["reward_mean", "eval_accuracy", "kl"], os.path.join(root, "curves.png"),
                        title=f"GRPO on arithmetic: held-out greedy accuracy {before['accuracy']:.2f} → {after['accuracy']:.2f}")
     print(f"[quickstart] seed {cfg.run.seed}: held-out accuracy {before['accuracy']:.3f} → {after['accuracy']:.3f} "
-          f"in {summary['wall_time_s']:.0f} s")
+          f"(best shortcut {shortcuts.best[1]:.3f}) in {summary['wall_time_s']:.0f} s")
     print(f"[quickstart] summary:    {os.path.join(root, 'summary.json')}\n[quickstart] plot:       {png}\n"
           f"[quickstart] checkpoint: {summary['checkpoint_dir']}")
     return summary

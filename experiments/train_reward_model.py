@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trunk-lr", type=float, default=3e-3, help="base-model peak learning rate")
     p.add_argument("--operations", default="+", help="task operators (a string over +-*/)")
     p.add_argument("--train-prompts", type=int, default=2000, help="training questions")
-    p.add_argument("--eval-prompts", type=int, default=100, help="held-out questions (test split)")
+    p.add_argument("--eval-prompts", type=int, default=64,
+                   help="held-out questions (test split; 3-operand 1-digit + has 79 distinct ones)")
     p.add_argument("--samples-per-prompt", type=int, default=4, help="labelled solutions per question")
     p.add_argument("--tokenizer-vocab", type=int, default=32, help="sentencepiece vocabulary size")
     p.add_argument("--tokenizer", default=None, help="a sentencepiece model file to use instead of training one")

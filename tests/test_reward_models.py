@@ -49,7 +49,7 @@ def cfg(tok):
 @pytest.fixture(scope="module")
 def data(task):
     train = rm_lib.labelled_samples(task, "train", 2000, seed=0, samples_per_prompt=4)
-    held_out = rm_lib.labelled_samples(task, "test", 100, seed=1, samples_per_prompt=4)
+    held_out = rm_lib.labelled_samples(task, "test", 64, seed=1, samples_per_prompt=4)  # of 79 distinct
     return train, held_out
 
 
@@ -248,6 +248,32 @@ def test_prm_step_accuracy_beats_the_majority_baseline(prm, data):
     print(f"PRM held-out step accuracy: {acc:.3f} (majority baseline {baseline:.3f})")
     assert acc >= baseline + 0.05
     assert model.kind == "process" and model.transform == "sigmoid"
+
+
+def test_a_prm_trained_on_progress_labels_ranks_right_outputs_above_wrong_ones(task, tok):
+    """A PRM trained on the progress labels of one fixed question's solutions (random slips
+    of ±1, ±2, ±10 at either step, so slips carried on and compensating slips both occur):
+    the true chain and compensating slips that end right get a larger token-0 process
+    advantage than every slip followed by locally right steps, which the old line-local label
+    paid as much as a right answer."""
+    from test_process_labels import token0_advantages
+
+    ex = task.make_example([7, 5, 8], ["+", "+"])
+    rng = random.Random(0)
+    texts = [task.sft_text(ex, rng, wrong_step_prob=0.5) for _ in range(600)]
+    samples = rm_lib.label_completions(task, [ex] * len(texts), texts)
+    small = ModelConfig(vocab_size=tok.vocab_size, embed_dim=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                        head_dim=16, mlp_dim=64, max_seq_len=48)
+    model, _ = rm_lib.train_reward_model(small, tok, samples, kind="process", steps=300, batch_size=32,
+                                         lr=3e-3, progress=False)
+    group = {"7+5=12\n12+8=20\nA: 20\n": True, "7+5=11\n11+8=20\nA: 20\n": True,
+             "7+5=13\n13+8=20\nA: 20\n": True, "7+5=11\n11+8=19\nA: 19\n": False,
+             "7+5=13\n13+8=21\nA: 21\n": False, "7+5=2\n2+8=10\nA: 10\n": False}
+    assert {c: task.is_correct(task.extract_answer(c), ex) for c in group} == group
+    adv = token0_advantages(model.step_scores([ex.prompt] * len(group), list(group)))
+    right = [a for a, ok in zip(adv, group.values()) if ok]
+    wrong = [a for a, ok in zip(adv, group.values()) if not ok]
+    assert min(right) > max(wrong), dict(zip(group, adv))
 
 
 def test_scores_do_not_depend_on_batch_padding(orm, prm, data):
