@@ -47,9 +47,14 @@ class Checkpointer:
         # shapes before a restore (`_stored_shape_mismatches`).
         self._quiet = _OrbaxStepMetadataErrors(self.directory)
         logging.getLogger("absl").addFilter(self._quiet)
+        # Step folders created before `save` returns: created in the background, a folder that
+        # cannot be made leaves Orbax's other save threads waiting out their timeout (minutes)
+        # for it, and a process that caught the error waits for them before it can exit.
         self._mngr = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep, create=True,
+                async_options=ocp.AsyncOptions(create_directories_asynchronously=False)),
             item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
 
     def all_steps(self) -> list[int]:
