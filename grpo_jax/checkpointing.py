@@ -43,13 +43,13 @@ class Checkpointer:
         if "://" not in self.directory:
             self.directory = os.path.abspath(self.directory)
         self.every = max(every, 1)
-        # Handlers given up front (not only item names) so `item_metadata` can read the stored
-        # shapes before a restore (`_stored_shape_mismatches`).
         self._quiet = _OrbaxStepMetadataErrors(self.directory)
         logging.getLogger("absl").addFilter(self._quiet)
-        # Step folders created before `save` returns: created in the background, a folder that
-        # cannot be made leaves Orbax's other save threads waiting out their timeout (minutes)
-        # for it, and a process that caught the error waits for them before it can exit.
+        # Handlers given up front (not only item names) so `item_metadata` can read the stored
+        # shapes before a restore (`_stored_shape_mismatches`). Step folders are made before
+        # `save` returns: made in the background, one that cannot be made leaves Orbax's other
+        # save threads waiting out their timeout (minutes), and a process that caught the
+        # error waits for them at exit.
         self._mngr = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
