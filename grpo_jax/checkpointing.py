@@ -4,22 +4,28 @@ A checkpoint is a step directory with two items: `state` (a pytree of arrays: pa
 optimizer state, step, RNG key data) and `meta` (JSON: data iterator position, config,
 anything host-side). Orbax writes into a temporary directory and renames it when complete,
 so a run killed mid-save leaves the previous step as the latest complete one; a latest step
-that fails to restore (corrupted files) is skipped with a warning in favour of the one before.
+that fails to restore (corrupted files) is skipped with a warning in favour of the one before,
+and a folder whose steps are all unreadable is an `UnreadableCheckpointError`. Unreadable steps
+can be moved into `unreadable/` (`set_aside`), so their step numbers can be saved again. A save
+that Orbax would skip, or that fails, raises CheckpointError: a run never trains on unsaved.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
-from grpo_jax.errors import CheckpointError
+from grpo_jax.distributed import barrier, is_main_process
+from grpo_jax.errors import CheckpointError, UnreadableCheckpointError
 
 log = logging.getLogger(__name__)
+UNREADABLE_FOLDER = "unreadable"  # under the checkpoint folder: steps moved aside by `set_aside`
 
 
 def abstract_like(tree: Any, shardings: Any = None) -> Any:
@@ -37,11 +43,18 @@ class Checkpointer:
         if "://" not in self.directory:
             self.directory = os.path.abspath(self.directory)
         self.every = max(every, 1)
+        self._quiet = _OrbaxStepMetadataErrors(self.directory)
+        logging.getLogger("absl").addFilter(self._quiet)
         # Handlers given up front (not only item names) so `item_metadata` can read the stored
-        # shapes before a restore (`_stored_shape_mismatches`).
+        # shapes before a restore (`_stored_shape_mismatches`). Step folders are made before
+        # `save` returns: made in the background, one that cannot be made leaves Orbax's other
+        # save threads waiting out their timeout (minutes), and a process that caught the
+        # error waits for them at exit.
         self._mngr = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep, create=True,
+                async_options=ocp.AsyncOptions(create_directories_asynchronously=False)),
             item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
 
     def all_steps(self) -> list[int]:
@@ -54,28 +67,40 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return step % self.every == 0
 
-    def save(self, step: int, state: Any, meta: dict | None = None, *, wait: bool = True) -> bool:
-        """Save `state` at `step`. Returns False (and saves nothing) if the step already exists,
-        which Orbax would otherwise ignore silently."""
-        if step in self._mngr.all_steps():
-            log.warning("checkpoint for step %d already exists in %s; not overwritten", step, self.directory)
-            return False
-        self._mngr.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
-        if wait:
-            self._mngr.wait_until_finished()
-        return True
+    def save(self, step: int, state: Any, meta: dict | None = None, *, wait: bool = True) -> None:
+        """Save `state` at `step`, or raise CheckpointError: for a step that already exists or
+        is not newer than the latest (Orbax would skip either silently), and for a write that
+        fails. With ``wait=False`` a failed write surfaces at the next save or `close`."""
+        if step in self.all_steps():
+            raise CheckpointError(
+                f"checkpoint step {step} already exists in {self.directory} and is never overwritten; "
+                f"move it aside (e.g. into {UNREADABLE_FOLDER}/) or use a new run dir")
+        try:
+            saved = self._mngr.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
+            if wait:
+                self._mngr.wait_until_finished()
+        except (OSError, ValueError) as e:  # permissions, a full disk; tensorstore reports ValueError
+            raise CheckpointError(
+                f"could not save checkpoint step {step} in {self.directory} ({_first_line(e)}); make the "
+                "folder writable or free space, then run the same command again to resume") from e
+        if not saved:
+            raise CheckpointError(
+                f"checkpoint step {step} was not saved in {self.directory}: it is not newer than the "
+                f"latest step there ({self.latest_step()}); move the newer steps aside or use a new run dir")
 
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
         """Restore onto the shardings in `abstract_state` (see `abstract_like`).
 
         With `step=None`, tries the newest step first and falls back to older ones if it is
-        unreadable. Returns (step, state, meta) or None when there is no checkpoint. A state
-        whose shapes or structure do not match `abstract_state` raises CheckpointError, naming
-        the parameter paths and shapes when they can be read from the stored metadata.
+        unreadable (each step skipped is logged, and every step newer than the one returned
+        was skipped). Returns (step, state, meta), or None when there is no checkpoint; steps
+        of which none is readable raise UnreadableCheckpointError. A state whose shapes or
+        structure do not match `abstract_state` raises CheckpointError, naming the parameter
+        paths and shapes when they can be read from the stored metadata.
         """
         steps = [step] if step is not None else self.all_steps()[::-1]
-        errors = []
+        unreadable = []  # (step, error), newest first
         for s in steps:
             mismatches = self._stored_shape_mismatches(s, abstract_state)
             if mismatches:
@@ -93,20 +118,39 @@ class Checkpointer:
                     raise CheckpointError(
                         f"checkpoint step {s} in {self.directory} does not match the model/"
                         f"optimizer being restored: {e}") from e
-                errors.append((s, e))
-                log.warning("checkpoint step %d in %s is unreadable (%s); trying an older one", s, self.directory, e)
+                unreadable.append((s, e))
                 continue
             except Exception as e:  # corrupted files surface as many different error types
-                errors.append((s, e))
-                log.warning("checkpoint step %d in %s is unreadable (%s); trying an older one", s, self.directory, e)
+                unreadable.append((s, e))
                 continue
             _check_shapes(abstract_state, out.state, s)
+            for bad, e in unreadable:
+                log.warning("checkpoint step %d in %s is unreadable (%s); restored step %d instead",
+                            bad, self.directory, _first_line(e), s)
             return s, out.state, dict(out.meta or {})
-        if errors and step is not None:
-            raise errors[0][1]
-        if errors:
-            log.warning("no readable checkpoint in %s (%d unreadable)", self.directory, len(errors))
+        if unreadable and step is not None:
+            raise unreadable[0][1]
+        if unreadable:
+            newest, e = unreadable[0]
+            bad = [s for s, _ in unreadable]
+            raise UnreadableCheckpointError(
+                f"no readable checkpoint in {self.directory}: {steps_text(bad)} "
+                f"{'is' if len(bad) == 1 else 'are'} unreadable (step {newest}: {_first_line(e)})", bad)
         return None
+
+    def set_aside(self, steps: Sequence[int]) -> str:
+        """Move the folders of `steps` into `<directory>/unreadable/`, renamed and never
+        deleted, so that those steps can be saved again; returns that folder. A name taken
+        there already (the same step set aside by an earlier run) gets a `.N` suffix."""
+        aside = epath.Path(self.directory) / UNREADABLE_FOLDER
+        self._mngr.wait_until_finished()
+        if is_main_process():  # one process renames; the others see it after the barrier
+            aside.mkdir(parents=True, exist_ok=True)
+            for s in steps:
+                (self._mngr.directory / str(s)).rename(_free_path(aside, str(s)))
+        barrier("checkpointing.set_aside")
+        self._mngr.reload()  # the manager caches its step list
+        return str(aside)
 
     def restore_params(self, abstract_params: Any, step: int) -> Any:
         """Only the policy parameters (`state.params`) of `step`, onto the shardings in
@@ -183,6 +227,22 @@ class Checkpointer:
     def close(self) -> None:
         self._mngr.wait_until_finished()
         self._mngr.close()
+        logging.getLogger("absl").removeFilter(self._quiet)
+
+
+class _OrbaxStepMetadataErrors(logging.Filter):
+    """Drops Orbax's error for an unparsable `_CHECKPOINT_METADATA` of a step under
+    `directory`. Orbax goes on without that file (timestamps only) and logs the file's whole
+    content each time it lists the steps; `restore` names every step it cannot read, and a
+    run that stops on unreadable checkpoints then says so in one line."""
+
+    def __init__(self, directory: str):
+        super().__init__()
+        self.directory = os.path.join(directory, "")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith("Failed to json parse Metadata file")
+                    and bool(record.args) and str(record.args[0]).startswith(self.directory))
 
 
 # Config fields a checkpoint's state depends on: the model's parameter shapes, dtypes and
@@ -224,6 +284,25 @@ def check_run_dir(directory: str | os.PathLike, requested: dict, ignore: tuple[s
         ckpt.check_config(requested, ignore, also)
     finally:
         ckpt.close()
+
+
+def _first_line(e: Exception) -> str:
+    """An exception as one short line for a message (Orbax's can run to many lines)."""
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+def steps_text(steps: Sequence[int]) -> str:
+    """"step 4" or "steps 2, 4", for messages."""
+    return f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(map(str, sorted(steps)))
+
+
+def _free_path(folder: epath.Path, name: str) -> epath.Path:
+    """`folder/name`, or `folder/name.N` with the first N not taken."""
+    path, n = folder / name, 1
+    while path.exists():
+        path, n = folder / f"{name}.{n}", n + 1
+    return path
 
 
 def _path_key(path) -> tuple[str, ...]:

@@ -378,6 +378,9 @@ class RunConfig:
     eval_every: int = 25
     log_every: int = 1
     max_bad_steps: int = 5  # consecutive NaN/Inf updates before the run stops
+    # Checkpoints found but none readable: move them into checkpoints/unreadable/ and start
+    # from step 0, instead of stopping with an error that names them.
+    restart_unreadable: bool = False
     pretrained: str = ""  # GGUF / HF folder / name; empty = random init
 
     def validate(self) -> None:

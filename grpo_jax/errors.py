@@ -36,7 +36,17 @@ class PretrainedError(GrpoJaxError):
 
 
 class CheckpointError(GrpoJaxError):
-    """A run dir whose checkpoints do not match the requested config."""
+    """A run dir whose checkpoints do not match the requested config, cannot be read, or
+    cannot be written."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint folder that holds steps of which none can be restored; ``steps`` lists
+    them, newest first, so a caller can set them aside and start over."""
+
+    def __init__(self, message: str, steps: list[int]):
+        super().__init__(message)
+        self.steps = steps
 
 
 class RewardModelError(GrpoJaxError):

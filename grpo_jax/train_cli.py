@@ -25,7 +25,12 @@ What it builds from the config:
 Resume: a run whose `run.run_dir` holds checkpoints continues from the newest readable one
 (same step, optimizer state and RNG), so re-running the same command after a crash or a
 Spot-VM preemption picks up where it stopped; a finished run exits at once. Keep
-`run.run_dir` on storage that outlives the VM (gs://...) for that.
+`run.run_dir` on storage that outlives the VM (gs://...) for that. Unreadable steps newer
+than the one resumed (a full disk, a copy cut short) are moved into
+`<run.run_dir>/checkpoints/unreadable/`, never deleted, so the run saves those steps again.
+If no checkpoint is readable, the run stops with an error naming them;
+`run.restart_unreadable=true` moves them there too and trains from step 0. A checkpoint
+that cannot be saved stops the run.
 """
 
 from __future__ import annotations

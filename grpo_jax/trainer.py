@@ -31,6 +31,7 @@ from grpo_jax.algorithms import get_algorithm
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
                                texts_to_batch)
 from grpo_jax.config import Config, ConfigError
+from grpo_jax.errors import CheckpointError, UnreadableCheckpointError
 from grpo_jax.distributed import is_main_process
 from grpo_jax.evaluation import evaluate
 from grpo_jax.shortcuts import try_shortcut_baselines
@@ -121,9 +122,10 @@ class Trainer:
         self.writer = MetricsWriter(cfg.run.run_dir)
         if is_main_process():
             run_files.write(cfg, task, tokenizer)
-        if restored is not None:
+        if restored is not None:  # metrics past the step the run goes on from are redone
             self.writer.truncate_after(restored)
-            log.info("resumed from step %d in %s", self.start_step, cfg.run.run_dir)
+            if restored:
+                log.info("resumed from step %d in %s", self.start_step, cfg.run.run_dir)
 
     # ------------------------------------------------------------------ helpers
     def applied_lr(self, train_steps: int) -> float:
@@ -141,9 +143,20 @@ class Trainer:
         return {"state": self.state.replace(base_params=None), "rng": rng}
 
     def _restore(self) -> int | None:
-        """Load the newest matching checkpoint into this Trainer; its step, or None if none."""
+        """Load the newest readable checkpoint into this Trainer and return its step: None if
+        there is none, 0 if none was readable and `run.restart_unreadable` starts over.
+        Unreadable steps past the one returned are moved aside, so the run saves them anew."""
         self.ckpt.check_config(self.cfg.to_dict())
-        restored = self.ckpt.restore(checkpointing.abstract_like(self.checkpoint_tree()))
+        try:
+            restored = self.ckpt.restore(checkpointing.abstract_like(self.checkpoint_tree()))
+        except UnreadableCheckpointError as err:
+            if not self.cfg.run.restart_unreadable:
+                raise CheckpointError(
+                    f"{err}. Restore the checkpoints from a copy, or set run.restart_unreadable=true to "
+                    f"move them into {self.ckpt.directory}/{checkpointing.UNREADABLE_FOLDER}/ and start "
+                    f"{self.cfg.run.run_dir} over from step 0") from err
+            self._set_aside(err.steps, "the run starts over from step 0 (run.restart_unreadable=true)")
+            return 0
         if restored is None:
             return None
         step, tree, meta = restored
@@ -155,7 +168,17 @@ class Trainer:
         self.rng = jax.random.wrap_key_data(tree["rng"])
         self.start_step = self.next_step = step
         self.bad_steps = int(meta.get("bad_steps", 0))
+        self._set_aside([s for s in self.ckpt.all_steps() if s > step], f"the run resumes from step {step}")
         return step
+
+    def _set_aside(self, steps: list[int], outcome: str) -> None:
+        """Move unreadable `steps` out of the way of the saves to come (Orbax skips a step
+        that exists), keeping their files."""
+        if not steps:
+            return
+        folder = self.ckpt.set_aside(steps)
+        log.warning("moved unreadable checkpoint %s into %s (kept, not deleted) so that every later "
+                    "save is written; %s", checkpointing.steps_text(steps), folder, outcome)
 
     def save(self, step: int) -> None:
         meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}

@@ -1,6 +1,8 @@
-"""Checkpoints: round trip across meshes, bit-identical resume, fallback from a corrupted latest."""
+"""Checkpoints: round trip across meshes, bit-identical resume, fallback from a corrupted latest,
+unreadable steps named and set aside, saves that Orbax would skip refused."""
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ import pytest
 
 from grpo_jax import checkpointing, model, sharding
 from grpo_jax.config import ModelConfig, OptimizerConfig
+from grpo_jax.errors import CheckpointError, UnreadableCheckpointError
 from grpo_jax.optimizer import make_optimizer
 
 CFG = ModelConfig(vocab_size=64, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -42,8 +45,9 @@ def test_round_trip_across_mesh_shapes(tmp_path):
     save_mesh = sharding.mesh_from_shape((1, 8, 1))
     state = _state(save_mesh)
     ckpt = checkpointing.Checkpointer(tmp_path, keep=2)
-    assert ckpt.save(3, state, {"data_position": 17})
-    assert not ckpt.save(3, state)  # an existing step is never silently "re-saved"
+    ckpt.save(3, state, {"data_position": 17})
+    with pytest.raises(CheckpointError, match=f"checkpoint step 3 already exists in {re.escape(str(tmp_path))}"):
+        ckpt.save(3, state)  # never silently "re-saved", as Orbax would
     restore_mesh = sharding.mesh_from_shape((2, 2, 2))
     target = checkpointing.abstract_like(_state(restore_mesh))
     step, restored, meta = ckpt.restore(target)
@@ -86,7 +90,7 @@ def test_keep_last_n_and_corrupted_latest_falls_back(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         step, restored, meta = ckpt.restore(checkpointing.abstract_like(states[1]))
     assert step == 2 and meta == {"step": 2}
-    assert any("unreadable" in r.message for r in caplog.records)
+    assert any("step 3" in r.message and "unreadable" in r.message for r in caplog.records)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), states[2], restored)
     ckpt.close()
 
@@ -121,3 +125,80 @@ def test_checkpoint_that_does_not_match_the_model_is_a_clear_error(tmp_path):
     # turn its shape check off never reaches the user.
     assert "['params']['embedding'] is stored as (64, 32), the model expects (64, 64)" in str(err.value)
     assert "strict" not in str(err.value)
+
+
+def _damage(folder):
+    """Every file under `folder` cut to half its size: a full disk, a copy cut short."""
+    for root, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(root, f)
+            os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _files(folder):
+    return {os.path.relpath(os.path.join(root, f), folder): open(os.path.join(root, f), "rb").read()
+            for root, _, files in os.walk(folder) for f in files}
+
+
+def test_every_step_unreadable_is_named_then_set_aside_and_saved_again(tmp_path):
+    mesh = sharding.mesh_from_shape((1, 1, 1))
+    ckpt = checkpointing.Checkpointer(tmp_path, keep=5)
+    for s in (1, 2):
+        ckpt.save(s, _state(mesh, seed=s), {"step": s})
+    ckpt.close()
+    _damage(tmp_path)
+    damaged = {s: _files(tmp_path / str(s)) for s in (1, 2)}
+    ckpt = checkpointing.Checkpointer(tmp_path, keep=5)
+    target = checkpointing.abstract_like(_state(mesh))
+    with pytest.raises(UnreadableCheckpointError, match=f"no readable checkpoint in {re.escape(str(tmp_path))}: "
+                       r"steps 1, 2 are unreadable \(step 2: ") as err:
+        ckpt.restore(target)
+    assert err.value.steps == [2, 1]
+    assert ckpt.set_aside(err.value.steps) == str(tmp_path / "unreadable")
+    assert ckpt.all_steps() == [] and sorted(os.listdir(tmp_path)) == ["unreadable"]
+    for s in (1, 2):  # kept byte for byte
+        assert _files(tmp_path / "unreadable" / str(s)) == damaged[s]
+    fresh = _state(mesh, seed=7)
+    ckpt.save(1, fresh, {"step": 1})  # the step numbers are free again
+    ckpt.save(2, fresh, {"step": 2})
+    step, restored, meta = ckpt.restore(target)
+    assert step == 2 and meta == {"step": 2}
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), fresh, restored)
+    ckpt.set_aside([2])  # a step set aside twice keeps both copies
+    assert sorted(os.listdir(tmp_path / "unreadable")) == ["1", "2", "2.1"]
+    assert _files(tmp_path / "unreadable" / "2") == damaged[2]
+    assert ckpt.all_steps() == [1]
+    ckpt.close()
+
+
+@pytest.mark.parametrize("newest_only", [True, False])
+def test_a_damaged_meta_makes_its_step_unreadable(tmp_path, caplog, newest_only):
+    """The state arrays intact, the JSON meta item (config, data position) cut short."""
+    mesh = sharding.mesh_from_shape((1, 1, 1))
+    ckpt = checkpointing.Checkpointer(tmp_path, keep=5)
+    for s in (1, 2):
+        ckpt.save(s, _state(mesh, seed=s), {"step": s})
+    for s in (2,) if newest_only else (1, 2):
+        _damage(tmp_path / str(s) / "meta")
+    target = checkpointing.abstract_like(_state(mesh))
+    if newest_only:
+        with caplog.at_level("WARNING"):
+            step, _, meta = ckpt.restore(target)
+        assert step == 1 and meta == {"step": 1}
+        assert any("step 2" in r.message and "restored step 1 instead" in r.message for r in caplog.records)
+    else:
+        with pytest.raises(UnreadableCheckpointError, match="steps 1, 2 are unreadable"):
+            ckpt.restore(target)
+    ckpt.close()
+
+
+def test_a_save_orbax_would_skip_is_an_error(tmp_path):
+    """Orbax saves nothing, silently, for a step not newer than its latest."""
+    mesh = sharding.mesh_from_shape((1, 1, 1))
+    ckpt = checkpointing.Checkpointer(tmp_path, keep=5)
+    ckpt.save(4, _state(mesh))
+    with pytest.raises(CheckpointError, match=r"checkpoint step 2 was not saved in .*: it is not newer "
+                       r"than the latest step there \(4\)"):
+        ckpt.save(2, _state(mesh))
+    assert ckpt.all_steps() == [4]
+    ckpt.close()

@@ -102,9 +102,10 @@ def _bad_inputs(tmp):
     ]
 
 
-def _run_dir_cases(run_dir, no_config_dir):
+def _run_dir_cases(run_dir, no_config_dir, damaged_dir):
     """Resuming checkpoints with a different setup: the saved config names the field; without a
-    saved config the stored shapes name the parameter."""
+    saved config the stored shapes name the parameter. Checkpoints of which none is readable
+    are named, with the switch that starts over."""
     return [
         ("train.py", TRAIN + TINY_RUN + [f"run.run_dir={run_dir}", "model.num_layers=2"],
          "model.num_layers: saved 1, requested 2", 1),
@@ -113,14 +114,25 @@ def _run_dir_cases(run_dir, no_config_dir):
          "rl.algorithm: saved 'sft', requested 'grpo'", 1),
         ("train.py", TRAIN + TINY_RUN + [f"run.run_dir={no_config_dir}", "model.mlp_dim=96"],
          "['state'].params['layers']['mlp']['down'] is stored as (1, 384, 128), the model expects (1, 96, 128)", 1),
+        ("train.py", TRAIN + TINY_RUN + [f"run.run_dir={damaged_dir}", "run.steps=2"],
+         f"set run.restart_unreadable=true to move them into {damaged_dir / 'checkpoints'}/unreadable/ "
+         f"and start {damaged_dir} over from step 0", 1),
     ]
+
+
+def _damage(folder):
+    """Every file under `folder` cut to half its size: a full disk, a copy cut short."""
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            os.truncate(path, os.path.getsize(path) // 2)
 
 
 def test_bad_inputs_exit_2_with_one_line_and_leave_run_dirs_untouched(tmp_path):
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", "GRPO_JAX_DEBUG": "",
            "TFDS_DATA_DIR": str(tmp_path / "tfds")}  # prepared datasets stay in tmp_path
-    run_dir, no_config_dir = tmp_path / "run", tmp_path / "run_no_config"
+    run_dir, no_config_dir, damaged_dir = tmp_path / "run", tmp_path / "run_no_config", tmp_path / "run_damaged"
     cases = _bad_inputs(tmp_path)
     outcomes = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -134,8 +146,10 @@ def test_bad_inputs_exit_2_with_one_line_and_leave_run_dirs_untouched(tmp_path):
         meta = json.loads(meta_file.read_text())
         assert meta.pop("config")["model"]["num_layers"] == 1
         meta_file.write_text(json.dumps(meta))
-        digests = {d: _tree_digest(d) for d in (run_dir, no_config_dir)}
-        run_dir_cases = _run_dir_cases(run_dir, no_config_dir)
+        shutil.copytree(run_dir, damaged_dir)
+        _damage(damaged_dir / "checkpoints")
+        digests = {d: _tree_digest(d) for d in (run_dir, no_config_dir, damaged_dir)}
+        run_dir_cases = _run_dir_cases(run_dir, no_config_dir, damaged_dir)
         outcomes += [(case, pool.submit(_run, case[1], env, case[3])) for case in run_dir_cases]
         results = [(case, future.result()) for case, future in outcomes]
     assert len(results) >= 15

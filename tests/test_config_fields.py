@@ -126,6 +126,7 @@ ELSEWHERE = {
     "run.eval_every": "test_evaluation.py",
     "run.log_every": "test_trainer.py::test_grpo_reward_goes_up",
     "run.max_bad_steps": "test_trainer.py::test_non_finite_updates_are_skipped_then_stop_the_run",
+    "run.restart_unreadable": "test_trainer.py::test_every_checkpoint_unreadable_stops_or_starts_over",
     "run.pretrained": "test_pretrained.py",
 }
 

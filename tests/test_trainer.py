@@ -1,5 +1,11 @@
-"""The trainer end to end on tiny configs: learning, exact resume, every algorithm, bad configs."""
+"""The trainer end to end on tiny configs: learning, exact resume, every algorithm, bad configs,
+damaged checkpoints and saves that fail."""
 
+import contextlib
+import os
+import re
+import shutil
+import subprocess
 import time
 import zlib
 
@@ -7,8 +13,11 @@ import jax
 import numpy as np
 import pytest
 
+from grpo_jax import checkpointing
 from grpo_jax import config as config_lib
 from grpo_jax.config import ConfigError
+from grpo_jax.errors import CheckpointError
+from grpo_jax.metrics import read_jsonl
 from grpo_jax.model import init_params
 from grpo_jax.optimizer import make_optimizer
 from grpo_jax.tasks import Example, Task
@@ -219,3 +228,117 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(tmp_path, tok):
         trainer.train()
     assert trainer.bad_steps == 2 and len(trainer.history) == 2
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), trainer.params, params0)
+
+
+def _damage(folder):
+    """Every file under `folder` cut to half its size: a full disk, a copy cut short."""
+    for root, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(root, f)
+            os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _files(folder):
+    return {os.path.relpath(os.path.join(root, f), folder): open(os.path.join(root, f), "rb").read()
+            for root, _, files in os.walk(folder) for f in files}
+
+
+def _saved_steps(run_dir):
+    ckpt = checkpointing.Checkpointer(run_dir / "checkpoints")
+    steps = ckpt.all_steps()
+    ckpt.close()
+    return steps
+
+
+def test_every_checkpoint_unreadable_stops_or_starts_over(tmp_path, tok, caplog):
+    first = _trainer(_cfg(tmp_path, tok, "run.steps=4"), tok)
+    first.train()
+    first.close()
+    ckpts = tmp_path / "checkpoints"
+    _damage(ckpts)
+    damaged = _files(ckpts)
+    with pytest.raises(CheckpointError, match=(
+            f"no readable checkpoint in {re.escape(str(ckpts))}: steps 2, 4 are unreadable .*set "
+            f"run.restart_unreadable=true to move them into {re.escape(str(ckpts))}/unreadable/ and start "
+            f"{re.escape(str(tmp_path))} over from step 0")):
+        _trainer(_cfg(tmp_path, tok, "run.steps=6"), tok)
+    assert _files(ckpts) == damaged  # nothing moved or written without the switch
+
+    with caplog.at_level("WARNING"):
+        again = _trainer(_cfg(tmp_path, tok, "run.steps=6", "run.restart_unreadable=true"), tok)
+    assert again.start_step == 0
+    assert "moved unreadable checkpoint steps 2, 4 into" in caplog.text and "starts over from step 0" in caplog.text
+    assert _files(ckpts / "unreadable") == damaged  # kept byte for byte
+    again.train()
+    again.close()
+    assert _saved_steps(tmp_path) == [2, 4, 6]  # every save of the new run is written
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    resumed = _trainer(_cfg(tmp_path, tok, "run.steps=6"), tok)
+    resumed.close()
+    assert resumed.start_step == 6
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), again.params, resumed.params)
+
+
+@pytest.mark.parametrize("item", ["state", "meta"])
+def test_unreadable_newest_step_is_set_aside_and_saved_again(tmp_path, tok, caplog, item):
+    """Step 4's arrays, or only its JSON meta (config, bad-step count), cut short: the run
+    resumes from step 2, and its own step 4 is written, not skipped as "already there"."""
+    first = _trainer(_cfg(tmp_path, tok, "run.steps=4"), tok)
+    first.train()
+    first.close()
+    step4 = jax.tree.map(np.asarray, first.state.params)
+    ckpts = tmp_path / "checkpoints"
+    _damage(ckpts / "4" / item)
+    damaged = _files(ckpts / "4")
+    with caplog.at_level("WARNING"):
+        resumed = _trainer(_cfg(tmp_path, tok, "run.steps=6"), tok)
+    assert resumed.start_step == 2
+    assert "moved unreadable checkpoint step 4 into" in caplog.text and "resumes from step 2" in caplog.text
+    assert _files(ckpts / "unreadable" / "4") == damaged
+    resumed.train()
+    tree = resumed.ckpt.restore(checkpointing.abstract_like(resumed.checkpoint_tree()), step=4)[1]
+    resumed.close()
+    assert _saved_steps(tmp_path) == [2, 4, 6]
+    # The new step 4 is the old one redone: resume is exact.
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), step4, tree["state"].params)
+
+
+def _writable(folder) -> bool:
+    probe = folder / ".write-probe"
+    try:
+        probe.touch()
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
+def _immutable(folder, chattr) -> bool:
+    return bool(chattr) and subprocess.run([chattr, "+i", str(folder)], capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def _read_only(folder):
+    """`folder` refusing new entries. Root ignores the mode bits, so there the immutable
+    attribute (chattr +i) stands in for them; where that is refused too, the test skips."""
+    folder.chmod(0o555)
+    chattr = shutil.which("chattr")
+    try:
+        if _writable(folder) and not (_immutable(folder, chattr) and not _writable(folder)):
+            pytest.skip("cannot make a folder read-only here: root ignores its mode and chattr +i is refused")
+        yield
+    finally:
+        if chattr:
+            subprocess.run([chattr, "-i", str(folder)], capture_output=True)
+        folder.chmod(0o755)
+
+
+def test_a_save_that_fails_stops_the_run(tmp_path, tok):
+    trainer = _trainer(_cfg(tmp_path, tok, "run.steps=4"), tok)
+    ckpts = tmp_path / "checkpoints"
+    with _read_only(ckpts):
+        with pytest.raises(CheckpointError, match=f"could not save checkpoint step 2 in {re.escape(str(ckpts))} "):
+            trainer.train()
+    trainer.close()
+    assert [h["step"] for h in trainer.history] == [1, 2]  # no step trained past the failed save
+    assert _saved_steps(tmp_path) == []

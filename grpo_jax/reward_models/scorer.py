@@ -205,8 +205,9 @@ class RewardModel:
                 "model": dataclasses.asdict(self.cfg)}
         ckpt = Checkpointer(path / "checkpoints", keep=keep)
         try:
-            if not ckpt.save(step, {"params": self.params}, meta):
+            if step in ckpt.all_steps():
                 raise FileExistsError(f"{path} already holds a reward model checkpoint at step {step}")
+            ckpt.save(step, {"params": self.params}, meta)
         finally:
             ckpt.close()
         (path / _META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
@@ -269,8 +270,7 @@ class RewardModel:
         finally:
             ckpt.close()
         if out is None:
-            raise RewardModelError(f"no readable reward model checkpoint under {str(path)!r} "
-                                   f"(see the warnings above); save the reward model again")
+            raise RewardModelError(f"no reward model checkpoint under {str(path)!r}; save the reward model again")
         restored_step, state, _ = out
         kwargs.setdefault("process_reduce", meta["process_reduce"])
         return cls(cfg, state["params"], tokenizer, meta["kind"], transform=meta["transform"],
