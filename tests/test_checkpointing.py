@@ -14,6 +14,7 @@ from grpo_jax import checkpointing, model, sharding
 from grpo_jax.config import ModelConfig, OptimizerConfig
 from grpo_jax.errors import CheckpointError, UnreadableCheckpointError
 from grpo_jax.optimizer import make_optimizer
+from checkpoint_files import damage, files
 
 CFG = ModelConfig(vocab_size=64, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=8, mlp_dim=64, max_seq_len=32)
@@ -127,27 +128,14 @@ def test_checkpoint_that_does_not_match_the_model_is_a_clear_error(tmp_path):
     assert "strict" not in str(err.value)
 
 
-def _damage(folder):
-    """Every file under `folder` cut to half its size: a full disk, a copy cut short."""
-    for root, _, files in os.walk(folder):
-        for f in files:
-            path = os.path.join(root, f)
-            os.truncate(path, os.path.getsize(path) // 2)
-
-
-def _files(folder):
-    return {os.path.relpath(os.path.join(root, f), folder): open(os.path.join(root, f), "rb").read()
-            for root, _, files in os.walk(folder) for f in files}
-
-
 def test_every_step_unreadable_is_named_then_set_aside_and_saved_again(tmp_path):
     mesh = sharding.mesh_from_shape((1, 1, 1))
     ckpt = checkpointing.Checkpointer(tmp_path, keep=5)
     for s in (1, 2):
         ckpt.save(s, _state(mesh, seed=s), {"step": s})
     ckpt.close()
-    _damage(tmp_path)
-    damaged = {s: _files(tmp_path / str(s)) for s in (1, 2)}
+    damage(tmp_path)
+    damaged = {s: files(tmp_path / str(s)) for s in (1, 2)}
     ckpt = checkpointing.Checkpointer(tmp_path, keep=5)
     target = checkpointing.abstract_like(_state(mesh))
     with pytest.raises(UnreadableCheckpointError, match=f"no readable checkpoint in {re.escape(str(tmp_path))}: "
@@ -157,7 +145,7 @@ def test_every_step_unreadable_is_named_then_set_aside_and_saved_again(tmp_path)
     assert ckpt.set_aside(err.value.steps) == str(tmp_path / "unreadable")
     assert ckpt.all_steps() == [] and sorted(os.listdir(tmp_path)) == ["unreadable"]
     for s in (1, 2):  # kept byte for byte
-        assert _files(tmp_path / "unreadable" / str(s)) == damaged[s]
+        assert files(tmp_path / "unreadable" / str(s)) == damaged[s]
     fresh = _state(mesh, seed=7)
     ckpt.save(1, fresh, {"step": 1})  # the step numbers are free again
     ckpt.save(2, fresh, {"step": 2})
@@ -166,7 +154,7 @@ def test_every_step_unreadable_is_named_then_set_aside_and_saved_again(tmp_path)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), fresh, restored)
     ckpt.set_aside([2])  # a step set aside twice keeps both copies
     assert sorted(os.listdir(tmp_path / "unreadable")) == ["1", "2", "2.1"]
-    assert _files(tmp_path / "unreadable" / "2") == damaged[2]
+    assert files(tmp_path / "unreadable" / "2") == damaged[2]
     assert ckpt.all_steps() == [1]
     ckpt.close()
 
@@ -179,7 +167,7 @@ def test_a_damaged_meta_makes_its_step_unreadable(tmp_path, caplog, newest_only)
     for s in (1, 2):
         ckpt.save(s, _state(mesh, seed=s), {"step": s})
     for s in (2,) if newest_only else (1, 2):
-        _damage(tmp_path / str(s) / "meta")
+        damage(tmp_path / str(s) / "meta")
     target = checkpointing.abstract_like(_state(mesh))
     if newest_only:
         with caplog.at_level("WARNING"):

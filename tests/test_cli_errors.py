@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from checkpoint_files import damage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "data")
@@ -120,14 +121,6 @@ def _run_dir_cases(run_dir, no_config_dir, damaged_dir):
     ]
 
 
-def _damage(folder):
-    """Every file under `folder` cut to half its size: a full disk, a copy cut short."""
-    for dirpath, _, filenames in os.walk(folder):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            os.truncate(path, os.path.getsize(path) // 2)
-
-
 def test_bad_inputs_exit_2_with_one_line_and_leave_run_dirs_untouched(tmp_path):
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", "GRPO_JAX_DEBUG": "",
@@ -147,7 +140,7 @@ def test_bad_inputs_exit_2_with_one_line_and_leave_run_dirs_untouched(tmp_path):
         assert meta.pop("config")["model"]["num_layers"] == 1
         meta_file.write_text(json.dumps(meta))
         shutil.copytree(run_dir, damaged_dir)
-        _damage(damaged_dir / "checkpoints")
+        damage(damaged_dir / "checkpoints")
         digests = {d: _tree_digest(d) for d in (run_dir, no_config_dir, damaged_dir)}
         run_dir_cases = _run_dir_cases(run_dir, no_config_dir, damaged_dir)
         outcomes += [(case, pool.submit(_run, case[1], env, case[3])) for case in run_dir_cases]

@@ -24,6 +24,7 @@ from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import train_sentencepiece
 from grpo_jax.train_step import init_train_state, make_train_step
 from grpo_jax.trainer import Trainer
+from checkpoint_files import damage, files
 
 
 class SevensTask(Task):
@@ -230,19 +231,6 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(tmp_path, tok):
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), trainer.params, params0)
 
 
-def _damage(folder):
-    """Every file under `folder` cut to half its size: a full disk, a copy cut short."""
-    for root, _, files in os.walk(folder):
-        for f in files:
-            path = os.path.join(root, f)
-            os.truncate(path, os.path.getsize(path) // 2)
-
-
-def _files(folder):
-    return {os.path.relpath(os.path.join(root, f), folder): open(os.path.join(root, f), "rb").read()
-            for root, _, files in os.walk(folder) for f in files}
-
-
 def _saved_steps(run_dir):
     ckpt = checkpointing.Checkpointer(run_dir / "checkpoints")
     steps = ckpt.all_steps()
@@ -255,20 +243,20 @@ def test_every_checkpoint_unreadable_stops_or_starts_over(tmp_path, tok, caplog)
     first.train()
     first.close()
     ckpts = tmp_path / "checkpoints"
-    _damage(ckpts)
-    damaged = _files(ckpts)
+    damage(ckpts)
+    damaged = files(ckpts)
     with pytest.raises(CheckpointError, match=(
             f"no readable checkpoint in {re.escape(str(ckpts))}: steps 2, 4 are unreadable .*set "
             f"run.restart_unreadable=true to move them into {re.escape(str(ckpts))}/unreadable/ and start "
             f"{re.escape(str(tmp_path))} over from step 0")):
         _trainer(_cfg(tmp_path, tok, "run.steps=6"), tok)
-    assert _files(ckpts) == damaged  # nothing moved or written without the switch
+    assert files(ckpts) == damaged  # nothing moved or written without the switch
 
     with caplog.at_level("WARNING"):
         again = _trainer(_cfg(tmp_path, tok, "run.steps=6", "run.restart_unreadable=true"), tok)
     assert again.start_step == 0
     assert "moved unreadable checkpoint steps 2, 4 into" in caplog.text and "starts over from step 0" in caplog.text
-    assert _files(ckpts / "unreadable") == damaged  # kept byte for byte
+    assert files(ckpts / "unreadable") == damaged  # kept byte for byte
     again.train()
     again.close()
     assert _saved_steps(tmp_path) == [2, 4, 6]  # every save of the new run is written
@@ -288,13 +276,13 @@ def test_unreadable_newest_step_is_set_aside_and_saved_again(tmp_path, tok, capl
     first.close()
     step4 = jax.tree.map(np.asarray, first.state.params)
     ckpts = tmp_path / "checkpoints"
-    _damage(ckpts / "4" / item)
-    damaged = _files(ckpts / "4")
+    damage(ckpts / "4" / item)
+    damaged = files(ckpts / "4")
     with caplog.at_level("WARNING"):
         resumed = _trainer(_cfg(tmp_path, tok, "run.steps=6"), tok)
     assert resumed.start_step == 2
     assert "moved unreadable checkpoint step 4 into" in caplog.text and "resumes from step 2" in caplog.text
-    assert _files(ckpts / "unreadable" / "4") == damaged
+    assert files(ckpts / "unreadable" / "4") == damaged
     resumed.train()
     tree = resumed.ckpt.restore(checkpointing.abstract_like(resumed.checkpoint_tree()), step=4)[1]
     resumed.close()
