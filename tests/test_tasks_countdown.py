@@ -92,3 +92,12 @@ def test_invalid_knobs():
         CountdownTask(num_numbers=1)
     with pytest.raises(ValueError):
         CountdownTask(min_number=5, max_number=4)
+
+
+def test_held_out_puzzles_are_distinct():
+    """A small puzzle space (two numbers up to 9) would repeat puzzles in a held-out set of
+    this size; the test split holds each (numbers, target) once."""
+    task = CountdownTask(num_numbers=(2, 2), max_number=9)
+    held_out = task.examples("test", 12, seed=0)
+    keys = [(tuple(sorted(ex.meta["numbers"])), ex.meta["target"]) for ex in held_out]
+    assert len(set(keys)) == len(keys) == 12

@@ -103,11 +103,13 @@ class CountdownTask(Task):
         )
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
-        """``n`` solvable puzzles; split membership is a stable hash of (numbers, target)."""
+        """``n`` solvable puzzles; split membership is a stable hash of (numbers, target).
+        Held-out splits hold distinct puzzles; training puzzles may repeat."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         rng = random.Random(f"countdown/{split}/{seed}")
         out: list[Example] = []
+        seen: set[str] = set()
         for _ in range(500 * n + 1000):
             if len(out) == n:
                 return out
@@ -116,9 +118,13 @@ class CountdownTask(Task):
             target, solution, steps = random_solution(rng, numbers)
             if not 1 <= target <= self.max_target:
                 continue
-            bucket = zlib.crc32(f"{sorted(numbers)}->{target}".encode()) % 10
-            if ("test" if bucket == 0 else "validation" if bucket == 1 else "train") == split:
-                out.append(self.make_example(numbers, target, solution, steps))
+            key = f"{sorted(numbers)}->{target}"
+            bucket = zlib.crc32(key.encode()) % 10
+            if ("test" if bucket == 0 else "validation" if bucket == 1 else "train") != split or key in seen:
+                continue
+            if split != "train":
+                seen.add(key)
+            out.append(self.make_example(numbers, target, solution, steps))
         if len(out) == n:
             return out
         raise RuntimeError(f"could not draw {n} {split} puzzles with these knobs")
