@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 from typing import Any, Callable, Hashable, Iterable, Sequence
+
+log = logging.getLogger(__name__)
 
 Guess = Callable[[Any], "str | None"]
 
@@ -100,11 +103,13 @@ def fit_examples(task, size: int = FIT_SIZE) -> list:
 
 
 def try_shortcut_baselines(task, held_out: Sequence) -> "Baselines | None":
-    """`shortcut_baselines`, or None for a task whose training split cannot be drawn here
-    (a dataset task without its files): the caller reports the accuracy alone."""
+    """`shortcut_baselines`, or None with a warning for a task whose training split cannot
+    be drawn here (a dataset task without its training file): the accuracy then stands alone."""
     try:
         return shortcut_baselines(task, held_out)
-    except (OSError, ValueError, RuntimeError, NotImplementedError):
+    except (OSError, ValueError, RuntimeError, NotImplementedError) as err:
+        log.warning("no shortcut baselines for task %r: its training split could not be drawn (%s)",
+                    getattr(task, "name", type(task).__name__), err)
         return None
 
 

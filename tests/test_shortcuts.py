@@ -87,3 +87,25 @@ def test_custom_task_too_small_a_space_is_a_clear_error_and_user_rules_are_score
     held_out = task.examples("test", 100, seed=0)
     b = shortcut_baselines(task, held_out)
     assert b.scores["first operand"] == sum(ex.prompt.endswith("+0=") for ex in held_out) / 100
+
+
+def test_a_chat_wrapped_task_keeps_its_rules_and_a_task_without_training_data_reports_none(caplog):
+    from grpo_jax.shortcuts import try_shortcut_baselines
+    from grpo_jax.tasks.chat import ChatPromptTask
+    from grpo_jax.tokenizer import train_sentencepiece
+
+    base = get_task("chat_arithmetic")
+    tok = train_sentencepiece(["What is 2 + 3? 5"] * 50, vocab_size=40)
+    wrapped = ChatPromptTask(base, tok, "arithmetic")
+    held_out = wrapped.examples("test", 50, seed=0)
+    assert shortcut_baselines(wrapped, held_out).scores == shortcut_baselines(base, base.examples("test", 50, 0)).scores
+
+    class NoTraining(ArithmeticTask):
+        def examples(self, split, n, seed):
+            if split == "train":
+                raise OSError("train.jsonl not found")
+            return super().examples(split, n, seed)
+
+    task = NoTraining()
+    assert try_shortcut_baselines(task, task.examples("test", 10, 0)) is None
+    assert "train.jsonl not found" in caplog.text

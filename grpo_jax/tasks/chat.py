@@ -38,6 +38,9 @@ class ChatPromptTask(Task):
     def sft_text(self, example, rng=0, wrong_step_prob=0.0):
         return self.base.sft_text(example, rng, wrong_step_prob)
 
+    def shortcuts(self, train):
+        return self.base.shortcuts(train)  # the rules read the question's metadata, kept as it was
+
 
 def chat_task(base: Task, tokenizer, style: str | None = None) -> ChatPromptTask:
     """`base` asked in prompt style `style` (default: the task's own `prompt_style`)."""
