@@ -25,6 +25,9 @@ REMAT_POLICIES = ("none", "full", "dots")
 # Attention of the forward passes without a KV cache (training, scoring): the model's own
 # (XLA) or jax's Pallas TPU splash-attention kernel (grpo_jax.splash).
 ATTENTION_IMPLS = ("xla", "splash")
+# Operands of the unembedding (logits = h · W, in the log-probs and the decode's logits):
+# float32, or bfloat16 with float32 accumulation (the accelerators' fast matmul path).
+UNEMBED_DTYPES = ("float32", "bfloat16")
 # The names each choice accepts, kept here (jax-free, so `--help` and validation stay instant)
 # and imported by the modules that implement them (algorithms, losses, sharding).
 ALGORITHM_NAMES = ("sft", "rft", "online_rft", "dpo", "ppo", "grpo")
@@ -93,6 +96,9 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"  # one of REMAT_POLICIES; dots = save matmul outputs only
     attention: str = "xla"  # one of ATTENTION_IMPLS; splash compiles for TPU only
+    # UNEMBED_DTYPES: bfloat16 rounds h and W for the logits' product, summed in float32; its
+    # log-prob error against float32 is measured in benchmarks/NOTES.md.
+    unembed_dtype: str = "float32"
     # LoRA (grpo_jax.lora): rank 0 trains every weight; rank R > 0 freezes them and trains
     # W + (lora_alpha / R)·A·B on each weight named in lora_targets (comma-separated
     # LORA_TARGETS), B starting at 0 so the policy starts equal to the base.
@@ -112,6 +118,7 @@ class ModelConfig:
         _choice(self, "param_dtype", ("float32", "bfloat16"))
         _choice(self, "remat", REMAT_POLICIES)
         _choice(self, "attention", ATTENTION_IMPLS)
+        _choice(self, "unembed_dtype", UNEMBED_DTYPES)
         if self.rope_theta <= 0 or self.rope_scaling_factor <= 0 or self.rms_eps <= 0:
             raise ConfigError("model.rope_theta, rope_scaling_factor and rms_eps must be > 0")
         if self.lora_rank < 0 or self.lora_alpha <= 0:

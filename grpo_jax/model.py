@@ -730,8 +730,12 @@ def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:
 
 
 def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
-    """hidden [..., E] -> logits [..., vocab] float32 (the unembedding as `unembedding` gives it)."""
+    """hidden [..., E] -> logits [..., vocab] float32 (the unembedding as `unembedding` gives it),
+    from float32 operands, or with ``cfg.unembed_dtype`` bfloat16 from bf16-rounded ones summed
+    in float32 (`product`'s rule, which a bfloat16 sampling copy takes anyway)."""
     w, vocab_major = unembedding(cfg, params)
+    if cfg.unembed_dtype == "bfloat16":
+        w = w.astype(jnp.bfloat16)
     return product("...e,ve->...v" if vocab_major else "...e,ev->...v", hidden.astype(jnp.float32),
                    operand(w, jnp.float32))
 
