@@ -5,7 +5,7 @@ HBM floor and peak memory, as a table and JSON.
 
     python benchmarks/bench_accelerator.py --json OUT.json              # qwen2.5-1.5b's shape
     python benchmarks/bench_accelerator.py --preset deepseekmath-rl-7b model.num_layers=8 \\
-        --micro-batches 16 --json OUT.json                              # the 7B shape, 8 layers
+        --group 16 --micro-batches 16 --json OUT.json                   # the 7B shape, 8 layers
     python benchmarks/bench_accelerator.py --tiny                      # CPU, seconds, tiny shapes
 
 Random-initialised weights of the preset's shape (its model and its rl.* settings, with
