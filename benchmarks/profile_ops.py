@@ -23,8 +23,22 @@ attention, log-probs over the vocabulary, the rest) and kind (matmul or not). On
 machine it found the update's autodiff-chosen layouts: a transposed SiLU backward, a
 per-chunk transpose of the embedding gradient, attention probabilities kept per layer.
 
+`--device` profiles on whatever device jax sees (a GPU, a TPU) instead of the CPU: the op
+names then come from that backend's optimised HLO and the times from the device's own
+events in the trace (its kernels, each tagged with the HLO op it runs), and `--preset NAME`
+takes that preset's model shape with random weights (a machine without the SmolLM2
+download; e.g. `--device --update --preset qwen2.5-1.5b --rows 16`).
+
+`--hlo` runs nothing: it lowers and compiles one update of `--preset`'s model (default
+smollm2-135m; `--layers` of them, `--rows` x (256 + 512) tokens, one micro-batch) for the
+device jax sees and prints what its HLO holds: every dot by operand and result dtype with its
+FLOPs (from the lowered program, as the model wrote it, before a backend's own rewrites: XLA's
+CPU backend upcasts bf16 dots to float32), and the largest copies and transposes of the
+compiled program (a weight-sized one is a copy of a weight).
+
 Usage:  python benchmarks/profile_ops.py [--batch 32] [--new-tokens 64] [--top 25]
-        python benchmarks/profile_ops.py --update [--rows 16]
+        python benchmarks/profile_ops.py --update [--rows 16] [--device] [--preset NAME]
+        python benchmarks/profile_ops.py --hlo [--preset qwen2.5-1.5b] [--layers 2] [--rows 8]
 """
 
 from __future__ import annotations
@@ -40,6 +54,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 DUMP_FLAGS = "--xla_dump_hlo_as_text --xla_dump_hlo_pass_re=NONE"
 _INSTR = re.compile(r"^\s*%?([\w.\-]+) = (\S+) .*?op_name=\"([^\"]*)\"", re.M)
@@ -78,10 +94,27 @@ def wall_time_by_op(events: list[dict], label) -> dict[str, tuple[int, float]]:
     return {k: (c, w) for k, (c, w) in out.items()}
 
 
+def device_pids(trace: dict) -> set:
+    """The trace's processes that are accelerator devices ("/device:GPU:0", "/device:TPU:0"),
+    by their process_name metadata; empty for a CPU run (its thunks run on host threads)."""
+    return {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "M" and e.get("name") == "process_name"
+            and re.search(r"/device:(GPU|TPU)", str(e.get("args", {}).get("name", "")))}
+
+
 def module_events(trace: dict, module: str) -> list[dict]:
-    """The thunk events of one compiled program (the profiler tags them with hlo_module)."""
+    """The events of one compiled program (the profiler tags them with hlo_module): on an
+    accelerator its device's kernels only (the host's launches of them would count twice),
+    on a CPU its thunks."""
+    devices = device_pids(trace)
     return [e for e in trace["traceEvents"] if e.get("ph") == "X"
-            and e.get("args", {}).get("hlo_module") == module and not e["name"].startswith("end:")]
+            and e.get("args", {}).get("hlo_module") == module and not e["name"].startswith("end:")
+            and (not devices or e.get("pid") in devices)]
+
+
+def hlo_op(event: dict) -> str:
+    """The HLO instruction an event runs: a device kernel names it in its "hlo_op" argument
+    (its own name is the kernel's), a CPU thunk by its name."""
+    return event.get("args", {}).get("hlo_op") or event["name"]
 
 
 def part_of(op: str) -> tuple[str, str]:
@@ -124,12 +157,18 @@ def parse_args(argv):
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--top", type=int, default=25, help="rows per table")
     ap.add_argument("--tiny", action="store_true", help="cpu-tiny with random weights (no model download)")
+    ap.add_argument("--preset", default="", help="this preset's model shape with random weights (no download)")
+    ap.add_argument("--device", action="store_true",
+                    help="profile on the device jax sees (GPU, TPU) instead of the CPU")
     ap.add_argument("--keep", default="", help="keep the trace and HLO dump in this directory")
     ap.add_argument("--update", action="store_true",
                     help="profile one GRPO update (bench_train_step's) instead of a rollout")
     ap.add_argument("--rows", type=int, default=16, help="--update: sequences (a multiple of 4)")
+    ap.add_argument("--hlo", action="store_true", help="print the update's dots and copies; run nothing")
+    ap.add_argument("--layers", type=int, default=2, help="--hlo: the model's layers (they are all alike)")
     ap.add_argument("--sample-dtype", choices=("float32", "bfloat16"), default="float32",
                     help="the rollout samples from a copy in this dtype (rl.sample_dtype)")
+    ap.add_argument("overrides", nargs="*", help="--hlo: config overrides, section.field=value")
     args = ap.parse_args(argv)
     if min(args.batch, args.prompt_len, args.new_tokens) < 2:
         ap.error("--batch, --prompt-len and --new-tokens must each be at least 2")
@@ -146,15 +185,16 @@ def model_and_prompts(args):
     import jax
     import numpy as np
 
-    if args.tiny:
+    if args.tiny or args.preset:
         from grpo_jax import model
-        from grpo_jax.config import cpu_tiny
+        from grpo_jax.config import get_preset
 
-        cfg = cpu_tiny().model
+        name = args.preset or "cpu-tiny"
+        cfg = get_preset(name).model
         params = model.init_params(cfg, jax.random.key(0))
         rng = np.random.default_rng(0)
         prompts = rng.integers(1, cfg.vocab_size, size=(args.batch, args.prompt_len)).tolist()
-        return cfg, params, prompts, "cpu-tiny (random weights)"
+        return cfg, params, prompts, f"{name} (random weights)"
     cfg, params, tok = common.smollm2()
     return cfg, params, common.fixed_length_prompts(tok.encode, args.batch, args.prompt_len)[1], "SmolLM2-135M"
 
@@ -202,12 +242,12 @@ def trace_of(run, trace_dir: Path) -> dict:
 
 def print_program(trace: dict, dump: Path, program: str, steps: int, top: int, parts: bool) -> None:
     """The wall-time table of one compiled program (and its summary by part if `parts`)."""
-    hlo_files = glob.glob(str(dump / f"*jit_{program}.cpu_after_optimizations.txt"))
+    hlo_files = sorted(glob.glob(str(dump / f"*jit_{program}.*after_optimizations.txt")))
     if not hlo_files:
         raise SystemExit(f"profile_ops: no optimised HLO for {program} in {dump}")
     names = op_names(Path(hlo_files[-1]).read_text())
     events = module_events(trace, f"jit_{program}")
-    rows = wall_time_by_op(events, lambda e: names.get(e["name"], e["name"]))
+    rows = wall_time_by_op(events, lambda e: names.get(hlo_op(e), hlo_op(e)))
     wall = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3
     per = f", {wall / steps:.1f} ms per step over {steps} steps" if steps > 1 else ""
     print(f"## {program.strip('_')}: {wall:.0f} ms wall{per}, {len(events)} thunks\n")
@@ -216,8 +256,80 @@ def print_program(trace: dict, dump: Path, program: str, steps: int, top: int, p
         print("\n".join(by_part(rows)) + "\n")
 
 
+_STABLEHLO_DOT = re.compile(r"stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x .*?"
+                            r": \(tensor<([\dx]*)x(\w+)>, tensor<[\dx]*x(\w+)>\) -> tensor<([\dx]*)x(\w+)>")
+_COPY = re.compile(r"^\s*%?([\w.\-]+) = (\w+)\[([\d,]*)\]\S* (copy|transpose)\((.*)$", re.M)
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def dots_by_dtype(stablehlo: str) -> dict[tuple[str, str, str], list]:
+    """(lhs, rhs, result dtype) -> [count, FLOPs] of every dot_general in a lowered module's text
+    (2 x result elements x contracted size; a dot in a loop body counted once)."""
+    out: dict = collections.defaultdict(lambda: [0, 0.0])
+    for m in _STABLEHLO_DOT.finditer(stablehlo):
+        contracting = [int(i) for i in m.group(1).replace(" ", "").split(",") if i]
+        lhs = [int(d) for d in m.group(2).split("x") if d]
+        result = [int(d) for d in m.group(5).split("x") if d]
+        size = 1
+        for i in contracting:
+            size *= lhs[i]
+        row = out[(m.group(3), m.group(4), m.group(6))]
+        row[0] += 1
+        row[1] += 2.0 * float(np.prod(result or [1])) * size
+    return dict(out)
+
+
+def largest_copies(hlo: str, top: int) -> list[tuple[str, str, int, str]]:
+    """(instruction, shape, bytes, jax op) of the ``top`` largest copies and transposes."""
+    sizes = {"f32": 4, "bf16": 2, "s32": 4, "f16": 2, "pred": 1, "u32": 4, "s8": 1}
+    rows = []
+    for m in _COPY.finditer(hlo):
+        dims = [int(d) for d in m.group(3).split(",") if d]
+        nbytes = int(np.prod(dims or [1])) * sizes.get(m.group(2), 4)
+        op = _OP_NAME.search(m.group(5))
+        rows.append((f"{m.group(4)} {m.group(1)}", f"{m.group(2)}[{m.group(3)}]", nbytes,
+                     _NOISE.sub("", op.group(1)) if op else "(no op_name: a layout copy XLA added)"))
+    return sorted(rows, key=lambda r: -r[2])[:top]
+
+
+def hlo_report(args) -> None:
+    """``--hlo``: the update's dots by dtype and its largest copies (module docstring)."""
+    import jax
+
+    from grpo_jax import aot, sharding
+    from grpo_jax.config import apply_overrides, get_preset
+
+    cfg = get_preset(args.preset or "smollm2-135m")
+    cfg = apply_overrides(cfg, [f"model.num_layers={args.layers}", "rl.num_micro_batches=1", "rl.max_new_tokens=512",
+                                f"data.batch_size={args.rows // cfg.rl.group_size or 1}", *args.overrides])
+    rows = cfg.data.batch_size * cfg.rl.group_size
+    mesh = sharding.mesh_from_shape((1, 1, 1))
+    lowered = aot.lower_train_step(cfg, mesh, rows, 256)
+    compiled = lowered.compile()
+    m = cfg.model
+    print(f"## the update of {args.preset or 'smollm2-135m'}'s model, {m.num_layers} layers, {rows} x (256 + 512) "
+          f"tokens, dtype {m.dtype}, remat {m.remat}, unembed {m.unembed_dtype}, on {jax.devices()[0].device_kind}\n")
+    dots = dots_by_dtype(lowered.as_text())
+    total = sum(f for _, f in dots.values())
+    print("| dot operands -> result | dots | GFLOP (loop bodies once) | share |\n|---|---|---|---|")
+    for (a, b, r), (n, f) in sorted(dots.items(), key=lambda kv: -kv[1][1]):
+        print(f"| {a} x {b} -> {r} | {n} | {f / 1e9:.1f} | {100 * f / total:.1f}% |")
+    print("\n| largest copies / transposes (compiled) | shape | MB | jax op |\n|---|---|---|---|")
+    for name, shape, nbytes, op in largest_copies(compiled.as_text(), args.top):
+        print(f"| {name} | {shape} | {nbytes / 1e6:.1f} | {op} |")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.hlo:
+        if args.device:
+            os.environ.setdefault("JAX_PLATFORMS", "")
+        import common  # noqa: F401  (JAX_PLATFORMS before jax)
+
+        hlo_report(args)
+        return 0
+    if args.device:  # before common is imported: it defaults jax to the CPU
+        os.environ.setdefault("JAX_PLATFORMS", "")
     work = Path(args.keep or tempfile.mkdtemp(prefix="grpo_jax_profile_"))
     dump = work / "hlo"
     # Before jax loads (model_and_prompts imports it): jax reads XLA_FLAGS then.

@@ -34,7 +34,7 @@ from grpo_jax.batching import Batch
 from grpo_jax.shapes import bucket_length
 from grpo_jax.sharding import batch_sharding, make_mesh, replicated
 from grpo_jax.slices import get_slice
-from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of
+from grpo_jax.tpu_specs import TOPOLOGIES, ChipSpec, chip_of, expected_seconds
 
 
 class NotCounted(RuntimeError):
@@ -474,12 +474,13 @@ def report(compiled, chip: ChipSpec, cost: np.ndarray | NotCounted, model_flops_
     a lower bound that assumes the three overlap perfectly and ignores each collective's
     latency (``ici_collectives`` says how many a call runs). ``resident_bytes``: other buffers live on each
     chip while the program runs (the train state during sampling); the program fits when
-    its peak plus these fit HBM. ``cost`` a NotCounted: the fit without a time (FLOPs,
-    bytes and the estimate None, "not_counted" its reason)."""
+    its peak plus these fit HBM. ``expected_seconds``: that bound over the fraction of it
+    measured programs reach on the chip (``tpu_specs.EFFICIENCY``). ``cost`` a NotCounted:
+    the fit without a time (FLOPs, bytes and the estimates None, "not_counted" its reason)."""
     if isinstance(cost, NotCounted):
         return {**fit(compiled, chip, resident_bytes), "flops_per_chip": None, "bytes_per_chip": None,
                 "model_flops_per_chip": model_flops_per_chip, "collectives": collectives(compiled.as_text()),
-                "estimated_seconds": None, "bound": None, "not_counted": str(cost)}
+                "estimated_seconds": None, "expected_seconds": None, "bound": None, "not_counted": str(cost)}
     flops, nbytes = float(cost[0]), float(cost[1])
     ici_bytes, ici_ops = (float(cost[2]), float(cost[3])) if len(cost) > 2 else (0.0, 0.0)
     times = {"compute": flops / chip.peak_bf16_flops, "memory": nbytes / chip.hbm_bandwidth,
@@ -489,7 +490,8 @@ def report(compiled, chip: ChipSpec, cost: np.ndarray | NotCounted, model_flops_
             "model_flops_per_chip": model_flops_per_chip,
             "collectives": collectives(compiled.as_text()),
             "ici_bytes_per_chip": ici_bytes, "ici_collectives": ici_ops, "ici_seconds": times["interconnect"],
-            "estimated_seconds": times[bound], "bound": bound}
+            "estimated_seconds": times[bound], "bound": bound,
+            "expected_seconds": expected_seconds(times[bound], bound, chip.name)}
 
 
 def check_fit(name: str, rep: dict) -> None:

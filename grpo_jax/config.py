@@ -23,8 +23,12 @@ from grpo_jax.errors import ConfigError  # noqa: F401  (re-exported: importable 
 
 REMAT_POLICIES = ("none", "full", "dots")
 # Attention of the forward passes without a KV cache (training, scoring): the model's own
-# (XLA) or jax's Pallas TPU splash-attention kernel (grpo_jax.splash).
-ATTENTION_IMPLS = ("xla", "splash")
+# (XLA), jax's Pallas TPU splash-attention kernel (grpo_jax.splash) or cuDNN's fused attention
+# through jax.nn.dot_product_attention on GPU (grpo_jax.fused_attention).
+ATTENTION_IMPLS = ("xla", "splash", "cudnn")
+# Operands of the unembedding (logits = h · W, in the log-probs and the decode's logits):
+# float32, or bfloat16 with float32 accumulation (the accelerators' fast matmul path).
+UNEMBED_DTYPES = ("float32", "bfloat16")
 # The names each choice accepts, kept here (jax-free, so `--help` and validation stay instant)
 # and imported by the modules that implement them (algorithms, losses, sharding).
 ALGORITHM_NAMES = ("sft", "rft", "online_rft", "dpo", "ppo", "grpo")
@@ -92,7 +96,10 @@ class ModelConfig:
     param_dtype: str = "float32"  # master weights
     scan_layers: bool = True
     remat: str = "none"  # one of REMAT_POLICIES; dots = save matmul outputs only
-    attention: str = "xla"  # one of ATTENTION_IMPLS; splash compiles for TPU only
+    attention: str = "xla"  # one of ATTENTION_IMPLS; splash compiles for TPU only, cudnn for GPU
+    # UNEMBED_DTYPES: bfloat16 rounds h and W for the logits' product, summed in float32; its
+    # log-prob error against float32 is measured in benchmarks/NOTES.md.
+    unembed_dtype: str = "float32"
     # LoRA (grpo_jax.lora): rank 0 trains every weight; rank R > 0 freezes them and trains
     # W + (lora_alpha / R)·A·B on each weight named in lora_targets (comma-separated
     # LORA_TARGETS), B starting at 0 so the policy starts equal to the base.
@@ -112,6 +119,10 @@ class ModelConfig:
         _choice(self, "param_dtype", ("float32", "bfloat16"))
         _choice(self, "remat", REMAT_POLICIES)
         _choice(self, "attention", ATTENTION_IMPLS)
+        _choice(self, "unembed_dtype", UNEMBED_DTYPES)
+        if self.attention == "cudnn" and self.dtype == "float32":
+            raise ConfigError("model.attention=cudnn needs model.dtype=bfloat16 or float16: cuDNN's "
+                              "fused attention has no float32 kernel")
         if self.rope_theta <= 0 or self.rope_scaling_factor <= 0 or self.rms_eps <= 0:
             raise ConfigError("model.rope_theta, rope_scaling_factor and rms_eps must be > 0")
         if self.lora_rank < 0 or self.lora_alpha <= 0:

@@ -122,7 +122,10 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
         new_ks.append(k_cache)
         new_vs.append(v_cache)
     hidden = _norm(x, weights["final_norm"], cfg.rms_eps)
-    logits = dense(weights["unembedding"], hidden.astype(jnp.float32), jnp.float32)
+    unembed = weights["unembedding"]
+    if cfg.unembed_dtype == "bfloat16":  # as model.logits_from_hidden
+        unembed = unembed.astype(jnp.bfloat16)
+    logits = dense(unembed, hidden.astype(jnp.float32), jnp.float32)
     return logits, new_ks, new_vs, key_mask
 
 

@@ -14,7 +14,8 @@ Conventions shared with the sampler (``grpo_jax.sampling``):
   * temperature: log-probs are those of ``log_softmax(logits / T)``; T = 0 (greedy
     decoding) is treated as T = 1, which is what the sampler reports for greedy tokens;
   * logits are computed in float32 from float32 copies of the hidden states and the
-    unembedding matrix, whatever the model's compute dtype;
+    unembedding matrix, whatever the model's compute dtype, or (``model.unembed_dtype``
+    bfloat16) from bf16-rounded copies summed in float32, in the backward pass's products too;
   * the completion token t is predicted by the hidden state at sequence position
     Tp + t − 1 of ``concat([prompt_tokens, tokens])`` with the model's default positions
     (left-padded prompt, right-padded completion).
@@ -77,7 +78,13 @@ def _local_targets(targets, width, vocab_axes):
     return targets - jax.lax.axis_index(vocab_axes) * width if vocab_axes else targets
 
 
-def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_axes):
+def _operands(hidden, w, operand_dtype):
+    """hidden and w as the unembedding's products take them: float32, or bf16-rounded (the
+    products then sum in float32)."""
+    return hidden.astype(operand_dtype), w.astype(operand_dtype)
+
+
+def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_axes, operand_dtype):
     """One chunk: hidden [B,c,E], w the unembedding ([V,E] if vocab_major, else [E,V]; or
     this device's vocab slice of it, V = V_total / shards over ``vocab_axes``), targets
     [B,c] -> (logp [B,c], entropy [B,c] or None, lse [B,c], exp(z − max) [B,c,V], its sum
@@ -86,11 +93,11 @@ def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_ax
         log π(o_t) = z_t[o_t] − logsumexp_v z_t[v],   z_t = (h_t · W) / T
 
     The target logit is h_t · W[:, o_t] (a gather of unembedding columns, like an embedding
-    lookup, taken by the shard that holds o_t), so nothing indexes into the logits.
+    lookup, taken by the shard that holds o_t), so nothing indexes into the logits; it takes
+    the same (possibly bf16-rounded) operands as the logits, so logp is the log-softmax of one z.
     """
-    h = hidden.astype(jnp.float32)
-    w = w.astype(jnp.float32)
-    logits = jnp.einsum(_specs(vocab_major)[0], h, w) / temp
+    h, w = _operands(hidden, w, operand_dtype)
+    logits = jnp.einsum(_specs(vocab_major)[0], h, w, preferred_element_type=jnp.float32) / temp
     width = logits.shape[-1]
     top = _vocab_max(jnp.max(logits, axis=-1, keepdims=True), vocab_axes)
     e = jnp.exp(logits - top)
@@ -100,7 +107,7 @@ def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_ax
     held = (local >= 0) & (local < width)
     local = jnp.clip(local, 0, width - 1)
     target_w = jnp.take(w, local, axis=0) if vocab_major else jnp.moveaxis(jnp.take(w, local, axis=1), 0, -1)
-    target = jnp.where(held, jnp.einsum("bce,bce->bc", h, target_w), 0.0)
+    target = jnp.where(held, jnp.einsum("bce,bce->bc", h.astype(jnp.float32), target_w.astype(jnp.float32)), 0.0)
     logp = _vocab_sum(target, vocab_axes) / temp - lse
     if not with_entropy:
         return logp, None, lse, e, total
@@ -109,8 +116,9 @@ def _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_ax
     return logp, lse - _vocab_sum(jnp.sum(e * logits, axis=-1), vocab_axes) / total, lse, e, total
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs, vocab_axes):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs, vocab_axes,
+                    operand_dtype="float32"):
     """``(logp, entropy or None)`` of one chunk (``_chunk_forward``); entropy is a metric
     and is not differentiated.
 
@@ -123,34 +131,37 @@ def _chunk_logprobs(hidden, w, targets, temp, with_entropy, vocab_major, keep_pr
     gradient of a tied embedding as [E,V] and transposed it in every chunk (a V × E copy),
     and ran the vocabulary reductions twice. With ``vocab_axes`` (inside
     ``shard_map``) w is this device's vocab slice: ∂W stays local and ∂h is summed over
-    the vocab shards.
+    the vocab shards. ``operand_dtype`` "bfloat16": every product with W (the logits, ∂h,
+    ∂W) takes bf16-rounded operands and sums in float32.
     """
-    logp, entropy, *_ = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_axes)
+    logp, entropy, *_ = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major, vocab_axes,
+                                       operand_dtype)
     return logp, entropy
 
 
-def _chunk_fwd(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs, vocab_axes):
+def _chunk_fwd(hidden, w, targets, temp, with_entropy, vocab_major, keep_probs, vocab_axes,
+               operand_dtype="float32"):
     logp, entropy, lse, e, total = _chunk_forward(hidden, w, targets, temp, with_entropy, vocab_major,
-                                                  vocab_axes)
+                                                  vocab_axes, operand_dtype)
     softmax_or_lse = e / total[..., None] if keep_probs else lse
     return (logp, entropy), (hidden, w, targets, temp, softmax_or_lse)
 
 
-def _chunk_bwd(with_entropy, vocab_major, keep_probs, vocab_axes, res, cotangents):
+def _chunk_bwd(with_entropy, vocab_major, keep_probs, vocab_axes, operand_dtype, res, cotangents):
     hidden, w, targets, temp, softmax_or_lse = res
     g = cotangents[0]  # [B,c]; the entropy's cotangent is ignored (a metric)
     logits_spec, dh_spec, dw_spec = _specs(vocab_major)
-    h = hidden.astype(jnp.float32)
-    w32 = w.astype(jnp.float32)
+    h, wo = _operands(hidden, w, operand_dtype)
+    product = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
     if keep_probs:
         probs = softmax_or_lse
     else:
-        probs = jnp.exp(jnp.einsum(logits_spec, h, w32) / temp - softmax_or_lse[..., None])
+        probs = jnp.exp(product(logits_spec, h, wo) / temp - softmax_or_lse[..., None])
     width = probs.shape[-1]
     onehot = _local_targets(targets, width, vocab_axes)[..., None] == jnp.arange(width, dtype=targets.dtype)
-    dlogits = (onehot - probs) * (g / temp)[..., None]
-    dh = _vocab_sum(jnp.einsum(dh_spec, dlogits, w32), vocab_axes).astype(hidden.dtype)
-    dw = jnp.einsum(dw_spec, dlogits, h).astype(w.dtype)
+    dlogits = ((onehot - probs) * (g / temp)[..., None]).astype(operand_dtype)
+    dh = _vocab_sum(product(dh_spec, dlogits, wo), vocab_axes).astype(hidden.dtype)
+    dw = product(dw_spec, dlogits, h).astype(w.dtype)
     return dh, dw, None, jnp.zeros_like(temp)
 
 
@@ -159,7 +170,8 @@ _chunk_logprobs.defvjp(_chunk_fwd, _chunk_bwd)
 
 def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
                    temperature: float = 1.0, chunk_size: int = 64,
-                   with_entropy: bool = False, vocab_major: bool = False, keep_probs: bool = False):
+                   with_entropy: bool = False, vocab_major: bool = False, keep_probs: bool = False,
+                   operand_dtype: str = "float32"):
     """log_softmax(hidden @ unembed / T) at ``targets``, chunked over the sequence axis.
 
         logp[b, t] = log softmax(h[b,t] · W / T)[targets[b, t]]
@@ -186,6 +198,9 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
       keep_probs: save each chunk's softmax for the backward pass instead of recomputing
         its logits (same values; one unembedding matmul fewer per chunk, [B, T, V] float32
         more memory).
+      operand_dtype: "float32", or "bfloat16": the products with the unembedding (forward
+        and backward) round their operands to bf16 and sum in float32
+        (``model.unembed_dtype``).
 
     Returns:
       ``logp [B, T]`` float32, or ``(logp, entropy)`` with ``entropy [B, T]`` float32.
@@ -198,8 +213,10 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
         layout = "[V, E]" if vocab_major else "[E, V]"
         raise ValueError(f"unembed {unembed.shape} ({layout}) does not map hidden size {hidden.shape[-1]}")
     temp = jnp.asarray(effective_temperature(temperature), jnp.float32)
+    if operand_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"operand_dtype must be float32 or bfloat16, got {operand_dtype!r}")
     chunked = functools.partial(_chunked, chunk_size=chunk_size, with_entropy=with_entropy,
-                                vocab_major=vocab_major, keep_probs=keep_probs)
+                                vocab_major=vocab_major, keep_probs=keep_probs, operand_dtype=operand_dtype)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         logp, entropy = chunked(hidden, unembed, targets.astype(jnp.int32), temp, vocab_axes=())
@@ -211,7 +228,7 @@ def token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
 
 
 def _chunked(hidden, unembed, targets, temp, *, chunk_size, with_entropy, vocab_major, keep_probs,
-             vocab_axes):
+             vocab_axes, operand_dtype="float32"):
     """(logp [B, T], entropy [B, T] or None): the chunk loop over one device's rows (or all
     of them, off a mesh); ``unembed`` holds the vocab slice of ``vocab_axes``."""
     b, t, e = hidden.shape
@@ -229,7 +246,7 @@ def _chunked(hidden, unembed, targets, temp, *, chunk_size, with_entropy, vocab_
         h, tg = xs
         with jax.named_scope("logprobs"):  # names the chunk's ops in profiles (profile_ops.py)
             return None, _chunk_logprobs(h, unembed, tg, temp, with_entropy, vocab_major, keep_probs,
-                                         vocab_axes)
+                                         vocab_axes, operand_dtype)
 
     _, (logp, entropy) = loops.scan(body, None, (hs, ts))
     unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * c)[:, :t]
@@ -299,11 +316,12 @@ def sequence_logprobs(cfg: ModelConfig, params: Any, batch: Any, *, temperature,
     """log π_θ(o_t | q, o_<t) of every completion token: ``[B, Tc]`` float32, 0 where
     ``batch.mask`` is False (and ``(logp, entropy)`` when ``with_entropy``; entropy is 0
     there too). One model forward (``completion_hidden``) + chunked ``token_logprobs``
-    (``keep_probs``: see there)."""
+    (``keep_probs``: see there; its products with the unembedding in ``cfg.unembed_dtype``)."""
     hidden = completion_hidden(cfg, params, batch)
     unembed, vocab_major = model_lib.unembedding(cfg, params)
     out = token_logprobs(hidden, unembed, batch.tokens, temperature=temperature, chunk_size=chunk_size,
-                         with_entropy=with_entropy, vocab_major=vocab_major, keep_probs=keep_probs)
+                         with_entropy=with_entropy, vocab_major=vocab_major, keep_probs=keep_probs,
+                         operand_dtype=cfg.unembed_dtype)
     mask = batch.mask.astype(bool)
     if with_entropy:
         logp, entropy = out

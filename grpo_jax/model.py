@@ -11,7 +11,8 @@ Attention masking works on cache *slots*: a query in slot q attends to key slot 
 k <= q and slot k holds a real token. Without a cache the slots are the sequence
 positions. RoPE uses explicit per-token positions, so left-padded prompts get position 0
 at their first real token. With ``model.attention=splash`` a forward pass without a cache
-(training, scoring) runs jax's Pallas TPU kernel instead (`grpo_jax.splash`); a real
+(training, scoring) runs jax's Pallas TPU kernel instead (`grpo_jax.splash`), with
+``model.attention=cudnn`` cuDNN's fused attention on GPU (`grpo_jax.fused_attention`); a real
 token's output is the same.
 
 Building blocks other modules compute with (the feature-major decode step, the splash
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from grpo_jax import loops, splash
+from grpo_jax import fused_attention, loops, splash
 from grpo_jax.config import ModelConfig
 from grpo_jax.sharding import DTYPES, constrain, logical_to_sharding
 
@@ -412,6 +413,8 @@ class Attention(nn.Module):
         k = rope(k, rope_cs)
         if kv is None and cfg.attention == "splash":
             out, new_kv = splash.attention(q, k, v, key_mask, segments=segments), None
+        elif kv is None and cfg.attention == "cudnn":
+            out, new_kv = fused_attention.attention(q, k, v, key_mask, segments=segments), None
         else:
             out, new_kv = slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask, segments)
         b, t, h, d = q.shape
@@ -730,8 +733,12 @@ def unembedding(cfg: ModelConfig, params: Params) -> tuple[jax.Array, bool]:
 
 
 def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
-    """hidden [..., E] -> logits [..., vocab] float32 (the unembedding as `unembedding` gives it)."""
+    """hidden [..., E] -> logits [..., vocab] float32 (the unembedding as `unembedding` gives it),
+    from float32 operands, or with ``cfg.unembed_dtype`` bfloat16 from bf16-rounded ones summed
+    in float32 (`product`'s rule, which a bfloat16 sampling copy takes anyway)."""
     w, vocab_major = unembedding(cfg, params)
+    if cfg.unembed_dtype == "bfloat16":
+        w = w.astype(jnp.bfloat16)
     return product("...e,ve->...v" if vocab_major else "...e,ev->...v", hidden.astype(jnp.float32),
                    operand(w, jnp.float32))
 

@@ -73,7 +73,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # ModelConfig fields a caller may change at load time (they do not change the weights; the
 # LoRA settings add adapters beside them).
 RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "scan_layers", "remat", "attention",
-                  "lora_rank", "lora_alpha", "lora_targets")
+                  "unembed_dtype", "lora_rank", "lora_alpha", "lora_targets")
 
 
 

@@ -42,7 +42,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from grpo_jax import loops, lora, losses, packing, splash
+from grpo_jax import fused_attention, loops, lora, losses, packing, splash
 from grpo_jax import model as model_lib
 from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorithm,
                                  split_micro_batches)
@@ -385,6 +385,8 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, *
     algo = get_algorithm(cfg.rl.algorithm)
     if cfg.model.attention == "splash":  # refused at start-up, not at the first step's trace
         splash.require_tpu(mesh.devices.flat[0].platform)
+    if cfg.model.attention == "cudnn":
+        fused_attention.require_gpu(mesh.devices.flat[0].platform)
     if algo.needs_value_model and value_tx is None:
         raise ValueError(f"{algo.name} trains a value model: pass value_tx")
     group_size = cfg.rl.group_size if group_size is None else int(group_size)

@@ -6,9 +6,12 @@
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
 sampler decode, train step -- which holds the reference log-prob pass; the same programs
 the trainer runs, from grpo_jax.programs) it prints per-chip peak HBM against the chip's
-capacity, FLOPs and bytes with every loop trip counted, and a roofline time.
-Exits 1 naming the program and its numbers as soon as one does not fit (the sampler is
-compiled first). The numbers are compiler estimates, not measurements on a TPU.
+capacity, FLOPs and bytes with every loop trip counted, a roofline time (a bound: no
+program runs faster) and an expected time (the bound over the fraction of it measured
+programs reach on that chip, ``grpo_jax.tpu_specs.EFFICIENCY``, with its source). Exits 1
+naming the program and its numbers as soon as one does not fit (the sampler is compiled
+first). The numbers are compiler estimates, not measurements on a TPU. The JSON records
+which code wrote it (``grpo_jax.provenance``), so that a stale report can be told apart.
 """
 from __future__ import annotations
 
@@ -20,9 +23,9 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU; run nothing on it
 
-from grpo_jax import aot, programs  # noqa: E402  (after JAX_PLATFORMS)
+from grpo_jax import aot, programs, provenance  # noqa: E402  (after JAX_PLATFORMS)
 from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
-from grpo_jax.tpu_specs import chip_of  # noqa: E402
+from grpo_jax.tpu_specs import EFFICIENCY, chip_of  # noqa: E402
 
 
 def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool = False) -> dict:
@@ -142,24 +145,35 @@ def _counted(count, names, log) -> dict:
 
 def summary(results: dict, chip, **where) -> dict:
     """The step from its programs' reports: rollout (every sampler call) and update seconds,
-    MFU (the model's FLOPs over chips x peak x their sum), the smallest HBM headroom. The
-    seconds and MFU are None when a program's cost could not be counted (``aot.NotCounted``)."""
+    MFU (the model's FLOPs over chips x peak x their sum), the smallest HBM headroom; each
+    time and MFU twice, from the roofline bounds (``rollout_seconds``, ``update_seconds``,
+    ``mfu``) and from the expected times (``*_expected``). None when a program's cost could
+    not be counted (``aot.NotCounted``)."""
     sampler = [r for k, r in results.items() if k.startswith("sample")]
-    rollout = (sum(r["estimated_seconds"] * r["calls_per_step"] for r in sampler)
-               if all(r["estimated_seconds"] is not None for r in sampler) else None)
-    update = results["train_step"]["estimated_seconds"]
     model_flops = sum(r["model_flops_per_chip"] * r["calls_per_step"] for r in results.values())
-    mfu = (None if rollout is None or update is None
-           else model_flops / chip.peak_bf16_flops / (rollout + update) if rollout + update else 0.0)
-    return {**where, "fits": True, "rollout_seconds": rollout, "update_seconds": update, "mfu": mfu,
+    out = {**where, "fits": True}
+    for key, suffix in (("estimated_seconds", ""), ("expected_seconds", "_expected")):
+        rollout = (sum(r[key] * r["calls_per_step"] for r in sampler)
+                   if all(r[key] is not None for r in sampler) else None)
+        update = results["train_step"][key]
+        mfu = (None if rollout is None or update is None
+               else model_flops / chip.peak_bf16_flops / (rollout + update) if rollout + update else 0.0)
+        out.update({f"rollout_seconds{suffix}": rollout, f"update_seconds{suffix}": update, f"mfu{suffix}": mfu})
+    eff = EFFICIENCY.get(chip.name)
+    return {**out, "efficiency": None if eff is None else {"compute": eff.compute, "bandwidth": eff.bandwidth},
             "not_counted": [k for k, r in results.items() if r["estimated_seconds"] is None],
             "min_headroom": min(r["headroom"] for r in results.values()),
             "compile_seconds": sum(r["compile_seconds"] for r in results.values())}
 
 
+def _seconds(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def _line(name: str, r: dict) -> str:
     cost = (f"{r['flops_per_chip'] / 1e12:9.2f} TFLOP/chip  {r['bytes_per_chip'] / 1e9:9.2f} GB/chip  "
-            f"{r['ici_bytes_per_chip'] / 1e9:8.2f} GB ICI/chip  est. {r['estimated_seconds']:8.3f} s ({r['bound']}-bound)"
+            f"{r['ici_bytes_per_chip'] / 1e9:8.2f} GB ICI/chip  bound {r['estimated_seconds']:8.3f} s ({r['bound']}-bound), "
+            f"expected {_seconds(r['expected_seconds'])} s"
             if r["estimated_seconds"] is not None else "cost not counted (its twin does not fit HBM)")
     return (f"  {name:14s} peak {(r['peak_bytes'] + r['resident_bytes']) / 1e9:7.2f} / {r['hbm_capacity_bytes'] / 1e9:.0f} GB "
             f"{'fits' if r['fits'] else 'DOES NOT FIT'}  {cost}  compile {r['compile_seconds']:.0f} s")
@@ -198,15 +212,20 @@ def main(argv=None) -> int:
     except aot.FitError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 1
+    results["code"] = provenance.record(["launch/compile.py"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     if args.sampler_only:
+        sampler = {k: r for k, r in results.items() if k.startswith("sample")}
         dec = results["sample_decode"]
         if dec["estimated_seconds"] is None:
             print("sampler fits; its cost was not counted (a cost twin does not fit HBM)")
             return 0
-        print(f"sampler fits: rollout {sum(r['estimated_seconds'] * r['calls_per_step'] for r in results.values()):.1f} s "
-              f"per step, decode {dec['bytes_per_token'] / 1e9:.2f} GB/token/chip against "
+        rollout = {key: sum(r[key] * r["calls_per_step"] for r in sampler.values())
+                   if all(r[key] is not None for r in sampler.values()) else None
+                   for key in ("estimated_seconds", "expected_seconds")}
+        print(f"sampler fits: rollout bound {rollout['estimated_seconds']:.1f} s per step (expected "
+              f"{_seconds(rollout['expected_seconds'])} s), decode {dec['bytes_per_token'] / 1e9:.2f} GB/token/chip against "
               f"{dec['analytic_bytes_per_token'] / 1e9:.2f} GB of weights + KV read, "
               f"{dec['ici_collectives_per_token']:.0f} collectives of {dec['ici_bytes_per_token'] / 1e6:.1f} MB "
               "in all per token; compiler estimates")
@@ -216,8 +235,13 @@ def main(argv=None) -> int:
         print(f"fits (HBM headroom {s['min_headroom']:.0%}); step time not estimated: the cost of "
               f"{', '.join(s['not_counted'])} was not counted (a cost twin does not fit HBM)")
         return 0
-    print(f"fits: rollout {s['rollout_seconds']:.1f} s + update {s['update_seconds']:.1f} s per step "
-          f"(roofline of every loop trip), MFU {s['mfu']:.0%} (model FLOPs), HBM headroom "
+    eff = s["efficiency"]
+    expected = ("" if s["rollout_seconds_expected"] is None else
+                f"; expected {s['rollout_seconds_expected']:.1f} s + {s['update_seconds_expected']:.1f} s, "
+                f"MFU {s['mfu_expected']:.0%}, at {eff['compute']:.0%} of the compute bound and "
+                f"{eff['bandwidth']:.0%} of the bandwidth bound (measured elsewhere: grpo_jax/tpu_specs.py)")
+    print(f"fits: bound (roofline of every loop trip) rollout {s['rollout_seconds']:.1f} s + update "
+          f"{s['update_seconds']:.1f} s per step, MFU {s['mfu']:.0%} (model FLOPs){expected}; HBM headroom "
           f"{s['min_headroom']:.0%}; compiler estimates, not TPU measurements")
     return 0
 

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Run launch/compile.py over the preset x slice matrix of docs/tpu.md and print the table.
 
-    python launch/compile_matrix.py [--only PRESET] [--missing | --table] [--out benchmarks/tpu_check]
+    python launch/compile_matrix.py [--only PRESET] [--missing | --stale | --table] [--out benchmarks/tpu_check]
 
 Each entry runs in its own process (one compile at a time; a failure to fit is a
 result, not a crash) and writes OUT/PRESET_SLICE[_LABEL].json; --missing runs only the
-entries without one, so a matrix longer than a working session resumes; --table compiles
-nothing and prints the table of the reports already there. The table is compiler
-estimates, not measured TPU runs. OUT/before/matrix.json (the matrix of the earlier
-estimator, which counted loop bodies once and analytic FLOPs for MFU) is shown beside it.
+entries without one, so a matrix longer than a working session resumes; --stale runs those
+and the ones whose report older code wrote; --table compiles nothing and prints the table of
+the reports already there. The table is compiler estimates, not measured TPU runs: each time
+and MFU as its roofline bound and as the expected value at the fraction of the bound measured
+programs reach on the chip (``grpo_jax.tpu_specs.EFFICIENCY``), and whether the report is
+current: a report records the fingerprint of the code that wrote it (``grpo_jax.provenance``),
+recomputed here. OUT/before/matrix.json (the matrix of the earlier estimator, which counted
+loop bodies once and analytic FLOPs for MFU) is shown beside it.
 """
 from __future__ import annotations
 
@@ -18,6 +22,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from grpo_jax import provenance
+from grpo_jax.tpu_specs import expected_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 # (preset, slice, config overrides, label of the overridden row). The presets as they are,
@@ -91,13 +98,46 @@ def run_one(preset: str, slice_name: str, extra: list[str], label: str, out: Pat
     return row
 
 
+def code_status(results: dict | None) -> str:
+    """"current", "stale" (older code wrote the report) or "no record" (written before
+    reports kept one: stale or not, nobody knows)."""
+    current = provenance.is_current((results or {}).get("code"))
+    return {True: "current", False: "stale", None: "no record"}[current]
+
+
+def expected(results: dict) -> dict:
+    """{"rollout", "update", "mfu"}: the step's expected values from its programs' bounds
+    (recomputed with today's ``tpu_specs.EFFICIENCY``, so a report written before it had
+    them shows them too); None where a bound was not counted or the chip is unknown."""
+    s = results["summary"]
+    chip = s.get("topology", "").split(":")[0]
+    exp = {k: expected_seconds(r.get("estimated_seconds"), r.get("bound"), chip) * r.get("calls_per_step", 1)
+           if expected_seconds(r.get("estimated_seconds"), r.get("bound"), chip) is not None else None
+           for k, r in results.items() if k.startswith(("sample_", "train_step"))}
+    sampler = [v for k, v in exp.items() if k.startswith("sample_")]
+    rollout = sum(sampler) if sampler and None not in sampler else None
+    update = exp.get("train_step")
+    mfu = None
+    if rollout is not None and update is not None and s.get("mfu") and s.get("rollout_seconds") is not None:
+        mfu = s["mfu"] * (s["rollout_seconds"] + s["update_seconds"]) / (rollout + update)
+    return {"rollout": rollout, "update": update, "mfu": mfu}
+
+
+def _pair(bound, exp, fmt) -> str:
+    if bound is None:
+        return "not counted"
+    return f"{fmt(bound)} / {fmt(exp) if exp is not None else '–'}"
+
+
 def table(rows: list[dict], before: dict | None = None) -> str:
-    """Markdown rows; the sampler's peaks include the train state it shares HBM with.
+    """Markdown rows; the sampler's peaks include the train state it shares HBM with; times
+    and MFU as "bound / expected" (``expected``); "code": ``code_status``.
     ``before``: {(preset, slice, label): row} of an earlier matrix, shown beside each row."""
     before = before or {}
     lines = ["| preset | slice | fits? | decode engine | peak HBM/chip: prefill / decode / train (GB) | "
-             "HBM headroom | rollout s | update s | MFU (model FLOPs) | before: rollout / update s, MFU |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "HBM headroom | rollout s: bound / expected | update s: bound / expected | "
+             "MFU (model FLOPs): bound / expected | code | before: rollout / update s, MFU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name = r["preset"] + (f" ({r['label']})" if r.get("label") else "")
         old = before.get((r["preset"], r["slice"], r.get("label", "")))
@@ -105,15 +145,17 @@ def table(rows: list[dict], before: dict | None = None) -> str:
         was = (f"{old_s['rollout_seconds']:.1f} / {old_s['update_seconds']:.1f}, {old_s['mfu']:.0%}"
                if old_s else "no" if old else "")
         if "results" not in r:
-            lines.append(f"| {name} | {r['slice']} | no: {r['error']} | | | | | | | {was} |")
+            lines.append(f"| {name} | {r['slice']} | no: {r['error']} | | | | | | | | {was} |")
             continue
         res, s = r["results"], r["results"]["summary"]
         peaks = " / ".join(f"{(res[k]['peak_bytes'] + res[k]['resident_bytes']) / 1e9:.2f}"
                            for k in ("sample_prefill", "sample_decode", "train_step"))
-        secs = [f"{v:.1f}" if v is not None else "not counted" for v in (s["rollout_seconds"], s["update_seconds"])]
-        mfu = f"{s['mfu']:.0%}" if s["mfu"] is not None else "not counted"
+        exp = expected(res)
+        secs = lambda x: f"{x:.1f}"
         lines.append(f"| {name} | {r['slice']} | yes | {s['decode_engine']} | {peaks} | {s['min_headroom']:.0%} | "
-                     f"{secs[0]} | {secs[1]} | {mfu} | {was} |")
+                     f"{_pair(s['rollout_seconds'], exp['rollout'], secs)} | "
+                     f"{_pair(s['update_seconds'], exp['update'], secs)} | "
+                     f"{_pair(s['mfu'], exp['mfu'], lambda x: f'{x:.0%}')} | {code_status(res)} | {was} |")
     return "\n".join(lines)
 
 
@@ -122,14 +164,21 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="run only this preset's rows")
     parser.add_argument("--missing", action="store_true",
                         help="run only the rows with no report in OUT yet (a matrix cut short resumes)")
+    parser.add_argument("--stale", action="store_true",
+                        help="run only the rows with no report, or one that older code wrote (see --table's code column)")
     parser.add_argument("--table", action="store_true",
                         help="compile nothing: merge the reports in OUT into matrix.json and print the table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/tpu_check"), help="JSON folder")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    def current(m) -> bool:
+        path = report_path(out, m[0], m[1], m[3])
+        return path.exists() and code_status(json.loads(path.read_text())) == "current"
+
     todo = [m for m in MATRIX if args.only in (None, m[0]) and not args.table
-            and not (args.missing and report_path(out, m[0], m[1], m[3]).exists())]
+            and not (args.missing and report_path(out, m[0], m[1], m[3]).exists())
+            and not (args.stale and current(m))]
     rows = []
     for i, (preset, slice_name, extra, label) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {preset} on {slice_name} {' '.join(extra)}...", flush=True)

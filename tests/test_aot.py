@@ -8,7 +8,7 @@ import pytest
 from grpo_jax import aot, loops, shapes
 from grpo_jax.config import apply_overrides, get_preset
 from grpo_jax.model import param_shapes as model_param_shapes, param_shardings as model_param_shardings
-from grpo_jax.tpu_specs import chip_of
+from grpo_jax.tpu_specs import EFFICIENCY, chip_of
 
 pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
                                 reason="libtpu not installed (pip install -r requirements-tpu.txt)")
@@ -37,11 +37,17 @@ def test_train_step_report_matches_memory_analysis(tiny):
     assert rep["headroom"] == pytest.approx(1 - rep["peak_bytes"] / 16e9)
     # v5e: 197 TFLOP/s and 819 GB/s per chip; 8e11 bytes take longer than 2e12 FLOPs.
     assert rep["estimated_seconds"] == pytest.approx(8e11 / 819e9) and rep["bound"] == "memory"
+    # the bound over the fraction of it measured bandwidth-bound programs reach (tpu_specs.EFFICIENCY)
+    assert rep["expected_seconds"] == pytest.approx(8e11 / 819e9 / EFFICIENCY["v5e"].bandwidth)
     # v5e's ICI all-reduce bandwidth: 51.2 TB/s per 256-chip pod, 200 GB/s per chip; 3e11
     # bytes of collectives take longer than the 8e11 bytes of HBM traffic.
     rep = aot.report(compiled, chip_of(topology), np.array([2e12, 8e11, 3e11, 12.0]), 1e12)
     assert rep["ici_seconds"] == pytest.approx(3e11 / 200e9) and rep["ici_collectives"] == 12
     assert rep["estimated_seconds"] == pytest.approx(1.5) and rep["bound"] == "interconnect"
+    assert rep["expected_seconds"] == pytest.approx(1.5 / EFFICIENCY["v5e"].bandwidth)
+    rep = aot.report(compiled, chip_of(topology), np.array([2e14, 8e11]), 1e12)
+    assert rep["bound"] == "compute"
+    assert rep["expected_seconds"] == pytest.approx(2e14 / 197e12 / EFFICIENCY["v5e"].compute)
 
 
 def test_the_run_program_has_loops_and_the_cost_twin_none(tiny, monkeypatch):
@@ -99,7 +105,9 @@ def test_a_cost_twin_out_of_hbm_leaves_the_time_not_counted(tiny):
     assert s["compile_seconds"] == 3.0 and s["min_headroom"] == lost["headroom"]
     results["sample_prefill"] = results["sample_decode"]
     row = table([{"preset": "cpu-tiny", "slice": "v5e:2x2", "results": {**results, "summary": {**s, "decode_engine": "shared"}}}])
-    assert f"| {s['rollout_seconds']:.1f} | not counted | not counted |" in row
+    assert s["rollout_seconds_expected"] == pytest.approx(s["rollout_seconds"] / EFFICIENCY["v5e"].bandwidth)
+    assert s["update_seconds_expected"] is None and s["mfu_expected"] is None
+    assert f"| {s['rollout_seconds']:.1f} / – | not counted | not counted |" in row
 
 
 # One run of the fit check serves the cost tests below: TPU compiles are not in jax's

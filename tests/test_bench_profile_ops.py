@@ -53,3 +53,22 @@ def test_parts_of_the_model_and_kinds(profile_ops):
     lines = profile_ops.by_part(rows)
     assert lines[2] == "| MLP | matmul | 4000.0 | 80.0% |"
     assert lines[3:] == ["| MLP | other | 500.0 | 10.0% |", "| rest | other | 500.0 | 10.0% |"]
+
+
+def test_on_an_accelerator_the_devices_kernels_are_counted_by_their_hlo_op(profile_ops):
+    """A GPU trace: the host thread launches each op (its events tagged too) and the device
+    runs kernels named by the library, each carrying the HLO op it runs; only the device's
+    events count, under the HLO op's name."""
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 1, "name": "fusion.3", "ts": 0, "dur": 1, "args": {"hlo_module": "jit_step"}},
+        {"ph": "X", "pid": 7, "name": "sm90_xmma_gemm_bf16", "ts": 1, "dur": 5,
+         "args": {"hlo_module": "jit_step", "hlo_op": "fusion.3"}},
+        {"ph": "X", "pid": 7, "name": "loop_add_fusion", "ts": 6, "dur": 2,
+         "args": {"hlo_module": "jit_other", "hlo_op": "add.1"}}]}
+    assert profile_ops.device_pids(trace) == {7}
+    events = profile_ops.module_events(trace, "jit_step")
+    assert [e["name"] for e in events] == ["sm90_xmma_gemm_bf16"]
+    assert profile_ops.hlo_op(events[0]) == "fusion.3"
+    assert profile_ops.hlo_op({"name": "fusion.9", "args": {}}) == "fusion.9"  # a CPU thunk

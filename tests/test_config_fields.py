@@ -84,6 +84,7 @@ CHANGES = {
     "model.param_dtype": ("bfloat16", "grpo", {}),
     "model.scan_layers": (False, "grpo", {}),
     "model.remat": ("full", "grpo", {}),
+    "model.unembed_dtype": ("bfloat16", "grpo", {}),
     "model.lora_rank": (8, "grpo", {}),
     "model.lora_alpha": (32.0, "grpo", {"model.lora_rank": 8}),
     "model.lora_targets": ("q,v", "grpo", {"model.lora_rank": 8}),
@@ -192,7 +193,7 @@ def _optimizer_probe(cfg, field):
 
 
 NUMERIC_MODEL_FIELDS = ("model.rope_theta", "model.rope_scaling_factor", "model.rms_eps",
-                        "model.dtype", "model.remat")
+                        "model.dtype", "model.remat", "model.unembed_dtype")
 
 
 def _model_probe(cfg, field):

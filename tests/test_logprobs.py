@@ -292,3 +292,64 @@ def test_sequence_values_read_the_predicting_positions(params):
     with pytest.raises(ValueError, match="value head"):
         policy_only = {k: v for k, v in params.items() if k not in ("value_head", "value_bias")}
         logprobs.sequence_values(TINY, policy_only, batch)
+
+
+# bf16 keeps 8 significant bits: rounding to nearest, the relative error of an operand is at
+# most 2^-9.
+BF16_U = 2.0 ** -9
+
+
+def _bf16_logp_bound(hidden, unembed, temperature=1.0):
+    """A bound on |Δ log π| from rounding h and W to bf16, per position: every logit moves by
+    at most (2u + u²) Σ_e |h_e W_ev| / T, and log π = z[o] − logsumexp(z) by at most twice the
+    largest such move (logsumexp is 1-Lipschitz in the max norm). float32 summation adds ~1e-6."""
+    scale = jnp.abs(hidden.astype(jnp.float32)) @ jnp.abs(unembed.astype(jnp.float32))
+    return 2 * (2 * BF16_U + BF16_U ** 2) * jnp.max(scale, axis=-1) / temperature + 1e-5
+
+
+@pytest.mark.parametrize("vocab_major,keep_probs", [(False, False), (True, True)])
+def test_bfloat16_operands_stay_within_the_rounding_bound(vocab_major, keep_probs):
+    """model.unembed_dtype=bfloat16 (operand_dtype): log-probs within the bound of bf16
+    rounding, not equal to float32 (the option does something), gradients close; the same
+    with the softmax kept (keep_probs) and a vocab-major W."""
+    hidden, unembed, targets = _inputs(b=4, t=9, e=64, v=200)
+    w_in = unembed.T if vocab_major else unembed
+    cot = jax.random.normal(jax.random.key(3), targets.shape)
+
+    def loss(h, u, dtype):
+        logp = logprobs.token_logprobs(h, u, targets, temperature=0.8, chunk_size=4, vocab_major=vocab_major,
+                                       keep_probs=keep_probs, operand_dtype=dtype)
+        return jnp.sum(cot * logp), logp
+
+    grad = lambda dtype: jax.jit(jax.value_and_grad(lambda h, u: loss(h, u, dtype), (0, 1), has_aux=True))
+    (_, lp32), g32 = grad("float32")(hidden, w_in)
+    (_, lp16), g16 = grad("bfloat16")(hidden, w_in)
+    delta = np.abs(np.asarray(lp16) - np.asarray(lp32))
+    bound = np.asarray(_bf16_logp_bound(hidden, unembed, 0.8))
+    assert (delta <= bound).all(), (delta.max(), bound.min())
+    assert delta.max() > 0
+    for a, b in zip(g16, g32):
+        np.testing.assert_allclose(a, b, rtol=0.05, atol=0.02 * float(np.abs(b).max()))
+    with pytest.raises(ValueError, match="operand_dtype"):
+        logprobs.token_logprobs(hidden, unembed, targets, operand_dtype="float16")
+
+
+def test_unembed_dtype_reaches_the_log_probs_and_the_decode_logits(params):
+    """The config option on the tiny model: sequence_logprobs within the rounding bound of
+    its float32 self; the decode's logits (model.logits_from_hidden) equal those of a bf16
+    copy of the unembedding under float32 compute, which is what a bfloat16 sampling copy
+    already computed."""
+    import dataclasses
+
+    bf = dataclasses.replace(TINY, unembed_dtype="bfloat16")
+    batch, plen, clen = _ragged_batch()
+    score = lambda cfg: jax.jit(lambda p: logprobs.sequence_logprobs(cfg, p, batch, temperature=1.0,
+                                                                     chunk_size=2))(params)
+    delta = np.abs(np.asarray(score(bf)) - np.asarray(score(TINY)))
+    hidden = logprobs.completion_hidden(TINY, params, batch)
+    bound = np.asarray(_bf16_logp_bound(hidden, params["embedding"].T))
+    assert (delta <= bound).all() and delta.max() > 0
+    h = jax.random.normal(jax.random.key(1), (3, TINY.embed_dim))
+    copy = {**params, "embedding": params["embedding"].astype(jnp.bfloat16)}
+    np.testing.assert_array_equal(model.logits_from_hidden(bf, params, h), model.logits_from_hidden(TINY, copy, h))
+    assert not np.array_equal(model.logits_from_hidden(bf, params, h), model.logits_from_hidden(TINY, params, h))

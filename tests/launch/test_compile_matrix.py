@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from launch import compile_matrix
 
 
@@ -23,7 +25,9 @@ def test_table_merges_the_reports_present_and_compiles_nothing(tmp_path, capsys,
     assert [(r["preset"], r["slice"], r["exit_code"]) for r in rows] == [(preset, slice_name, 0)]
     assert rows[0]["command"] == " ".join(["python", *compile_matrix.command(preset, slice_name, extra, label, tmp_path)])
     out = capsys.readouterr().out
-    assert f"| {preset} | {slice_name} | yes | shared | 1.00 / 2.50 / 3.25 | 25% | 12.3 | 5.0 | 42% |" in out
+    # no per-program bounds in this report: no expected values; no code record: not known current
+    assert (f"| {preset} | {slice_name} | yes | shared | 1.00 / 2.50 / 3.25 | 25% | 12.3 / – | 5.0 / – | 42% / – "
+            "| no record |") in out
 
 
 def test_table_takes_a_rerun_rows_report_over_the_matrix_it_was_in(tmp_path, capsys):
@@ -39,4 +43,68 @@ def test_table_takes_a_rerun_rows_report_over_the_matrix_it_was_in(tmp_path, cap
     (row,) = json.loads((tmp_path / "matrix.json").read_text())
     assert row["exit_code"] == 0 and "error" not in row and row["results"]["summary"]["rollout_seconds"] == 400.2
     assert row["wall_seconds"] is None  # the re-run's wall time is not known here
-    assert "| 400.2 | 119.7 | 20% |" in capsys.readouterr().out
+    assert "| 400.2 / – | 119.7 / – | 20% / – |" in capsys.readouterr().out
+
+
+def _full_report(code=None):
+    """A report with per-program bounds on a v5e slice: decode memory-bound, update compute-bound."""
+    prog = lambda secs, bound, calls: {"peak_bytes": 0, "resident_bytes": 0, "estimated_seconds": secs,
+                                       "bound": bound, "calls_per_step": calls}
+    report = {"sample_prefill": prog(0.5, "compute", 2), "sample_decode": prog(2.4, "memory", 2),
+              "train_step": prog(5.8, "compute", 1),
+              "summary": {"decode_engine": "shared", "min_headroom": 0.5, "topology": "v5e:2x4",
+                          "rollout_seconds": 5.8, "update_seconds": 5.8, "mfu": 0.5}}
+    if code is not None:
+        report["code"] = code
+    return report
+
+
+def test_expected_times_divide_each_programs_bound_by_the_chips_efficiency(tmp_path, capsys):
+    from grpo_jax.tpu_specs import EFFICIENCY
+
+    eff = EFFICIENCY["v5e"]
+    exp = compile_matrix.expected(_full_report())
+    rollout = 2 * 0.5 / eff.compute + 2 * 2.4 / eff.bandwidth
+    assert exp["rollout"] == pytest.approx(rollout) and exp["update"] == pytest.approx(5.8 / eff.compute)
+    # the same model FLOPs over a longer step
+    assert exp["mfu"] == pytest.approx(0.5 * 11.6 / (rollout + 5.8 / eff.compute))
+    assert exp["mfu"] < 0.5 and exp["rollout"] > 5.8
+
+
+def test_a_report_is_current_until_the_code_that_wrote_it_changes(tmp_path, monkeypatch):
+    from grpo_jax import provenance
+
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    (tmp_path / "pkg").mkdir()
+    src = tmp_path / "pkg" / "mod.py"
+    src.write_text('"""Doc."""\n\ndef f(x):\n    return x + 1  # one\n')
+    code = {"files": ["pkg/mod.py"], "fingerprint": provenance.fingerprint(["pkg/mod.py"])}
+    assert compile_matrix.code_status(_full_report(code)) == "current"
+    src.write_text('"""Another doc."""\n\n\ndef f(x):\n    """Adds one."""\n    return x + 1  # comment\n')
+    assert compile_matrix.code_status(_full_report(code)) == "current"  # docs and comments only
+    src.write_text('def f(x):\n    return x + 2\n')
+    assert compile_matrix.code_status(_full_report(code)) == "stale"
+    src.unlink()
+    assert compile_matrix.code_status(_full_report(code)) == "stale"
+    assert compile_matrix.code_status(_full_report()) == "no record"
+
+
+def test_stale_reruns_only_the_rows_older_code_wrote(tmp_path, monkeypatch):
+    from grpo_jax import provenance
+
+    current = provenance.record()
+    first, second = compile_matrix.MATRIX[0], compile_matrix.MATRIX[1]
+    compile_matrix.report_path(tmp_path, first[0], first[1], first[3]).write_text(json.dumps(_full_report(current)))
+    compile_matrix.report_path(tmp_path, second[0], second[1], second[3]).write_text(
+        json.dumps(_full_report({**current, "fingerprint": "older"})))
+    ran = []
+
+    def run_one(preset, slice_name, extra, label, out):
+        ran.append((preset, slice_name, label))
+        return {"preset": preset, "slice": slice_name, "label": label, "exit_code": 0, "wall_seconds": 0.0,
+                "command": "python", "results": _full_report(current)}
+
+    monkeypatch.setattr(compile_matrix, "run_one", run_one)
+    compile_matrix.main(["--stale", "--out", str(tmp_path)])
+    assert (first[0], first[1], first[3]) not in ran and (second[0], second[1], second[3]) in ran
+    assert len(ran) == len(compile_matrix.MATRIX) - 1  # every row without a report runs too
