@@ -263,15 +263,15 @@ def evaluate(cfg, params, task, tokenizer, examples: Sequence, *, key, mesh=None
         return completion_texts(jax.tree.map(to_host, ro), tokenizer)
 
     prompts = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
-    rollout = sampler.SamplingParams.from_rl(cfg.rl, stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
-    greedy = texts_of(sampler.sample(cfg.model, params, prompts, rollout.evaluation(), key=key, mesh=mesh))
+    settings = sampler.SamplingParams.from_rl(cfg.rl, stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
+    greedy = texts_of(sampler.sample(cfg.model, params, prompts, settings.evaluation(), key=key, mesh=mesh))
     right = [task.is_correct(task.extract_answer(t), ex) for t, ex in zip(greedy, examples)]
     out = {"accuracy": greedy_accuracy(right),
            "reward": sum(task.reward(t, ex) for t, ex in zip(greedy, examples)) / len(examples)}
     if texts:
         out.update(texts=greedy, correct=right)
     if num_samples > 0:
-        sampled = texts_of(sampler.sample(cfg.model, params, prompts, rollout.evaluation(temperature),
+        sampled = texts_of(sampler.sample(cfg.model, params, prompts, settings.evaluation(temperature),
                                           key=jax.random.fold_in(key, 1), group_size=num_samples, mesh=mesh))
         flat = [task.extract_answer(t) for t in sampled]
         answers = [flat[i * num_samples:(i + 1) * num_samples] for i in range(len(examples))]

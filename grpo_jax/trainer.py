@@ -65,7 +65,6 @@ class Trainer:
         # mesh.slice: sample on the slice's sampling mesh (a copy of the policy per replica)
         self.sample_mesh = programs.sample_mesh(cfg, self.mesh)
         self.decode_engine = programs.decode_engine(cfg, self.sample_mesh)
-        self.sampling = SamplingParams.from_rl(cfg.rl, stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
         if is_main_process():
             log.info("decode engine: %s (rl.decode=%s, rl.kv_dtype=%s, sampling mesh %s)", self.decode_engine,
                      cfg.rl.decode, cfg.rl.kv_dtype, dict(self.sample_mesh.shape))
@@ -196,7 +195,8 @@ class Trainer:
         # comes back to the host (gathered from every process), rl.sample_prompts questions per call.
         copy = sampling_copy(cfg.model, policy, rl.sample_dtype, self.sample_mesh)
         rollout = sampler.sample_to_host(
-            cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples], self.sampling,
+            cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples],
+            SamplingParams.from_rl(rl, stop_tokens=tok.stop_ids, pad_id=tok.pad_id),
             key=key, group_size=g, prompts_per_call=rl.sample_prompts, mesh=self.sample_mesh)
         t_score = time.perf_counter()
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
