@@ -76,6 +76,7 @@ class DecodeEngine:
         return params
 
     def abstract_weights(self, cfg: ModelConfig, params):
+        """`weights` of abstract params (``jax.ShapeDtypeStruct`` leaves), for the check."""
         return params
 
     def start(self, cfg: ModelConfig, params, cache, logits0, rows: int, windows: tuple[int, ...]):
