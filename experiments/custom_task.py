@@ -1,13 +1,12 @@
-"""Your own task: SFT, then GRPO teach a tiny model to add digits. Options: section.field=value."""
+"""Your own task: SFT, then GRPO teach a tiny model to add three digits. Options: section.field=value."""
 import random
-
 from grpo_jax import cli
 from grpo_jax.tasks.custom import CustomTask
 from grpo_jax.train_cli import sft_then_rl
 
 def question(rng: random.Random) -> tuple[str, str]:  # a prompt and its reference answer
-    a, b = rng.randint(0, 9), rng.randint(0, 9)
-    return f"{a}+{b}=", str(a + b)
+    a, b, c = rng.randint(0, 9), rng.randint(0, 9), rng.randint(0, 9)
+    return f"{a}+{b}+{c}=", str(a + b + c)
 
 def reward(prompt: str, completion: str, answer: str) -> float:
     return 1.0 if completion.strip() == answer else 0.0
@@ -16,9 +15,10 @@ def solution(prompt: str, answer: str, rng: random.Random) -> str:  # SFT data: 
     return answer if rng.random() < 0.4 else str(int(answer) + 1)
 
 def main(argv: list[str]) -> dict:
-    defaults = ["run.run_dir=runs/custom_task", "run.steps=60", "rl.max_new_tokens=4", "optimizer.peak_lr=3e-4"]
-    result = sft_then_rl(CustomTask(question, reward, solution=solution), defaults + argv, sft_steps=300)
-    print(f"held-out greedy reward: {result['before']['reward']:.2f} -> {result['after']['reward']:.2f}")
+    defaults = ["run.run_dir=runs/custom_task", "run.steps=80", "rl.max_new_tokens=4", "optimizer.peak_lr=3e-4"]
+    result = sft_then_rl(CustomTask(question, reward, solution=solution), defaults + argv, sft_steps=800)
+    print(f"held-out greedy reward: {result['before']['reward']:.2f} -> {result['after']['reward']:.2f}"
+          f" (best shortcut {result['shortcuts']['best_score']:.2f})")
     return result
 
 if __name__ == "__main__":

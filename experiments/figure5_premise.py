@@ -14,7 +14,10 @@ For the regime's SFT model (trained once, cached in <out>/sft, as ablation_super
 trains it), --group samples of each of --questions training questions at rl.temperature,
 scored by the task's rules: the share of samples that are right, of questions whose
 outcome rewards vary, of step lines that are right, and of questions whose step rewards
-vary. Prints them and writes <out>/premise.json. Options are config keys (as in
+vary; the correlation between a sample's summed step reward and its outcome (a design
+needs it positive: step rewards that point away from right answers train away from them);
+and the shortcut baselines of the regime's held-out set (`grpo_jax.shortcuts`). Prints them
+and writes <out>/premise.json. Options are config keys (as in
 ablation_supervision.py); the regime's knobs are data.num_operands, data.min_carries,
 data.slip, data.wrong_step_prob and data.format_reward (0 by default here: the reward is
 correctness only).
@@ -38,13 +41,23 @@ def premise(outcomes: np.ndarray, steps: list[list[list[float]]]) -> dict:
     step-reward lists are not all equal."""
     q, g = outcomes.shape
     step_values = [r for question in steps for sample in question for r in sample]
+    summed = np.array([[sum(sample) for sample in question] for question in steps], np.float64)
     return {
         "questions": q, "group_size": g,
         "right_fraction": float(np.mean(outcomes == 1.0)),
         "outcome_varying_fraction": float(np.mean(outcomes.min(axis=1) != outcomes.max(axis=1))),
         "step_right_fraction": float(np.mean(step_values)) if step_values else 0.0,
         "step_varying_fraction": float(np.mean([len({tuple(s) for s in question}) > 1 for question in steps])),
+        "step_outcome_correlation": correlation(summed.ravel(), outcomes.ravel()),
     }
+
+
+def correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson correlation; 0.0 when either side is constant (no linear relation to show)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if x.std() == 0 or y.std() == 0:
+        return 0.0
+    return float(np.corrcoef(x, y)[0, 1])
 
 
 def sample_groups(cfg, params, task, tok, mesh, examples, group: int, seed: int) -> list[list[str]]:
@@ -69,6 +82,7 @@ def main(argv=None) -> dict:
     import common  # experiments/common.py (imports jax: only once a run starts)
 
     from grpo_jax import config as config_lib
+    from grpo_jax.shortcuts import shortcut_baselines
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
@@ -88,13 +102,17 @@ def main(argv=None) -> dict:
     outcomes = np.array([[1.0 if task.is_correct(task.extract_answer(c), ex) else 0.0 for c in texts]
                          for ex, texts in zip(examples, groups)])
     steps = [[[r for _, r in task.step_rewards(c, ex)] for c in texts] for ex, texts in zip(examples, groups)]
-    result = {**premise(outcomes, steps), "regime": {k: getattr(cfg.data, k) for k in (
+    held_out = shortcut_baselines(task, task.examples("test", cfg.data.eval_size, cfg.data.seed))
+    result = {**premise(outcomes, steps), "held_out_shortcuts": held_out.to_dict(), "regime": {k: getattr(cfg.data, k) for k in (
         "num_operands", "max_digits", "min_carries", "slip", "wrong_step_prob", "format_reward")},
         "temperature": cfg.rl.temperature, "max_new_tokens": cfg.rl.max_new_tokens, "sft_steps": args.sft_steps}
     print(f"[premise] {result['regime']}, T = {cfg.rl.temperature}, {args.questions} questions x G = {args.group}")
     print(f"[premise] samples right {result['right_fraction']:.3f}; outcome rewards vary in "
           f"{result['outcome_varying_fraction']:.3f} of questions; step lines right "
           f"{result['step_right_fraction']:.3f}; step rewards vary in {result['step_varying_fraction']:.3f}")
+    print(f"[premise] correlation of summed step reward with outcome {result['step_outcome_correlation']:+.3f}")
+    print(f"[premise] held-out set: {held_out.num_questions} questions ({held_out.distinct_questions} distinct), "
+          f"{held_out.line()}; every rule: {', '.join(f'{k} {v:.3f}' for k, v in held_out.scores.items())}")
     print(f"[premise] wrote {common.write_json(os.path.join(root, 'premise.json'), result)}")
     return result
 

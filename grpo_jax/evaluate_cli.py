@@ -43,6 +43,7 @@ from grpo_jax import (checkpointing, cli, distributed, evaluate_run, lora, model
                       programs, sampler, train_cli)
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
+from grpo_jax.shortcuts import try_shortcut_baselines
 from grpo_jax.sharding import make_mesh
 from grpo_jax.tasks import get_task, register_task
 from grpo_jax.tasks.dataset_task import DatasetTask
@@ -177,11 +178,13 @@ def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh,
     distributed.barrier("evaluate")
     if args.shard or not distributed.is_main_process():
         return None
-    return report(out, {"load": load_s, "sample": times["sample"], "score": times["score"]})
+    baselines = try_shortcut_baselines(task, examples)
+    return report(out, {"load": load_s, "sample": times["sample"], "score": times["score"]},
+                  None if baselines is None else baselines.to_dict())
 
 
-def report(out: str, timing: dict | None) -> dict:
-    summary = evaluate_run.merge_and_summarize(out, timing=timing)
+def report(out: str, timing: dict | None, shortcuts: dict | None = None) -> dict:
+    summary = evaluate_run.merge_and_summarize(out, timing=timing, shortcuts=shortcuts)
     print(evaluate_run.format_summary(summary))
     print(f"wrote {os.path.join(out, 'summary.json')}")
     return summary

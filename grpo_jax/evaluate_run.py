@@ -211,8 +211,10 @@ def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[
     return times
 
 
-def merge_and_summarize(out_dir: str, *, timing: dict | None = None, ks: Sequence[int] | None = None) -> dict:
-    """Merge every shard's JSONL in ``out_dir`` and write summary.json (returned).
+def merge_and_summarize(out_dir: str, *, timing: dict | None = None, ks: Sequence[int] | None = None,
+                        shortcuts: dict | None = None) -> dict:
+    """Merge every shard's JSONL in ``out_dir`` and write summary.json (returned), with the
+    set's ``shortcuts`` (`grpo_jax.shortcuts.Baselines.to_dict`) when given.
 
     Checks that the shards hold each of the ``num_questions`` questions exactly once.
     """
@@ -229,6 +231,8 @@ def merge_and_summarize(out_dir: str, *, timing: dict | None = None, ks: Sequenc
         raise ValueError(f"{out_dir}: {len(missing)} of {meta['num_questions']} questions not evaluated "
                          f"yet (first: {missing[:5]}), or some twice; run the missing shards")
     summary = {"settings": meta, **evaluation.summarize(records, ks, seed=meta["seed"])}
+    if shortcuts:
+        summary["shortcuts"] = shortcuts
     if timing:
         summary["timing_s"] = timing
     tmp = os.path.join(out_dir, f"summary.json.tmp{os.getpid()}")
@@ -246,6 +250,10 @@ def format_summary(summary: dict) -> str:
     g = summary["greedy"]
     lines = [f"{summary['num_questions']} questions, {summary['samples_per_question']} samples each",
              f"greedy top-1  {fig({'value': g['accuracy'], 'ci95': g['ci95']})}  (95% Wilson)"]
+    if "shortcuts" in summary:
+        sc = summary["shortcuts"]
+        lines.append(f"shortcuts     best {100 * sc['best_score']:5.1f}% ({sc['best']}); "
+                     + ", ".join(f"{name} {100 * v:.1f}%" for name, v in sc["scores"].items()))
     ks = sorted(int(k) for k in summary.get("pass@k", {}))
     shown = [k for k in ks if k & (k - 1) == 0 or k == ks[-1]]
     for k in shown:

@@ -191,8 +191,8 @@ def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int 
     them except for its algorithm, length, learning rate and folder. Both runs keep
     checkpoints under `run.run_dir` (`sft/`, `rl/`) and resume from them, so a second call
     only redoes what did not finish. Returns held-out greedy `accuracy` and mean `reward`
-    (`evaluate` on `data.eval_size` test questions) `before` and `after` RL, and the RL
-    `history`."""
+    (`evaluate` on `data.eval_size` test questions) `before` and `after` RL, the RL
+    `history`, and the held-out set's `shortcuts` (`grpo_jax.shortcuts.Baselines.to_dict`)."""
     import jax
 
     from grpo_jax.evaluation import evaluate
@@ -222,7 +222,8 @@ def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int 
     rl.train()
     rl.close()
     after = evaluate(cfg, rl.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
-    return {"before": before, "after": after, "history": rl.history}
+    return {"before": before, "after": after, "history": rl.history,
+            "shortcuts": None if rl.shortcuts is None else rl.shortcuts.to_dict()}
 
 
 def main(argv=None) -> int:

@@ -33,6 +33,7 @@ from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, prefer
 from grpo_jax.config import Config, ConfigError
 from grpo_jax.distributed import is_main_process
 from grpo_jax.evaluation import evaluate
+from grpo_jax.shortcuts import try_shortcut_baselines
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import updates_applied
@@ -102,6 +103,11 @@ class Trainer:
             self.base_pointer = lora.base_pointer(cfg, self.state.base_params)
         self.eval_examples = list(eval_examples) if eval_examples is not None else \
             task.examples("test", cfg.data.eval_size, cfg.data.seed)
+        # Beside every held-out accuracy: what rules that skip the skill score on the same set.
+        self.shortcuts = try_shortcut_baselines(task, self.eval_examples) if self.eval_examples else None
+        if self.shortcuts is not None:
+            log.info("held-out set: %d questions (%d distinct); %s", self.shortcuts.num_questions,
+                     self.shortcuts.distinct_questions, self.shortcuts.line())
         self.history: list[dict] = []
         self.bad_steps = 0
         self.start_step = 0  # the step this Trainer resumed from (0 for a fresh run)
@@ -265,6 +271,8 @@ class Trainer:
                     ev = evaluate(cfg, policy, self.task, self.tokenizer, self.eval_examples,
                                   key=jax.random.fold_in(self.rng, 10**9 + done), mesh=self.sample_mesh)
                     metrics.update({f"eval_{k}": v for k, v in ev.items()})
+                    if self.shortcuts is not None:
+                        metrics["eval_shortcut_best"] = self.shortcuts.best[1]
                 metrics["step"] = done
                 self.history.append(metrics)
                 if done % cfg.run.log_every == 0 or done == total or self.bad_steps:
@@ -274,7 +282,8 @@ class Trainer:
                         f"{self.bad_steps} consecutive non-finite updates (run.max_bad_steps="
                         f"{cfg.run.max_bad_steps}); stopping at step {done}")
                 bar.update(1)
-                bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward_mean", "eval_accuracy", "kl", "loss")
+                bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward_mean", "eval_accuracy",
+                                                                   "eval_shortcut_best", "kl", "loss")
                                  if k in metrics})
                 if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0 or done == total:
                     self.save(done)

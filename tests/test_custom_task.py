@@ -94,14 +94,14 @@ def test_generator_prompts_depend_on_seed_and_split_only():
 
     def question(rng):
         draws.append(rng.random())
-        a = rng.randint(0, 9)
+        a = rng.randint(0, 999)  # a space with enough held-out prompts for 5 distinct ones
         return f"{a}+1=", str(a + 1)
 
     task = CustomTask(question, digit_share)
     first = task.examples("train", 5, seed=3)
     assert task.examples("train", 5, seed=3) == first
     assert task.examples("train", 5, seed=4) != first and task.examples("test", 5, seed=3) != first
-    assert all(int(ex.prompt[0]) + 1 == int(ex.answer) for ex in first)
+    assert all(int(ex.prompt.split("+")[0]) + 1 == int(ex.answer) for ex in first)
     listed = CustomTask(PAIRS, digit_share, eval_prompts=PAIRS[:2])
     assert [(e.prompt, e.answer) for e in listed.examples("test", 8, 0)] == PAIRS[:2]
     assert {(e.prompt, e.answer) for e in listed.examples("train", 50, 0)} <= set(PAIRS)
@@ -166,6 +166,8 @@ def test_readme_example_runs_as_written_and_improves_its_reward(tmp_path):
     done = subprocess.run([sys.executable, str(EXAMPLE), f"run.run_dir={tmp_path}"], capture_output=True,
                           text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    before, after = map(float, re.search(r"held-out greedy reward: (\S+) -> (\S+)", done.stdout).groups())
-    # Measured 0.45 -> 0.94 on the 64 held-out questions; the margin absorbs CPU-to-CPU drift.
-    assert after >= before + 0.25 and after >= 0.75, (before, after)
+    before, after, shortcut = map(float, re.search(
+        r"held-out greedy reward: (\S+) -> (\S+) \(best shortcut (\S+)\)", done.stdout).groups())
+    # The margin absorbs CPU-to-CPU drift (docs/results.md has the measured run); learning
+    # means clearing the best rule that skips the skill by 10 points.
+    assert after >= before + 0.25 and after >= 0.75 and after >= shortcut + 0.10, (before, after, shortcut)

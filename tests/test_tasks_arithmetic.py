@@ -102,17 +102,20 @@ def test_outcome_reward(completion, reward):
     [
         # Hand-counted: "23+45=68\n" is 9 characters, "68-12=56\n" 9, "A: 56\n" 6.
         ("23+45=68\n68-12=56\nA: 56\n", [(9, 1.0), (18, 1.0), (24, 1.0)]),
-        # A slip in step 1; step 2 carries the wrong value on correctly; answer wrong.
-        ("23+45=67\n67-12=55\nA: 55\n", [(9, 0.0), (18, 1.0), (24, 0.0)]),
+        # A slip in step 1; step 2 carries the wrong value on, locally right but off the
+        # true chain, so it cannot lead to the right answer: 0.
+        ("23+45=67\n67-12=55\nA: 55\n", [(9, 0.0), (18, 0.0), (24, 0.0)]),
+        # A compensating slip: step 2 is locally wrong but writes the true value again.
+        ("23+45=67\n67-12=56\nA: 56\n", [(9, 0.0), (18, 1.0), (24, 1.0)]),
         # Step 2 does not chain from step 1's written result.
         ("23+45=68\n69-12=57\nA: 56\n", [(9, 1.0), (18, 0.0), (24, 1.0)]),
         # Wrong operand / operator for the step.
         ("23+44=67\n67+12=79\nA: 79", [(9, 0.0), (18, 0.0), (23, 0.0)]),
-        # No trailing newline: the last step ends at len(completion).
-        ("23+45=68\n68-12=56", [(9, 1.0), (17, 1.0)]),
+        # No answer line: one more step, the missing answer, scoring 0 where the lines end.
+        ("23+45=68\n68-12=56", [(9, 1.0), (17, 1.0), (17, 0.0)]),
         # Blank lines are not steps; other lines score 0 without shifting the step
         # count; steps beyond the question's score 0.
-        ("\n23+45=68\n\nhmm\n68-12=56\n56-0=56\n", [(10, 1.0), (15, 0.0), (24, 1.0), (32, 0.0)]),
+        ("\n23+45=68\n\nhmm\n68-12=56\n56-0=56\n", [(10, 1.0), (15, 0.0), (24, 1.0), (32, 0.0), (32, 0.0)]),
         ("", [(0, 0.0)]),
         ("   \n", [(4, 0.0)]),
     ],
@@ -146,18 +149,22 @@ def test_extract_answer():
 
 
 def test_sft_wrong_step_fraction():
+    """Random slips leave the true chain at a step with probability p: among steps whose
+    prefix is still on it (label 1 before them), the fraction labelled 0 is about p."""
     task = ArithmeticTask(num_operands=4)
     examples = task.examples("train", 300, seed=1)
     rng = random.Random(0)
     for p, low, high in [(0.0, 0.0, 0.0), (0.3, 0.2, 0.4), (1.0, 1.0, 1.0)]:
-        wrong = total = 0
+        left = on_chain = 0
         for ex in examples:
             text = task.sft_text(ex, rng, wrong_step_prob=p)
             rewards = [r for _, r in task.step_rewards(text, ex)][:-1]  # step lines only
-            wrong += rewards.count(0.0)
-            total += len(rewards)
+            for before, r in zip([1.0] + rewards[:-1], rewards):
+                if before == 1.0:
+                    on_chain += 1
+                    left += r == 0.0
             assert task.reward(text, ex) in (0.1, 1.0)  # always well-formed
-        assert low <= wrong / total <= high, (p, wrong / total)
+        assert low <= left / on_chain <= high, (p, left / on_chain)
 
 
 def _carry_free(a, op, b):

@@ -87,6 +87,12 @@ class Task:
         """Whether an extracted answer (``extract_answer`` output) is right for ``example``."""
         raise NotImplementedError
 
+    def shortcuts(self, train: list[Example]) -> dict[str, Callable[[Example], str | None]]:
+        """Rules that answer without the skill the task teaches, fitted on ``train``: name ->
+        ``guess(example)``, scored by `grpo_jax.shortcuts` beside every held-out accuracy
+        (which adds the commonest answer for every task). Default: none beyond that."""
+        return {}
+
     def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0) -> str:
         raise NotImplementedError(f"task {self.name!r} has no worked solutions")
 

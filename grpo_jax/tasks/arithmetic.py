@@ -20,14 +20,18 @@ whitespace, it is one or more step lines followed by exactly one ``A: <n>`` line
 nothing else. Then 1.0 if ``n`` is the right answer, else ``format_reward`` (0.1 by
 default); a malformed completion gets 0.0.
 
-Step rewards (``step_rewards``): every non-blank line is a step. The j-th step-shaped
-line scores 1.0 if ``op``/``b`` are the question's j-th operator/operand, ``a`` is the
-result written on the previous step-shaped line (the first operand for the first), and
-``c = a op b``; otherwise 0.0. Lines of any other shape score 0.0 (without shifting
-j). So an arithmetic slip costs exactly the step where it happens; later steps that
-carry the wrong value on correctly still score 1.
-The ``A:`` line scores 1.0 if its value is the right final answer. Lines beyond
-``MAX_STEPS`` are merged into one last step scoring 0.0 that ends at the last
+Step rewards (``step_rewards``): a step is good when the completion can still reach the
+right answer from it (the label Math-Shepherd estimates by completing each step prefix;
+``grpo_jax.reward_models.progress`` does that for any task, and this is its exact special
+case). Every non-blank line is a step. The j-th step-shaped line scores 1.0 if ``op``/``b``
+are the question's j-th operator/operand and the value it writes, ``c``, is the true value
+of the chain after j steps; otherwise 0.0. So a slip zeroes its own line and every later
+line that carries the wrong value on, however locally right, and a later line that
+writes the true value again (a compensating slip) scores 1. Lines of any other shape score
+0.0 (without shifting j). The ``A:`` line scores 1.0 if its value is the right final
+answer. A completion without an ``A:`` line gets one more step, its missing answer, scoring
+0.0 at the end of its last line: it never scores above the same lines with a wrong answer.
+Lines beyond ``MAX_STEPS`` are merged into one last step scoring 0.0 that ends at the last
 non-whitespace character.
 """
 from __future__ import annotations
@@ -38,7 +42,8 @@ import zlib
 from typing import Any, Iterator, Sequence
 
 from grpo_jax import rewards
-from grpo_jax.tasks import SPLITS, Example, Task, as_random
+from grpo_jax.shortcuts import lookup_rule
+from grpo_jax.tasks import SPLITS, Example, Task, as_random, split_of
 
 MAX_STEPS = 64
 SLIPS = ("random", "carry", "carry_habit")
@@ -138,12 +143,6 @@ def solution_steps(operands: Sequence[int], ops: Sequence[str]) -> list[tuple[in
     return steps
 
 
-def _split_for(text: str) -> str:
-    """Stable split of a question (crc32 bucket): 10% test, 10% validation, 80% train."""
-    bucket = zlib.crc32(text.encode()) % 10
-    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
-
-
 def _lines(completion: str, limit: int) -> list[tuple[int, str]]:
     """``(end, line)`` for the first ``limit`` non-blank lines; ``end`` is exclusive and
     includes the line's ``\\n``. Splitting in C keeps huge inputs cheap."""
@@ -221,12 +220,14 @@ class ArithmeticTask(Task):
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` problems of ``split``; membership is a stable hash of the question, so
-        train, validation and test never share a question."""
+        train, validation and test never share a question. Held-out splits (validation,
+        test) hold distinct questions; training questions may repeat."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         # A str seed goes through sha512 in random.Random: stable across processes.
         rng = random.Random(f"arithmetic/{split}/{seed}")
         out: list[Example] = []
+        seen: set[str] = set()
         # The budget only stops a request that cannot be met; a carry filter may keep a small
         # share of a small split's chains, so it gets a larger one.
         budget = (200 * n + 1000) * (50 if self.min_carries else 1)
@@ -237,12 +238,17 @@ class ArithmeticTask(Task):
             operands, ops = generate_problem(
                 rng, count, self.max_digits, self.operations, self.allow_negative
             )
-            if _split_for(expression_text(operands, ops)) == split and \
-                    carrying_steps(operands, ops) >= self.min_carries:
-                out.append(self.make_example(operands, ops))
+            text = expression_text(operands, ops)
+            if split_of(text) != split or carrying_steps(operands, ops) < self.min_carries or text in seen:
+                continue
+            if split != "train":
+                seen.add(text)
+            out.append(self.make_example(operands, ops))
         if len(out) == n:
             return out
-        raise RuntimeError(f"could not draw {n} {split} problems; raise the difficulty knobs")
+        distinct = " distinct" if split != "train" else ""
+        raise RuntimeError(f"could not draw {n}{distinct} {split} problems (found {len(out)}); "
+                           "ask for fewer or raise the difficulty knobs (max_digits, num_operands)")
 
     def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0) -> str:
         """The worked solution, later steps carrying any wrong result on.
@@ -325,30 +331,80 @@ class ArithmeticTask(Task):
 
     def _step_rewards(self, completion: str, example: Example) -> list[tuple[int, float]]:
         operands, ops = example.meta["operands"], example.meta["ops"]
+        truth = [c for _, _, _, c in solution_steps(operands, ops)]
         lines = _lines(completion, MAX_STEPS + 1)
         if not lines:
             return [(len(completion), 0.0)]
         out: list[tuple[int, float]] = []
-        previous, j = operands[0], 0  # j counts step-shaped lines only
+        j, answered = 0, False  # j counts step-shaped lines only
         for end, line in lines[:MAX_STEPS]:
             step, answer = _STEP_RE.fullmatch(line), _ANSWER_RE.fullmatch(line)
             ok = False
             if step is not None:
-                a, op, b, c = int(step.group(1)), step.group(2), int(step.group(3)), int(step.group(4))
-                ok = (
-                    j < len(ops)
-                    and op == ops[j]
-                    and b == operands[j + 1]
-                    and a == previous
-                    and apply_op(a, op, b) == c
-                )
-                previous, j = c, j + 1
+                op, b, c = step.group(2), int(step.group(3)), int(step.group(4))
+                ok = j < len(ops) and op == ops[j] and b == operands[j + 1] and c == truth[j]
+                j += 1
             elif answer is not None:
-                ok = str(int(answer.group(1))) == example.answer
+                ok, answered = str(int(answer.group(1))) == example.answer, True
             out.append((end, 1.0 if ok else 0.0))
         if len(lines) > MAX_STEPS:  # the rest, up to the last non-blank character
             out.append((max(len(completion.rstrip()), out[-1][0]), 0.0))
+        elif not answered:
+            out.append((out[-1][0], 0.0))
         return out
+
+    # ------------------------------------------------------------- shortcuts
+    def shortcuts(self, train: Sequence[Example]) -> dict:
+        """Rules that skip carrying, fitted on ``train`` (see `grpo_jax.shortcuts`): the
+        carry-dropped chain, and (for ``+-*``) the right units digit, which needs no carry,
+        with the digits above it the commonest in training overall, per count of each
+        operator, or per operator sequence, or those of the carry-dropped chain moved by the
+        commonest net carry of the operator sequence (counting carries from the signs)."""
+        def dropped(ex: Example) -> str | None:
+            value = carry_dropped_value(ex.meta["operands"], ex.meta["ops"])
+            return None if value is None else str(value)
+
+        rules = {"carry-dropped chain": dropped}
+        if set(self.operations) <= set("+-*"):
+            def above(ex: Example) -> int:
+                return int(ex.answer) // 10
+
+            def with_units(ex: Example, rest) -> str | None:
+                return None if rest is None else str(10 * rest + int(ex.answer) % 10)
+
+            keys = {"overall": lambda ex: None,
+                    "by operator counts": lambda ex: tuple(ex.meta["ops"].count(o) for o in "+-*"),
+                    "by operator order": lambda ex: tuple(ex.meta["ops"])}
+            for name, key in keys.items():
+                rules[f"units digit + commonest rest {name}"] = lookup_rule(train, key, above, with_units)
+
+            def dropped_rest(ex: Example) -> int | None:
+                value = carry_dropped_value(ex.meta["operands"], ex.meta["ops"])
+                return None if value is None else value // 10
+
+            def offset(ex: Example):  # what the dropped carries and borrows move the rest by
+                rest = dropped_rest(ex)
+                return None if rest is None else above(ex) - rest
+
+            def corrected(ex: Example, shift) -> str | None:
+                rest = dropped_rest(ex)
+                return None if rest is None or shift is None else with_units(ex, rest + shift)
+
+            rules["carry-dropped rest + commonest carry shift by operator order"] = lookup_rule(
+                train, keys["by operator order"], offset, corrected)
+        return rules
+
+
+def carry_dropped_value(operands: Sequence[int], ops: Sequence[str]) -> int | None:
+    """The chain's result with every carry and borrow dropped (`carry_slip` wherever it
+    applies): the answer of a solver that never carries. None where a step is undefined."""
+    value = operands[0]
+    for op, b in zip(ops, operands[1:]):
+        slipped = carry_slip(value, op, b)
+        value = slipped if slipped is not None else apply_op(value, op, b)
+        if value is None:
+            return None
+    return value
 
 
 def tokenizer_corpus(n: int, seed: int = 0, wrong_step_prob: float = 0.0, **task_kwargs) -> Iterator[str]:

@@ -75,6 +75,12 @@ class ChatArithmeticTask(Gsm8kTask):
                     if split_of(q := f"What is {a} {op} {b}?") == split]
         return out
 
+    def shortcuts(self, train) -> dict:
+        """One operation's result whatever the question's operator: with a skewed mix of
+        operations, ``a + b`` alone scores every addition."""
+        return {f"a {op} b whatever the operator": (lambda ex, op=op: str(result_of(
+            ex.meta["operands"][0], op, ex.meta["operands"][2]))) for op in RANGES}
+
     def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0) -> str:
         if wrong_step_prob:
             raise ValueError("chat_arithmetic has no synthetic wrong steps; use wrong_step_prob=0")

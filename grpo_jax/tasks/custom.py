@@ -15,8 +15,12 @@ generated text only). That is the whole contract; everything else is optional:
   tokenizer is trained on); default: the answer itself.
 - ``correct_reward``: a completion counts as correct (RFT's and DPO's 𝕀(o), accuracy) when
   its reward is at least this (default 1.0).
-- ``eval_prompts``: held-out ``(prompt, answer)`` pairs; default: the list itself, or fresh
-  draws of ``question`` from another seed stream.
+- ``eval_prompts``: held-out ``(prompt, answer)`` pairs; default: the list itself, or
+  distinct draws of ``question`` whose prompt falls in the held-out split (a stable hash of
+  the prompt text, `grpo_jax.tasks.split_of`): training then never draws those prompts.
+- ``shortcuts(train_examples) -> {name: guess(example) -> answer}``: rules that answer
+  without the skill, reported beside every held-out accuracy (`grpo_jax.shortcuts`; the
+  commonest answer is always reported).
 
 The reward function runs on untrusted model text: it must not ``eval`` it. A reward that
 raises, or returns anything but a finite real number, stops the run with a
@@ -31,7 +35,7 @@ import random
 from typing import Callable, Sequence, Union
 
 from grpo_jax.errors import GrpoJaxError
-from grpo_jax.tasks import Example, Task
+from grpo_jax.tasks import Example, Task, draw_distinct, split_of
 
 Pair = tuple[str, str]
 Question = Callable[[random.Random], Pair]
@@ -53,7 +57,7 @@ class CustomTask(Task):
                  step_reward: Callable[[str, str, str], Sequence[float]] | None = None,
                  solution: Callable[[str, str, random.Random], str] | None = None,
                  correct_reward: float = 1.0, eval_prompts: Sequence[Pair] | None = None,
-                 name: str = "custom"):
+                 shortcuts: Callable[[list[Example]], dict] | None = None, name: str = "custom"):
         if callable(prompts):
             self._question, self._pairs = prompts, None
         else:
@@ -64,7 +68,7 @@ class CustomTask(Task):
         self._eval_pairs = None if eval_prompts is None else [
             self._checked_pair(p, f"eval_prompts[{i}]") for i, p in enumerate(eval_prompts)]
         self._reward, self._step_reward, self._solution = reward, step_reward, solution
-        self.correct_reward, self.name = correct_reward, name
+        self.correct_reward, self.name, self._shortcuts = correct_reward, name, shortcuts
 
     @staticmethod
     def _checked_pair(pair, where: str) -> Pair:
@@ -74,17 +78,40 @@ class CustomTask(Task):
 
     # ------------------------------------------------------------------ questions
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
-        """Train: ``n`` questions drawn with a ``random.Random`` seeded by (split, seed); test:
-        the first ``n`` held-out pairs (fixed, so every evaluation sees the same ones)."""
+        """Train: ``n`` questions drawn with a ``random.Random`` seeded by (split, seed); held
+        out: the first ``n`` held-out pairs, or ``n`` distinct drawn questions of the split
+        (fixed, so every evaluation sees the same ones). Drawn training questions skip the
+        held-out prompts."""
         rng = random.Random(f"{self.name}/{split}/{seed}")
         if split != "train" and self._eval_pairs is not None:
             pairs = self._eval_pairs[:n]
         elif self._pairs is not None:
             pairs = self._pairs[:n] if split != "train" else [rng.choice(self._pairs) for _ in range(n)]
+        elif split == "train":
+            pairs = []
+            for _ in range(200 * n + 1000):
+                if len(pairs) == n:
+                    break
+                pair = self._draw(rng, split, seed)
+                if split_of(pair[0]) == "train":
+                    pairs.append(pair)
+            if len(pairs) != n:
+                raise RewardFunctionError(f"question(rng) gave too few training prompts ({len(pairs)} of {n})")
         else:
-            pairs = [self._checked_pair(self._question(rng), f"question(rng) for {split} seed {seed}")
-                     for _ in range(n)]
+            try:
+                pairs = draw_distinct(lambda: self._draw(rng, split, seed), lambda p: p[0], split, n,
+                                      tries=200 * n + 1000)
+            except ValueError as e:
+                raise RewardFunctionError(f"{e}: question(rng) has too few distinct {split} prompts for "
+                                          f"{n} held-out questions; draw from a larger space, ask for "
+                                          "fewer (data.eval_size) or pass eval_prompts") from None
         return [Example(prompt, answer) for prompt, answer in pairs]
+
+    def _draw(self, rng: random.Random, split: str, seed: int) -> Pair:
+        return self._checked_pair(self._question(rng), f"question(rng) for {split} seed {seed}")
+
+    def shortcuts(self, train: list[Example]) -> dict:
+        return {} if self._shortcuts is None else dict(self._shortcuts(train))
 
     def sft_text(self, example: Example, rng=0, wrong_step_prob: float = 0.0) -> str:
         if self._solution is None:
