@@ -22,7 +22,7 @@ them in this process, as the tests do):
   grad, completion-only logits, the clipped surrogate + β k3, sequence mean, the same
   micro-batches with gradient accumulation, clipping 1.0, AdamW (fused on CUDA); gradient
   checkpointing on when model.remat is not "none".
-* ``jax_rollout``: the trainer's sampler call (``sampling.sample_to_host`` on the
+* ``jax_rollout``: the trainer's sampler call (``sampler.sample_to_host`` on the
   rl.sample_dtype copy, the engine rl.decode resolves to) for ``--questions`` x rl.group_size
   rows of ``--sample-prompt`` tokens, no stop token, so every row decodes ``--new-tokens``.
 * ``torch_generate``: ``generate`` (sampling at T 1, the sampling copy's dtype, sdpa attention,
@@ -286,12 +286,13 @@ def part_jax_rollout(args) -> dict:
     import numpy as np
 
     from grpo_jax import model as model_lib
-    from grpo_jax import programs, sampling, sharding
+    from grpo_jax import programs, sampler, sharding
+    from grpo_jax.sampler import cache as sampler_cache
 
     cfg = sampler_config(build_config(args), args)
     m, rl = cfg.model, cfg.rl
     mesh = sharding.mesh_from_shape((1, 1, 1))
-    copy = sampling.sampling_copy(m, model_lib.init_params(m, jax.random.key(0), mesh), rl.sample_dtype, mesh)
+    copy = sampler.sampling_copy(m, model_lib.init_params(m, jax.random.key(0), mesh), rl.sample_dtype, mesh)
     engine = programs.decode_engine(cfg, mesh)
     q, g, tp = args.questions, rl.group_size, args.sample_prompt
     prompts = np.random.default_rng(1).integers(3, m.vocab_size, (q, tp)).tolist()
@@ -299,10 +300,10 @@ def part_jax_rollout(args) -> dict:
 
     def run(new_tokens):
         calls["n"] += 1
-        r = sampling.sample_to_host(m, copy, prompts, key=jax.random.key(calls["n"]), group_size=g,
-                                    max_new_tokens=new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-                                    stop_tokens=(), pad_id=0, mesh=mesh, engine=rl.decode,
-                                    kv_dtype=rl.kv_dtype, decode_phases=rl.decode_phases)
+        settings = sampler.SamplingParams.from_rl(rl).replace(max_new_tokens=new_tokens, temperature=1.0,
+                                                              top_k=0, top_p=1.0)
+        r = sampler.sample_to_host(m, copy, prompts, settings, key=jax.random.key(calls["n"]), group_size=g,
+                                   mesh=mesh)
         calls["generated"][new_tokens] = int(np.asarray(r.mask).sum())
 
     out = _rollout_times(run, args)
@@ -311,7 +312,7 @@ def part_jax_rollout(args) -> dict:
     out["weight_itemsize"] = 2 if rl.sample_dtype == "bfloat16" else 4
     # int8 keeps a float32 scale per slot and kv head (model.quantize_kv).
     out["kv_itemsize"] = (1 + 4 / m.head_dim if rl.kv_dtype == "int8"
-                          else sampling.kv_cache_dtype(m, rl.kv_dtype).itemsize)
+                          else np.dtype(sampler_cache.dtype(m, rl.kv_dtype)).itemsize)
     peak = _jax_peak_memory()
     out["peak_bytes"], out["peak_source"] = peak, "device allocator (peak_bytes_in_use)" if peak else "not measured"
     out["probe"] = probe(args.tiny)

@@ -2,14 +2,14 @@
 
 `grpo_jax.aot.sampler_cost(cfg, None, ...)` counts the FLOPs and bytes of the sampler's
 single-device programs with every loop trip (the decode engine `feature_major`, what
-`sampling.sample` runs on one CPU device). Divided by this machine's measured limits it
+`sampler.sample` runs on one CPU device). Divided by this machine's measured limits it
 gives a roofline time per phase:
 
   estimated = max(FLOPs / matmul peak, bytes / streaming bandwidth)
   serial    = FLOPs / matmul peak + bytes / streaming bandwidth  (reading and arithmetic never
               overlapped, as XLA's CPU dots run decode-shaped products; `common.decode_roofline`)
 
-and the same sampler call is timed for real (`sampling.sample_with_info`, temperature 1, no
+and the same sampler call is timed for real (`sampler.sample_with_info`, temperature 1, no
 stop token, so every row decodes all rl.max_new_tokens tokens). The claim under test (issue
 #40): the roofline is a LOWER BOUND of the measured time and WITHIN 3x of it.
 
@@ -80,7 +80,7 @@ def roofline_seconds(cost, flops_per_s: float, bytes_per_s: float) -> dict:
 # ---------------------------------------------------------------------------- the measurement
 
 class SamplerRunner:
-    """(prompts, new_tokens) -> seconds of one `sampling.sample_with_info` call (temperature 1,
+    """(prompts, new_tokens) -> seconds of one `sampler.sample_with_info` call (temperature 1,
     no stop token), results on the host excluded; records every call's `SampleInfo.decode_steps`
     and whether every row ran to full length."""
 
@@ -100,13 +100,13 @@ class SamplerRunner:
 
         import jax
 
-        from grpo_jax import sampling
+        from grpo_jax import sampler
 
         self.calls += 1
         start = time.perf_counter()
-        rollout, info = sampling.sample_with_info(self.cfg.model, self.params, prompts,
-                                                  key=jax.random.key(self.calls),
-                                                  max_new_tokens=new_tokens, temperature=1.0)
+        rollout, info = sampler.sample_with_info(self.cfg.model, self.params, prompts,
+                                                 sampler.SamplingParams(max_new_tokens=new_tokens, temperature=1.0),
+                                                 key=jax.random.key(self.calls))
         jax.block_until_ready(rollout)
         elapsed = time.perf_counter() - start
         self.steps.setdefault(new_tokens, set()).add(info.decode_steps)

@@ -5,7 +5,7 @@ samples, 128 new tokens forced to full length, temperature 1, top-p 1, β = 0.04
 sequence-mean ("grpo") aggregation, trivial reward (number of letters "e" in the decoded
 completion), lr 1e-6, one update per batch (μ = 1).
 
-* **ours**: `sampling.sample` (shared prefill, while-loop decode, unrolled layers) →
+* **ours**: `sampler.sample` (shared prefill, while-loop decode, unrolled layers) →
   host decode + reward → `batch_from_rollout` → the jitted train step of the
   `smollm2-135m` preset (reference forward + update in one program; remat "full", like
   TRL's gradient checkpointing), with 1 micro-batch because TRL also runs the 8
@@ -65,16 +65,15 @@ class OurGRPOStep:
         self.last: dict[str, float] = {}
 
     def __call__(self) -> float:
-        from grpo_jax import batching, sampling
+        from grpo_jax import batching, sampler
 
         sw = common.Stopwatch()
         self.calls += 1
         start = time.perf_counter()
         with sw("sampling"):
-            rollout = sampling.sample(
-                self.cfg.model, self.state.params, self.prompts, key=jax.random.key(self.calls),
-                group_size=self.group, max_new_tokens=self.n, temperature=1.0, top_k=0, top_p=1.0,
-                stop_tokens=(), pad_id=self.tok.pad_id)
+            rollout = sampler.sample(self.cfg.model, self.state.params, self.prompts,
+                                     sampler.SamplingParams(self.n, pad_id=self.tok.pad_id),
+                                     key=jax.random.key(self.calls), group_size=self.group)
             jax.block_until_ready(rollout)
         with sw("reward"):
             tokens = np.asarray(rollout.tokens)

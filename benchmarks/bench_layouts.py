@@ -2,7 +2,7 @@
 
 The decode step multiplies B = 8-64 rows of activations by every weight matrix. Row-major
 (`x [B, in] @ W [in, out]`, the model's own forward) and feature-major (`W [out, in] @
-x [in, B]`, `grpo_jax/feature_major.py`, what the sampler runs on a single CPU device) do
+x [in, B]`, `grpo_jax/sampler/feature_major.py`, what the sampler runs on a single CPU device) do
 the same arithmetic; which one XLA's CPU dots run faster depends on the CPU and its
 kernels. This script times both on SmolLM2-135M's shapes, so that a new CPU can be
 checked before trusting the sampler's choice (issue #20):
@@ -22,9 +22,9 @@ checked before trusting the sampler's choice (issue #20):
   picks between by batch size: the model's two small dots per (row, kv head), and the
   scores as a summed product (`feature_major.attend_summed`, from
   `feature_major.SUMMED_SCORES_FROM` rows on). Speedup = dots / summed.
-* **prefill in row chunks**: the sampler's prefill (`sampling.programs`, SmolLM2's shapes,
+* **prefill in row chunks**: the sampler's prefill (`sampler.programs.programs`, SmolLM2's shapes,
   B prompts of 64 tokens) in one pass and, as it runs on a single CPU device, in chunks
-  of at most `sampling.PREFILL_CHUNK_TOKENS` tokens one after the other; tok/s. Where
+  of at most `sampler.engines.PREFILL_CHUNK_TOKENS` tokens one after the other; tok/s. Where
   one pass gets slower per token as the batch grows, the chunks keep it level.
 
 Random float32 weights (the values do not matter to the timing); reps interleaved, median
@@ -47,9 +47,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import model as model_lib
-from grpo_jax import sampling
+from grpo_jax.sampler import programs as sampler_programs
+from grpo_jax.sampler.engines import ENGINES, PREFILL_CHUNK_TOKENS
 from grpo_jax.config import get_preset
-from grpo_jax.feature_major import SUMMED_SCORES_FROM, attend_summed, dense
+from grpo_jax.sampler.feature_major import SUMMED_SCORES_FROM, attend_summed, dense
 
 EMBED, MLP, VOCAB, LAYERS = 576, 1536, 49152, 30
 KV_HEADS, GROUP, HEAD_DIM, SLOTS = 3, 3, 64, 192
@@ -130,10 +131,10 @@ def attention_inputs(rng, b: int, layers: int):
 
 
 def prefill_programs(cfg, params, prompt_tokens, prompt_mask, cache_len: int,
-                     chunk_tokens: int = sampling.PREFILL_CHUNK_TOKENS) -> dict:
+                     chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> dict:
     """{"one_pass", "chunked"}: the sampler's prefill for these prompts, compiled with the
     row chunks off (one chunk as large as the batch) and on (chunks of chunk_tokens)."""
-    prefill, _ = sampling.programs(cfg, None, engine="feature_major", filtered=False)
+    prefill, _ = sampler_programs.programs(cfg, None, ENGINES["feature_major"], "auto")
     return {name: prefill.lower(params, prompt_tokens, prompt_mask, None, cache_len=cache_len,
                                 chunk_tokens=chunk).compile()
             for name, chunk in (("one_pass", prompt_tokens.size), ("chunked", chunk_tokens))}
@@ -234,7 +235,7 @@ def matmul_rows(rep, b: int, s: dict) -> list[list]:
 def report_tables(rep, layers: int, table: list, cache_table: list, att_table: list) -> None:
     rep.table(["", "batch", "row-major ms", "feature-major ms", "speedup", "feature-major bf16 ms",
                "bf16 speedup"], table)
-    rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/feature_major.py`) suits this CPU. "
+    rep.emit("Speedup > 1: the feature-major decode step (`grpo_jax/sampler/feature_major.py`) suits this CPU. "
              "bf16 speedup = feature-major float32 / bf16 (bf16 weights and operands, float32 sums).")
     rep.emit()
     rep.emit(f"### The feature-major MLP from memory and with its weights in cache ({layers} layers; in "
@@ -292,15 +293,15 @@ def prefill_table(rep, args, reps: int, rng) -> None:
         o, c = s["one_pass"], s["chunked"]
         rate = lambda t: b * PROMPT / t
         rep.results[f"layout_prefill_chunked_speedup_b{b}"] = o["median"] / c["median"]
-        table.append([b, sampling.prefill_chunks(b, PROMPT, "feature_major"), f"{rate(o['median']):.0f} ({rate(o['max']):.0f}–{rate(o['min']):.0f})",
+        table.append([b, ENGINES["feature_major"].prefill_chunks(b, PROMPT), f"{rate(o['median']):.0f} ({rate(o['max']):.0f}–{rate(o['min']):.0f})",
                       f"{rate(c['median']):.0f} ({rate(c['max']):.0f}–{rate(c['min']):.0f})", f"{o['median'] / c['median']:.2f}×"])
         rep.details[f"prefill_b{b}"] = s
     rep.emit(f"### The sampler's prefill, {cfg.num_layers} layers of SmolLM2-135M (random weights), prompts of "
              f"{PROMPT} tokens, float32; median (range) of {reps} interleaved reps")
     rep.emit()
-    rep.table(["batch", "chunks", "one pass tok/s", f"chunks of ≤ {sampling.PREFILL_CHUNK_TOKENS} tokens tok/s",
+    rep.table(["batch", "chunks", "one pass tok/s", f"chunks of ≤ {PREFILL_CHUNK_TOKENS} tokens tok/s",
                "speedup"], table)
-    rep.emit("The feature-major engine (one CPU device) runs the sampler's prefill in the chunks (`sampling.prefill_chunks`); "
+    rep.emit("The feature-major engine (one CPU device) runs the sampler's prefill in the chunks (`FeatureMajor.prefill_chunks`); "
              "speedup > 1 where that pays.")
     rep.emit()
 

@@ -73,13 +73,14 @@ def measure_mismatch(cfg, params, policies: dict, prompts, new_tokens: int) -> d
     it and scored by the float32 trainer's `logprobs.sequence_logprobs` on ``params``."""
     import jax
 
-    from grpo_jax import logprobs, sampling
+    from grpo_jax import logprobs, sampler
 
     score = jax.jit(lambda p, r: logprobs.sequence_logprobs(cfg, p, r, temperature=1.0, chunk_size=64))
     out = {}
     for name, policy in policies.items():
-        r = sampling.sample(cfg, policy, prompts, key=jax.random.key(0), max_new_tokens=new_tokens,
-                            temperature=1.0)
+        r = sampler.sample(cfg, policy, prompts,
+                           sampler.SamplingParams(max_new_tokens=new_tokens, temperature=1.0),
+                           key=jax.random.key(0))
         out[name] = mismatch_stats(r.logprobs, score(params, r), r.mask)
     return out
 
@@ -116,7 +117,7 @@ def make_runners(cfg, params, hf_dir, threads: int, bf16: bool) -> dict:
     """Ours and transformers on the same weights, and ours from a bfloat16 copy if `bf16`."""
     runners = {"jax": SmolJax(cfg, params), "torch": SmolTorch(hf_dir, threads)}
     if bf16:
-        from grpo_jax.sampling import sampling_copy
+        from grpo_jax.sampler import sampling_copy
 
         runners["jax_bf16"] = SmolJax(cfg, sampling_copy(cfg, params, "bfloat16"))
     return runners

@@ -1,4 +1,4 @@
-"""Sampler throughput: grpo_jax.sampling.sample against transformers `generate` on CPU.
+"""Sampler throughput: grpo_jax.sampler.sample against transformers `generate` on CPU.
 
 Measures, for the cpu-tiny model and a SmolLM2-135M-shaped model (random weights, float32):
   * prefill throughput  = batch × prompt_len / t(1 new token)
@@ -34,7 +34,7 @@ import common  # before jax and torch: sets OMP_WAIT_POLICY
 import jax
 import numpy as np
 
-from grpo_jax import model as model_lib, sampling
+from grpo_jax import model as model_lib, sampler
 from grpo_jax.config import ModelConfig, cpu_tiny, smollm2_135m
 
 MODELS = {"tiny": lambda: cpu_tiny().model, "smollm2-135m": lambda: smollm2_135m().model}
@@ -56,9 +56,9 @@ class JaxRunner:
     def __call__(self, prompts, new_tokens, *, group_size=1, engine="auto") -> float:
         self.calls += 1
         start = time.perf_counter()
-        rollout, info = sampling.sample_with_info(
-            self.cfg, self.params, prompts, key=jax.random.key(self.calls), group_size=group_size,
-            max_new_tokens=new_tokens, temperature=1.0, engine=engine)
+        rollout, info = sampler.sample_with_info(self.cfg, self.params, prompts,
+                                                 sampler.SamplingParams(new_tokens, 1.0, engine=engine),
+                                                 key=jax.random.key(self.calls), group_size=group_size)
         jax.block_until_ready(rollout)
         elapsed = time.perf_counter() - start
         assert info.decode_steps == new_tokens and bool(rollout.mask.all()), "not full length"

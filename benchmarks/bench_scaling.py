@@ -6,7 +6,7 @@ float32, P = 2 prompts of 64 tokens, β = 0.04, completions forced to full lengt
 Sweeps: G ∈ {4, 8, 16, 32, 64} at 128 new tokens, and 128 → 1024 new tokens at G = 8.
 
 Per point, median of the reps (compilation excluded):
-  sampling  = `sampling.sample` (shared prefill + while-loop decode)
+  sampling  = `sampler.sample` (shared prefill + while-loop decode)
   reference = the step's reference forward alone (micro-batched chunked log-probs, jitted)
   update    = jitted train step − reference
 and memory: the train step's compiled peak (arguments + outputs − aliases + temporaries,
@@ -60,11 +60,12 @@ class Point:
         self.peak_bytes = common.peak_bytes(self.step.compiled(self.state, batch).memory_analysis())
 
     def _sample(self):
-        from grpo_jax import sampling
+        from grpo_jax import sampler
 
         self.calls += 1
-        out = sampling.sample(self.cfg.model, self.state.params, self.prompts, key=jax.random.key(self.calls),
-                              group_size=self.g, max_new_tokens=self.n, temperature=1.0)
+        out = sampler.sample(self.cfg.model, self.state.params, self.prompts,
+                             sampler.SamplingParams(max_new_tokens=self.n, temperature=1.0),
+                             key=jax.random.key(self.calls), group_size=self.g)
         return jax.block_until_ready(out)
 
     def _batch(self, rollout):

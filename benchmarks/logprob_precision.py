@@ -34,15 +34,15 @@ import numpy as np
 def sample_rows(cfg, params, tok, questions: int, group: int, new_tokens: int, seed: int):
     """(rollout, examples): ``questions`` chat-arithmetic questions x ``group`` completions
     sampled at T = 1 from float32 weights, up to the tokenizer's stop tokens."""
-    from grpo_jax import prompts, sampling
+    from grpo_jax import prompts, sampler
     from grpo_jax.tasks.chat_arithmetic import ChatArithmeticTask
     from grpo_jax.tokenizer import encode_prompt
 
     examples = ChatArithmeticTask().examples("train", questions, seed)
     ids = [encode_prompt(tok, prompts.chat_prompt(prompts.question_of(ex), tok, "arithmetic")) for ex in examples]
-    rollout = sampling.sample_to_host(cfg, params, ids, key=jax.random.key(seed), group_size=group,
-                                      max_new_tokens=new_tokens, temperature=1.0, stop_tokens=tok.stop_ids,
+    settings = sampler.SamplingParams(max_new_tokens=new_tokens, temperature=1.0, stop_tokens=tok.stop_ids,
                                       pad_id=tok.pad_id)
+    rollout = sampler.sample_to_host(cfg, params, ids, settings, key=jax.random.key(seed), group_size=group)
     return rollout, examples
 
 

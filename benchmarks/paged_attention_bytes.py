@@ -11,7 +11,7 @@ s has s completion tokens in the cache):
   shared engine's `PrefixCache`: a question's rows read one copy) and each row's filled
   completion slots (`aot.decode_bytes_analytic`'s count, step by step);
 * `shared, N phases`: the same, with each row reading the whole phase window it is in
-  (`sampling.decode_windows` with N phases) instead of its filled slots;
+  (`sampler.cache.decode_windows` with N phases) instead of its filled slots;
 * `paged`: jax's `ragged_paged_attention` kernel with the question's rows pointing at
   the same prompt pages: the kernel walks each sequence's page list on its own, so every
   row reads its prompt's pages, plus its filled completion pages (whole pages of
@@ -38,8 +38,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
-from grpo_jax import aot, programs, sampling  # noqa: E402
+from grpo_jax import aot  # noqa: E402
 from grpo_jax.config import apply_overrides, get_preset  # noqa: E402
+from grpo_jax.sampler.engines import ENGINES  # noqa: E402
 from grpo_jax.shapes import bucket_length  # noqa: E402
 from grpo_jax.sharding import batch_degree  # noqa: E402
 
@@ -64,7 +65,7 @@ def shapes(preset: str, slice_name: str, overrides: list[str]) -> dict:
     params, cache = args[0], args[1]
     replicas = batch_degree(smesh)
     slots = cache.mask.shape[0] // replicas
-    rows = sampling.padded_rows(per_call, cfg.rl.group_size, programs.sampler_mesh(smesh), "shared")[1] // replicas
+    rows = len(ENGINES["shared"].layout(per_call, cfg.rl.group_size, replicas)[1]) // replicas
     kv = aot.bytes_per_chip((cache.k, cache.v, cache.k_scale, cache.v_scale))
     m = cfg.model
     kv_heads = m.num_kv_heads // math.gcd(m.num_kv_heads, smesh.shape["tensor"])

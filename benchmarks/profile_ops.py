@@ -205,18 +205,19 @@ def profiled_run(args, cfg, params, prompts, name: str):
     import jax
     import numpy as np
 
-    from grpo_jax import sampling
+    from grpo_jax import sampler
 
     if args.update:
         import bench_train_step
 
         print(f"compiling ({name}, one GRPO update of {args.rows} × 256 tokens)...", flush=True)
         return _update_runner(bench_train_step, cfg, params, prompts, args.rows), (("step", 1),)
-    policy = sampling.sampling_copy(cfg, params, args.sample_dtype)
+    policy = sampler.sampling_copy(cfg, params, args.sample_dtype)
 
     def run():
-        r = sampling.sample(cfg, policy, prompts, key=jax.random.key(0),
-                            max_new_tokens=args.new_tokens, temperature=1.0)
+        r = sampler.sample(cfg, policy, prompts,
+                           sampler.SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
+                           key=jax.random.key(0))
         return np.asarray(r.tokens)
 
     print(f"compiling ({name}, batch {args.batch}, {args.prompt_len}-token prompts, "

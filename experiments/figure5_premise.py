@@ -64,14 +64,15 @@ def sample_groups(cfg, params, task, tok, mesh, examples, group: int, seed: int)
     """``group`` completions of each example from ``params`` at rl.temperature."""
     import jax
 
-    from grpo_jax import sampling
+    from grpo_jax import sampler
     from grpo_jax.batching import completion_ids
     from grpo_jax.sharding import to_host
     from grpo_jax.tokenizer import encode_prompt
 
-    ro = sampling.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
-                         key=jax.random.key(seed), group_size=group, max_new_tokens=cfg.rl.max_new_tokens,
-                         temperature=cfg.rl.temperature, stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=mesh)
+    ro = sampler.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
+                        sampler.SamplingParams(cfg.rl.max_new_tokens, cfg.rl.temperature, stop_tokens=tok.stop_ids,
+                                               pad_id=tok.pad_id),
+                        key=jax.random.key(seed), group_size=group, mesh=mesh)
     ro = jax.tree.map(to_host, ro)
     texts = [tok.decode(completion_ids(ro, r, tok.stop_ids)) for r in range(len(examples) * group)]
     return [texts[i * group:(i + 1) * group] for i in range(len(examples))]

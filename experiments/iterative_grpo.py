@@ -31,7 +31,7 @@ import common
 import jax
 
 from grpo_jax import config as config_lib
-from grpo_jax import sampling
+from grpo_jax import sampler
 from grpo_jax.batching import completion_ids
 from grpo_jax.errors import CheckpointError
 from grpo_jax.evaluation import evaluate
@@ -48,10 +48,9 @@ def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt
                    split: str = "train"):
     """Fresh policy samples on `split` questions, labelled by the task's rule (the oracle)."""
     examples = task.examples(split, num_prompts, 7_000_000 + seed)
-    ro = sampling.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
-                         key=jax.random.key(seed), group_size=per_prompt,
-                         max_new_tokens=cfg.rl.max_new_tokens, temperature=1.0,
-                         stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=mesh)
+    ro = sampler.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
+                        sampler.SamplingParams(cfg.rl.max_new_tokens, stop_tokens=tok.stop_ids, pad_id=tok.pad_id),
+                        key=jax.random.key(seed), group_size=per_prompt, mesh=mesh)
     ro = jax.tree.map(to_host, ro)
     texts = [tok.decode(completion_ids(ro, r, tok.stop_ids)) for r in range(len(examples) * per_prompt)]
     return label_completions(task, [e for e in examples for _ in range(per_prompt)], texts)

@@ -25,7 +25,7 @@ import numpy as np
 import quickstart
 
 from grpo_jax import config as config_lib
-from grpo_jax import sampling
+from grpo_jax import sampler
 from grpo_jax.evaluation import completion_texts
 from grpo_jax.sharding import to_host
 from grpo_jax.tasks.arithmetic import carry_slip, solution_steps
@@ -85,9 +85,10 @@ def main(argv=None) -> dict:
     out = {}
     for name, params in policies.items():
         for temperature, g in ((0.0, 1), (1.0, args.samples)):
-            ro = sampling.sample(cfg.model, params, prompts, key=jax.random.key(5), group_size=g,
-                                 max_new_tokens=cfg.rl.max_new_tokens, temperature=temperature,
-                                 stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=mesh)
+            ro = sampler.sample(cfg.model, params, prompts,
+                                sampler.SamplingParams(cfg.rl.max_new_tokens, temperature, stop_tokens=tok.stop_ids,
+                                                       pad_id=tok.pad_id),
+                                key=jax.random.key(5), group_size=g, mesh=mesh)
             steps, right = score(task, examples, completion_texts(jax.tree.map(to_host, ro), tok), g)
             cells = {f"{pos} {kind}": (r / n, n) for (pos, kind), (r, n) in sorted(steps.items())}
             out[f"{name}, T={temperature:g}"] = {"accuracy": float(right.mean()),

@@ -59,12 +59,12 @@ import numpy as np
 from grpo_jax import advantages as adv_lib
 from grpo_jax import loops
 from grpo_jax import losses, packing
-from grpo_jax.config import RL_NUMBERS, Config, RLConfig
+from grpo_jax.config import RL_NUMBERS, RL_SWITCHES, Config, RLConfig
 from grpo_jax.logprobs import sequence_logprobs, sequence_values
 
 __all__ = [
     "RLHParams", "Extras", "Algorithm", "SFT", "RFT", "OnlineRFT", "DPO", "PPO", "GRPO",
-    "ALGORITHMS", "DATA_SOURCES", "MAX_METRICS", "get_algorithm",
+    "ALGORITHMS", "DATA_SOURCES", "MAX_METRICS", "algorithm_of", "get_algorithm",
     "split_micro_batches", "merge_micro_batches", "map_micro_batches",
 ]
 
@@ -123,20 +123,36 @@ def map_micro_batches(fn: Callable[[Any], Any], tree: Any, num: int, unit: int =
 
 # ----------------------------------------------------------------- hyperparameters
 
-def _hparams_from_config(cls, rl: RLConfig) -> "RLHParams":
-    """Host-side (numpy float32 scalars): put on device by the caller, or used as constants."""
-    return cls(**{name: np.float32(getattr(rl, name)) for name in RL_NUMBERS})
+@flax.struct.dataclass
+class RLHParams:
+    """The rl.* fields whose role is "number" (``config.RL_NUMBERS``, in their order: β, ε,
+    γ, λ, the value clip range, DPO's β, the temperature, the TIS cap) as float32 scalars
+    the train step reads as data, so changing one never recompiles. Modes (aggregation, KL
+    estimator, supervision, ...) are Python branches on the static cfg, so only the chosen
+    one is traced (``RLConfig.modes()``, the step's cache key)."""
+
+    beta: Any
+    eps_low: Any
+    eps_high: Any
+    gamma: Any
+    lam: Any
+    value_clip: Any
+    dpo_beta: Any
+    temperature: Any
+    tis_cap: Any
+
+    @classmethod
+    def from_config(cls, rl: RLConfig) -> "RLHParams":
+        """Host-side (numpy float32 scalars): put on device by the caller, or used as constants."""
+        return cls(**{name: np.float32(getattr(rl, name)) for name in RL_NUMBERS})
 
 
-# The rl.* fields whose role is "number" (config.RL_NUMBERS: β, ε, γ, λ, the value clip
-# range, DPO's β, the temperature, the TIS cap) as float32 scalars the train step reads as
-# data, so changing one never recompiles. Modes (aggregation, KL estimator, supervision,
-# ...) are Python branches on the static cfg, so only the chosen one is traced
-# (`RLConfig.modes()`, the step's cache key).
-RLHParams = flax.struct.dataclass(type("RLHParams", (), {
-    "__annotations__": dict.fromkeys(RL_NUMBERS, Any), "__module__": __name__,
-    "from_config": classmethod(_hparams_from_config),
-    "__doc__": "The numeric rl.* values of the train step, as data (see above)."}))
+assert tuple(f.name for f in dataclasses.fields(RLHParams)) == RL_NUMBERS, "RLHParams lists config.RL_NUMBERS"
+
+
+def _switch(cfg: Config, name: str) -> bool:
+    """Whether the ``RL_SWITCHES`` switch ``name`` is on for ``cfg`` (compiled in)."""
+    return RL_SWITCHES[name](cfg.rl)
 
 
 def _hp(cfg: Config, hp: RLHParams | None) -> RLHParams:
@@ -202,7 +218,7 @@ def _sampler_truncates(cfg: Config) -> bool:
     """Top-k / top-p sampling without TIS: the batch was drawn from a truncated
     distribution, so the sampler's recorded log-probs (not a recomputed π_θ) are π_θold at
     the first update. With rl.tis_cap > 0 the TIS weight corrects for the sampler instead."""
-    return (cfg.rl.top_k > 0 or cfg.rl.top_p < 1.0) and cfg.rl.tis_cap == 0
+    return _switch(cfg, "truncated_sampling") and not _switch(cfg, "truncated_is")
 
 
 def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
@@ -231,7 +247,7 @@ def _policy_objective(logp, old_logp, adv, mask, batch, cfg: Config, hp: RLHPara
     else:
         objective = losses.clipped_surrogate(logp, old_logp, adv, **eps)
     metrics = _surrogate_metrics(logp, old_logp, adv, mask, hp)
-    if cfg.rl.tis_cap > 0:
+    if _switch(cfg, "truncated_is"):
         weight = losses.tis_weights(old_logp, batch.sample_logprobs, hp.tis_cap)
         objective = objective * weight
         capped = jnp.exp(losses.as_float(old_logp) - losses.as_float(batch.sample_logprobs)) > hp.tis_cap
@@ -502,7 +518,7 @@ class PPO(Algorithm):
     needs_value_model: bool = True
 
     def needs_reference(self, cfg: Config) -> bool:
-        return cfg.rl.beta > 0
+        return _switch(cfg, "kl_penalty")
 
     def logprob_temperature(self, hp):
         return hp.temperature
@@ -547,7 +563,7 @@ class PPO(Algorithm):
         adv, old_logp = extras.advantages, extras.old_logp
         surrogate, policy_metrics = _policy_objective(logp, old_logp, adv, mask, batch, cfg, hp)
         args = (values, extras.old_values, extras.returns, mask)
-        vloss = losses.value_loss(*args, clip_eps=hp.value_clip if cfg.rl.value_clip > 0 else None)
+        vloss = losses.value_loss(*args, clip_eps=hp.value_clip if _switch(cfg, "value_clipping") else None)
         num, den = _aggregate_parts(-surrogate + vloss, mask, cfg)
         pg_num, _ = _aggregate_parts(-surrogate, mask, cfg)
         v_num, _ = _aggregate_parts(vloss, mask, cfg)
@@ -597,7 +613,7 @@ class GRPO(Algorithm):
     reward: str = "model"
 
     def needs_reference(self, cfg: Config) -> bool:
-        return cfg.rl.beta > 0
+        return _switch(cfg, "kl_penalty")
 
     def logprob_temperature(self, hp):
         return hp.temperature
@@ -683,3 +699,8 @@ def get_algorithm(name: str) -> Algorithm:
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; known algorithms: {sorted(ALGORITHMS)}")
     return ALGORITHMS[name]
+
+
+def algorithm_of(cfg: Config) -> Algorithm:
+    """The algorithm a run of ``cfg`` trains with (rl.algorithm)."""
+    return get_algorithm(cfg.rl.algorithm)

@@ -28,9 +28,11 @@ from jax.sharding import NamedSharding
 from grpo_jax import lora, loops, packing, programs
 from grpo_jax import model as model_lib
 from grpo_jax import train_step as ts
-from grpo_jax.algorithms import get_algorithm
+from grpo_jax.algorithms import algorithm_of
 from grpo_jax.config import Config
 from grpo_jax.batching import Batch
+from grpo_jax.sampler import abstract_sampling_copy
+from grpo_jax.sampler.cache import phase_steps
 from grpo_jax.shapes import bucket_length
 from grpo_jax.sharding import batch_sharding, make_mesh, replicated
 from grpo_jax.slices import get_slice
@@ -266,7 +268,7 @@ def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
                                 + 2 * 2 * h * hd * t)  # qk^T and pv over t keys
     per_token += 2 * d * m.vocab_size
     fwd = per_token * rows * t
-    passes = 3 + (1 if m.remat != "none" else 0) + (1 if get_algorithm(cfg.rl.algorithm).needs_reference(cfg) else 0)
+    passes = 3 + (1 if m.remat != "none" else 0) + (1 if algorithm_of(cfg).needs_reference(cfg) else 0)
     return float(fwd * passes)
 
 
@@ -287,7 +289,7 @@ def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
     n = matmul_params(cfg.model)
     rows = questions * programs.group_size(cfg)
     seq = prompt_len + cfg.rl.max_new_tokens
-    ref = 2 * n if get_algorithm(cfg.rl.algorithm).needs_reference(cfg) else 0
+    ref = 2 * n if algorithm_of(cfg).needs_reference(cfg) else 0
     trained = (4 if lora.enabled(cfg.model) else 6) * n
     return {"prefill": 2.0 * n * questions * prompt_len,
             "decode": 2.0 * n * rows * cfg.rl.max_new_tokens,
@@ -382,14 +384,11 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     in steps, with a layers x steps term), so the four points give the count at the
     model's depth and rl.max_new_tokens exactly, with nothing dropped: the run's own
     copies, in-loop slicing and cache writes are in the twin too. An engine that decodes in
-    phases over a growing cache (``sampling.cache_plan``) is counted at its first and last
+    phases over a growing cache (``DecodeEngine.cache_plan``) is counted at its first and last
     window, and a step's cost is linear in the window between them (attention and the
     cache slots are; nothing else depends on it)."""
-    from grpo_jax import sampling
-
-    tc = bucket_length(cfg.rl.max_new_tokens)
-    windows = sampling.cache_plan(programs.decode_engine(cfg, programs.sampler_mesh(mesh)), prompt_len, tc,
-                                  cfg.rl.decode_phases)[1]
+    call = programs.sampler(cfg, mesh, prompts, group_size, prompt_len)
+    tc, windows = call.num_cols, call.windows
     pre, dec = {}, {w: {} for w in dict.fromkeys((windows[0], windows[-1]))}
     with _threefry_unrolled_on_cpu():
         for layers in (1, 2):
@@ -410,7 +409,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     lo, hi = windows[0], windows[-1]
     at = lambda w: per_window[hi] if lo == hi else per_window[lo] + (w - lo) / (hi - lo) * (per_window[hi] - per_window[lo])
     steps = cfg.rl.max_new_tokens - 1  # the first token is drawn from the prefill's logits
-    decode = fixed + sum(n * at(w) for n, w in zip(sampling.phase_steps(windows, tc, steps), windows))
+    decode = fixed + sum(n * at(w) for n, w in zip(phase_steps(windows, tc, steps), windows))
     return {"prefill": prefill, "decode": decode, "decode_per_token": (decode - fixed) / max(steps, 1)}
 
 
@@ -442,15 +441,14 @@ def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prom
     attention needs. Every slot of the cache for the engines that read them all; for the
     shared engine, each prompt slot's cache once and each row's filled completion slots
     (step s: s of them)."""
-    from grpo_jax import sampling
-
     _, args, _ = sampler_calls(cfg, mesh, prompts, group_size, prompt_len)["decode"]
     params, cache = args[0], args[1]
+    call = programs.sampler(cfg, mesh, prompts, group_size, prompt_len)
     size = (lambda x: float(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(x)))) \
-        if programs.sampler_mesh(mesh) is None else bytes_per_chip
+        if call.mesh is None else bytes_per_chip
     kv = size((cache.k, cache.v, cache.k_scale, cache.v_scale))  # no scales unless int8
-    if programs.decode_engine(cfg, programs.sampler_mesh(mesh)) == "shared":
-        rows = sampling.padded_rows(prompts, group_size, programs.sampler_mesh(mesh), "shared")[1]
+    if call.engine.reads_prompt_in_place:
+        rows = len(call.layout[1])
         slots_per_row = cache.mask.shape[0] / rows
         mean_filled = cfg.rl.max_new_tokens / 2  # (1 + ... + steps) / steps, steps = max_new_tokens - 1
         kv = kv * (1 + mean_filled / (slots_per_row * prompt_len))
@@ -515,69 +513,32 @@ def sample_mesh(cfg: Config, slice_name: str):
 
 
 def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, *,
-                  unrolled: bool = False, cost_steps: int | None = None, window: int | None = None) -> dict:
-    """{"prefill" | "decode": (program, args, kwargs)}: the sampler's two programs
-    (``programs.sampler``) and abstract arguments shaped and sharded as ``sampling``'s
-    ``_sample_call`` passes them, for one call of ``prompts`` x ``group_size`` rows (padded
-    to the mesh as the sampler pads them), a prompt bucket of ``prompt_len`` and
-    rl.max_new_tokens new tokens, reading the rl.sample_dtype copy of the policy
-    (``sampling.sampling_copy``). ``mesh`` None: one device. ``unrolled`` / ``cost_steps``:
-    the cost twin (every loop written out, ``cost_steps`` decode steps over one phase's
-    cache: ``window`` slots, default the last phase's)."""
-    from grpo_jax import sampling
-    from grpo_jax.feature_major import decode_weights
-
-    m = cfg.model
-    smesh = programs.sampler_mesh(mesh)
-    engine = programs.decode_engine(cfg, smesh)
-    prefill, decode = programs.sampler(cfg, smesh, unrolled=unrolled)
-    num_prompts, rows = sampling.padded_rows(prompts, group_size, smesh, engine)
-    tc = bucket_length(cfg.rl.max_new_tokens)
-    feature_major = engine == "feature_major"
-    cache_len, windows = sampling.cache_plan(engine, prompt_len, tc, cfg.rl.decode_phases)
-    if cost_steps is not None:
-        windows = (windows[-1] if window is None else window,)
-        cache_len = cache_len if engine == "shared" else windows[0]
-
-    def sharded(shape, dtype, sharding):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=None if smesh is None else sharding(smesh))
-
-    bs = lambda shape, dt: sharded(shape, dt, lambda mm: batch_sharding(mm, len(shape), shape[0]))
-    rep = lambda shape, dt: sharded(shape, dt, replicated)
-    host = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)  # numpy scalars: no sharding
-    params = jax.eval_shape(lambda p: sampling.sampling_copy(m, p, cfg.rl.sample_dtype), model_lib.param_shapes(m))
-    if smesh is not None:
-        params = _abstract(params, model_lib.param_shardings(m, smesh))
-    copy_to = bs((rows,), jnp.int32) if group_size > 1 and engine != "shared" else None
-    pre_args = (params, bs((num_prompts, prompt_len), jnp.int32), bs((num_prompts, prompt_len), bool), copy_to)
-    pre_kwargs = {"cache_len": cache_len}
-    cache, logits0 = prefill.eval_shape(*pre_args, **pre_kwargs)
-    if smesh is not None:
-        cache = _abstract(cache, sampling.cache_sharding(smesh, cache))
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=None if smesh is None else replicated(smesh))
-    decode_params = jax.eval_shape(lambda p: decode_weights(m, p), params) if feature_major else params
-    dec_args = (decode_params, cache, bs(logits0.shape, logits0.dtype), bs((rows,), jnp.int32),
-                bs((rows,), jnp.int32), bs((rows,), bool), key, host((), np.float32), host((), np.int32),
-                host((), np.float32), host((), np.int32), rep((m.vocab_size,), bool), host((), np.int32))
-    dec_kwargs = {"num_cols": tc, "windows": windows}
-    if cost_steps is not None:
-        dec_kwargs["cost_steps"] = cost_steps
-    return {"prefill": (prefill, pre_args, pre_kwargs), "decode": (decode, dec_args, dec_kwargs)}
+                  evaluation: bool = False, **twin) -> dict:
+    """{"prefill" | "decode": (program, args, kwargs)}: the sampler call a run makes
+    (``programs.sampler``: the rollout's, or with ``evaluation`` the in-run evaluation's)
+    with abstract arguments, for one call of ``prompts`` x ``group_size`` rows, a prompt
+    bucket of ``prompt_len`` and rl.max_new_tokens new tokens, reading the rl.sample_dtype
+    copy of the policy (``sampler.sampling_copy``). ``mesh`` None: one device. ``twin``:
+    the cost twin (``sampler.sampler_call``'s unrolled, cost_steps and window)."""
+    call = programs.sampler(cfg, mesh, prompts, group_size, prompt_len, evaluation=evaluation, **twin)
+    return call.abstract(abstract_sampling_copy(cfg.model, cfg.rl.sample_dtype, call.mesh))
 
 
-def lower_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, **twin) -> dict:
+def lower_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, **kwargs) -> dict:
     """{"prefill": lowered, "decode": lowered}; see ``sampler_calls``."""
-    return {name: program.lower(*args, **kwargs)
-            for name, (program, args, kwargs) in sampler_calls(cfg, mesh, prompts, group_size, prompt_len,
-                                                               **twin).items()}
+    return {name: program.lower(*args, **static)
+            for name, (program, args, static) in sampler_calls(cfg, mesh, prompts, group_size, prompt_len,
+                                                               **kwargs).items()}
 
 
-def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
+def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, *,
+                    evaluation: bool = False) -> dict:
     """{"prefill": (compiled, s), "decode": (compiled, s)}: the run's sampler programs for
     one call (``sampler_calls``). FitError names the program the compiler finds too big."""
-    return {name: compile_lowered(f"sample_{name}", lowered)
-            for name, lowered in lower_sampler(cfg, mesh, prompts, group_size, prompt_len).items()}
+    prefix = "eval" if evaluation else "sample"
+    return {name: compile_lowered(f"{prefix}_{name}", lowered)
+            for name, lowered in lower_sampler(cfg, mesh, prompts, group_size, prompt_len,
+                                               evaluation=evaluation).items()}
 
 
 def compile_lowered(name: str, lowered) -> tuple[Any, float]:

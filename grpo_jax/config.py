@@ -38,10 +38,10 @@ SUPERVISIONS = ("outcome", "process")
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
 POLICY_LOSSES = ("clipped", "gspo", "cispo")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-# The sampler's decode engines (grpo_jax.sampling): the model's forward with its layers in a
-# `lax.scan` or written out one by one, the single-CPU-device feature-major step, or the
+# The sampler's decode engines (grpo_jax.sampler.engines): the model's forward with its layers
+# in a `lax.scan` or written out one by one, the single-CPU-device feature-major step, or the
 # written-out forward over a prompt cache shared by a question's rows (`shared`); `auto`
-# picks one from the sampling mesh's devices (`sampling.resolve_engine`).
+# picks one from the sampling mesh's devices (`sampler.engines.resolve`).
 DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
 # The sampler's KV cache dtypes (rl.kv_dtype): auto is the model's compute dtype; int8 keeps
 # a float32 scale per slot and kv head (grpo_jax.model.quantize_kv).
@@ -251,7 +251,7 @@ class RLConfig:
     # token; like a bfloat16 sample_dtype, its log-probs then differ slightly from the
     # trainer's (logged as logprob_mismatch_*, corrected by rl.tis_cap).
     kv_dtype: str = _rl("auto", "sampling")
-    # The most phases the feature-major and shared decode engines run in (sampling.cache_plan):
+    # The most phases the feature-major and shared decode engines run in (sampler.cache.decode_windows):
     # each phase reads a cache that ends a phase's share of the completion bucket further on,
     # so more phases read fewer empty slots and compile one more copy of the step each.
     decode_phases: int = _rl(4, "sampling")
@@ -316,6 +316,12 @@ class RLConfig:
             raise ConfigError("rl.gamma and rl.lam must be in [0, 1]")
 
 
+def truncates_sampling(top_k: int, top_p: float) -> bool:
+    """Top-k (top_k > 0) or top-p (top_p < 1) on: the sampler draws from a truncated
+    distribution (``sampler.SamplingParams.filtered``, ``RL_SWITCHES``)."""
+    return top_k > 0 or top_p < 1.0
+
+
 def _role(role: str) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(RLConfig) if f.metadata["role"] == role)
 
@@ -328,12 +334,39 @@ RL_SWITCHES: dict[str, Callable[[RLConfig], bool]] = {
     "kl_penalty": lambda rl: rl.beta > 0,
     "value_clipping": lambda rl: rl.value_clip > 0,
     "truncated_is": lambda rl: rl.tis_cap > 0,
-    "truncated_sampling": lambda rl: rl.top_k > 0 or rl.top_p < 1.0,
+    "truncated_sampling": lambda rl: truncates_sampling(rl.top_k, rl.top_p),
 }
-RLModes = dataclasses.make_dataclass(
-    "RLModes", [(name, Any) for name in RL_MODES + tuple(RL_SWITCHES)], frozen=True,
-    namespace={"__module__": __name__,
-               "__doc__": "The modes of an `RLConfig` (`RLConfig.modes`): hashable, the train step's cache key."})
+
+
+@dataclass(frozen=True)
+class RLModes:
+    """The modes of an `RLConfig` (`RLConfig.modes`): its "mode" fields (`RL_MODES`, in
+    their order), then the `RL_SWITCHES`. Hashable: the train step's cache key."""
+
+    algorithm: str
+    group_size: int
+    kl_estimator: str
+    num_updates: int
+    scale_by_std: bool
+    supervision: str
+    skip_zero_variance_groups: bool
+    mask_truncated: bool
+    aggregation: str
+    whiten_advantages: bool
+    num_micro_batches: int
+    logprob_chunk_size: int
+    logprob_keep_probs: bool
+    advantage_estimator: str
+    policy_loss: str
+    pack: bool
+    kl_penalty: bool
+    value_clipping: bool
+    truncated_is: bool
+    truncated_sampling: bool
+
+
+assert tuple(f.name for f in dataclasses.fields(RLModes)) == RL_MODES + tuple(RL_SWITCHES), \
+    "RLModes lists the mode fields of RLConfig, then RL_SWITCHES"
 # Which algorithms read each rl.* field, where not every algorithm does.
 RL_READERS: dict[str, tuple[str, ...]] = {
     f.name: f.metadata["readers"] for f in dataclasses.fields(RLConfig) if f.metadata["readers"] != _ALL}

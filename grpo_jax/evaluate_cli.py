@@ -40,7 +40,7 @@ import time
 import jax
 
 from grpo_jax import (checkpointing, cli, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
-                      train_cli)
+                      programs, sampler, train_cli)
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
 from grpo_jax.shortcuts import try_shortcut_baselines
@@ -158,10 +158,13 @@ def step_params(cfg: Config, ckpt: checkpointing.Checkpointer, step: int, mesh, 
     return lora.merged(cfg.model, base, ckpt.restore_params(abstract, step))
 
 
-def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh, meta, load_s):
+def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh, meta, load_s, rl=None):
     """Sample and score this process's shard (i, n) into `out`; on process 0 (no --shard)
-    merge the shards and return the summary, else None."""
+    merge the shards and return the summary, else None. ``rl``: a run's RLConfig, whose
+    rollout settings (engine, cache) the sampler takes, --decode overriding its engine."""
     shard, num_shards = shards
+    base = sampler.SamplingParams(args.max_new_tokens) if rl is None else sampler.SamplingParams.from_rl(rl)
+    base = base.replace(stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, engine=args.decode or "auto")
     settings = evaluate_run.EvalSettings(
         num_samples=args.k, temperature=args.temperature, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -169,7 +172,7 @@ def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh,
         prompt=args.prompt or task.prompt_style or "task")
     times = evaluate_run.evaluate_shard(model_cfg, params, tokenizer, task, examples, out, settings,
                                         shard=shard, num_shards=num_shards, mesh=mesh, meta=meta,
-                                        progress=not args.no_progress, engine=args.decode or "auto")
+                                        progress=not args.no_progress, sampling=base)
     print(f"shard {shard}/{num_shards}: {times['questions']} questions; load {load_s:.1f}s, "
           f"sample {times['sample']:.1f}s, score {times['score']:.1f}s", file=sys.stderr)
     distributed.barrier("evaluate")
@@ -259,12 +262,15 @@ def main(argv=None) -> dict:
             raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {steps}")
         steps = [args.step]
     pointer = None if base is None else lora.base_pointer(cfg, base)
+    # The run's sampling mesh over this host's devices, and its rollout's policy copy.
+    sample_mesh = programs.sample_mesh(cfg.replace(mesh={"dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1}), mesh)
     points = []
     for step in steps:
         t0 = time.perf_counter()
-        params = step_params(cfg, ckpt, step, mesh, base, pointer)
+        params = sampler.sampling_copy(cfg.model, step_params(cfg, ckpt, step, mesh, base, pointer),
+                                       cfg.rl.sample_dtype, sample_mesh)
         summary = score(args, shards, cfg.model, params, tokenizer, task, examples, os.path.join(out, f"step-{step}"),
-                        mesh, {**meta, "step": step}, time.perf_counter() - t0)
+                        sample_mesh, {**meta, "step": step}, time.perf_counter() - t0, rl=cfg.rl)
         if summary is not None:
             points.append(curve_point(step, summary))
     ckpt.close()

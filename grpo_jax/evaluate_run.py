@@ -23,7 +23,7 @@ therefore computed identically whether one process runs all of them, two process
 them, or a killed run resumes (a chunk is skipped only when all its questions are on disk;
 a partly written line of a killed run is dropped).
 
-Host / device boundary: `sampling.sample` is the only device work (greedy, then the
+Host / device boundary: `sampler.sample` is the only device work (greedy, then the
 ``num_samples`` draws); decoding, answer extraction and scoring are host-side Python on
 untrusted model text (the task's bounded reward functions, never eval).
 """
@@ -38,7 +38,7 @@ from typing import Sequence
 
 import jax
 
-from grpo_jax import evaluation, prompts, sampling
+from grpo_jax import evaluation, prompts, sampler
 from grpo_jax.prompts import DEEPSEEK_CHAT, is_chat_tokenizer
 from grpo_jax.sharding import to_host
 from grpo_jax.tasks import Example, Task
@@ -75,6 +75,13 @@ class EvalSettings:
     @property
     def chunk_questions(self) -> int:
         return max(1, self.chunk_rows // max(1, self.num_samples))
+
+    def draws(self, base: sampler.SamplingParams) -> tuple[sampler.SamplingParams, sampler.SamplingParams]:
+        """(greedy, drawn): ``base``'s engine, cache, stop and pad tokens (a run's rollout
+        settings, ``SamplingParams.from_rl``) with this evaluation's length and draw
+        (``SamplingParams.evaluation``)."""
+        base = base.replace(max_new_tokens=self.max_new_tokens)
+        return base.evaluation(), base.evaluation(self.temperature, self.top_p)
 
 
 def prompt_text(task: Task, example: Example, tokenizer, style: str) -> str:
@@ -136,14 +143,17 @@ def _texts(rollout, tokenizer) -> list[str]:
 
 def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[Example], out_dir: str,
                    settings: EvalSettings, *, shard: int = 0, num_shards: int = 1, mesh=None,
-                   meta: dict | None = None, progress: bool = True, engine: str = "auto") -> dict[str, float]:
+                   meta: dict | None = None, progress: bool = True,
+                   sampling: sampler.SamplingParams | None = None) -> dict[str, float]:
     """Sample and score this shard's chunks of ``examples`` [Q], appending to its JSONL.
 
     Resumable: chunks whose questions are all in the shard file are skipped. ``meta``
-    (model, task, split, ...) is saved with ``settings`` in settings.json; ``engine``: the
-    sampler's decode engine (``rl.decode``; every engine draws the same samples). An existing
-    out_dir with different ones is an error. Returns the seconds spent {"sample", "score"}
-    and the number of questions done now {"questions"}.
+    (model, task, split, ...) is saved with ``settings`` in settings.json. ``sampling``:
+    the rollout settings whose engine and cache the evaluation samples with (a run's,
+    ``SamplingParams.from_rl``; every engine draws the same samples), by default the
+    sampler's defaults with the tokenizer's stop and pad tokens (``EvalSettings.draws``).
+    An existing out_dir with different ones is an error. Returns the seconds spent
+    {"sample", "score"} and the number of questions done now {"questions"}.
     """
     from tqdm.auto import tqdm
 
@@ -161,8 +171,10 @@ def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[
     todo = sum(min((c + 1) * q, len(examples)) - c * q for c in chunks)
     times = {"sample": 0.0, "score": 0.0, "questions": todo}
     base = jax.random.PRNGKey(settings.seed)
-    common = dict(max_new_tokens=settings.max_new_tokens, stop_tokens=tokenizer.stop_ids,
-                  pad_id=tokenizer.pad_id, mesh=mesh, engine=engine)
+    if sampling is None:
+        sampling = sampler.SamplingParams(settings.max_new_tokens, stop_tokens=tokenizer.stop_ids,
+                                          pad_id=tokenizer.pad_id)
+    greedy_draw, sample_draw = settings.draws(sampling)
     bar = tqdm(total=todo, desc=f"eval {task.name} shard {shard}/{num_shards}", unit="q",
                disable=not progress, dynamic_ncols=True)
     with open(path, "a", encoding="utf-8") as out:
@@ -172,13 +184,11 @@ def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[
             ids = [encode_prompt(tokenizer, t) for t in texts]
             key = jax.random.fold_in(base, c)
             t0 = time.perf_counter()
-            greedy = _texts(sampling.sample(model_cfg, params, ids, key=key, group_size=1,
-                                            temperature=0.0, **common), tokenizer)
+            greedy = _texts(sampler.sample(model_cfg, params, ids, greedy_draw, key=key, mesh=mesh), tokenizer)
             drawn: list[str] = []
             if settings.num_samples:
-                drawn = _texts(sampling.sample(model_cfg, params, ids, key=jax.random.fold_in(key, 1),
-                                               group_size=settings.num_samples, top_p=settings.top_p,
-                                               temperature=settings.temperature, **common), tokenizer)
+                drawn = _texts(sampler.sample(model_cfg, params, ids, sample_draw, key=jax.random.fold_in(key, 1),
+                                              group_size=settings.num_samples, mesh=mesh), tokenizer)
             t1 = time.perf_counter()
             n = settings.num_samples
             for j, i in enumerate(idx):

@@ -247,11 +247,15 @@ def evaluate(cfg, params, task, tokenizer, examples: Sequence, *, key, mesh=None
     "pass@K", "maj@K"}, and with ``texts`` also "texts" (the greedy completions) and
     "correct" (whether each is right), per example.
 
+    Sampled with the rollout's engine, cache and lengths, untruncated
+    (``SamplingParams.evaluation``), on ``mesh`` (the trainer's: its sampling mesh, with
+    the rollout's policy copy), all questions in one call: the call
+    ``programs.sampler(..., evaluation=True)`` builds for the ahead-of-time check.
     For a whole benchmark with intervals, JSONL and resume, use `grpo_jax.evaluate_run`.
     """
     import jax  # sampling is device-side; the metrics above stay importable without it
 
-    from grpo_jax import sampling
+    from grpo_jax import sampler
     from grpo_jax.sharding import to_host
     from grpo_jax.tokenizer import encode_prompt
 
@@ -259,19 +263,16 @@ def evaluate(cfg, params, task, tokenizer, examples: Sequence, *, key, mesh=None
         return completion_texts(jax.tree.map(to_host, ro), tokenizer)
 
     prompts = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
-    common = dict(max_new_tokens=cfg.rl.max_new_tokens, stop_tokens=tokenizer.stop_ids,
-                  pad_id=tokenizer.pad_id, mesh=mesh, engine=cfg.rl.decode, kv_dtype=cfg.rl.kv_dtype,
-                  decode_phases=cfg.rl.decode_phases)
-    greedy = texts_of(sampling.sample(cfg.model, params, prompts, key=key, group_size=1,
-                                      temperature=0.0, **common))
+    settings = sampler.SamplingParams.from_rl(cfg.rl, stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
+    greedy = texts_of(sampler.sample(cfg.model, params, prompts, settings.evaluation(), key=key, mesh=mesh))
     right = [task.is_correct(task.extract_answer(t), ex) for t, ex in zip(greedy, examples)]
     out = {"accuracy": greedy_accuracy(right),
            "reward": sum(task.reward(t, ex) for t, ex in zip(greedy, examples)) / len(examples)}
     if texts:
         out.update(texts=greedy, correct=right)
     if num_samples > 0:
-        sampled = texts_of(sampling.sample(cfg.model, params, prompts, key=jax.random.fold_in(key, 1),
-                                           group_size=num_samples, temperature=temperature, **common))
+        sampled = texts_of(sampler.sample(cfg.model, params, prompts, settings.evaluation(temperature),
+                                          key=jax.random.fold_in(key, 1), group_size=num_samples, mesh=mesh))
         flat = [task.extract_answer(t) for t in sampled]
         answers = [flat[i * num_samples:(i + 1) * num_samples] for i in range(len(examples))]
         correct = [[task.is_correct(a, ex) for a in ans] for ans, ex in zip(answers, examples)]

@@ -10,7 +10,7 @@ chunk's [B, chunk, V] logits from its inputs (hidden states and the unembedding)
 forward pass keeps nothing vocabulary-sized. Peak logits memory is
 B × chunk × V, whatever T is.
 
-Conventions shared with the sampler (``grpo_jax.sampling``):
+Conventions shared with the sampler (``grpo_jax.sampler``):
   * temperature: log-probs are those of ``log_softmax(logits / T)``; T = 0 (greedy
     decoding) is treated as T = 1, which is what the sampler reports for greedy tokens;
   * logits are computed in float32 from float32 copies of the hidden states and the
@@ -293,7 +293,7 @@ def completion_hidden(cfg: ModelConfig, params: Any, batch: Any) -> jax.Array:
     completion token predicts nothing) with mask ``concat([prompt_mask, mask])`` and the
     default positions, and keeps positions Tp − 1 … Tp + Tc − 2. ``batch`` is anything
     with ``prompt_tokens, prompt_mask, tokens, mask`` (a ``train_step.Batch`` or a
-    ``sampling.Rollout``). Prompts must be left-padded (the last prompt column is a real
+    ``sampler.Rollout``). Prompts must be left-padded (the last prompt column is a real
     token) and have at least one column. A batch with ``packing`` (``rl.pack``) runs over
     its packed rows instead (``packing.completion_hidden``), to the same result.
     """

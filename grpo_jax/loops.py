@@ -2,8 +2,8 @@
 
 XLA's ``cost_analysis()`` counts a while loop's body once, whatever its trip count, so a
 program's FLOPs and bytes read off the compiled program undercount every loop. The cost
-count (``grpo_jax.aot.cost_twin``) therefore traces each program a second time inside
-``unrolled()``: every ``scan`` and ``map`` below (and the model's layer scan) is then
+count (``grpo_jax.aot.sampler_cost`` and ``train_cost``) therefore traces each program a
+second time inside ``unrolled()``: every ``scan`` and ``map`` below (and the model's layer scan) is then
 written out iteration by iteration, and the compiled twin holds no loop. Outside
 ``unrolled()`` they are ``lax.scan`` / ``lax.map`` unchanged, so the programs a run
 executes do not depend on this module.

@@ -162,9 +162,18 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x):
         scale = _param(self, "scale", (x.shape[-1],), ("norm",), nn.initializers.ones, self.cfg)
-        xf = x.astype(jnp.float32)
-        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.cfg.rms_eps)
-        return (y * scale.astype(jnp.float32)).astype(x.dtype)
+        return rms_norm(x, scale, self.cfg.rms_eps)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, axis: int = -1) -> jax.Array:
+    """x / rms(x) * scale over the feature ``axis`` of x (-1: [..., E]; the feature-major
+    decode's 0: [E, B]), computed in float32, returned in x's dtype."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=axis, keepdims=True) + eps)
+    scale = scale.astype(jnp.float32)
+    if axis % x.ndim != x.ndim - 1:
+        scale = scale.reshape((-1,) + (1,) * (x.ndim - 1 - axis % x.ndim))
+    return (y * scale).astype(x.dtype)
 
 
 def rope_tables(positions: jax.Array, head_dim: int, theta: float, scaling: float) -> tuple[jax.Array, jax.Array]:
@@ -314,7 +323,7 @@ def product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     bfloat16 weight meeting float32 activations (the sampler's ``rl.sample_dtype=bfloat16``
     copy under float32 compute) is not upcast: the product rounds the activations to bf16
     and sums in float32, as a TPU's matmul unit does, which lets XLA's CPU dot run its bf16
-    kernels. ``feature_major`` uses it too, so every sampling path computes the same thing."""
+    kernels. ``sampler.feature_major`` uses it too, so every sampling path computes the same thing."""
     if {a.dtype, b.dtype} == {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)}:
         return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
                           preferred_element_type=jnp.float32)

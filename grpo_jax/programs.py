@@ -1,10 +1,10 @@
 """The device programs a run executes, built in one place.
 
 The trainer, evaluation and the ahead-of-time check (``grpo_jax.aot``, ``launch/compile.py``)
-take their sampler and train step from these functions with the same static arguments, so
-the check compiles the programs a run executes (``tests/test_programs.py`` lowers both and
-compares the HLO). Which decode runs is ``rl.decode``, resolved once here
-(``decode_engine``) and printed by the trainer at start-up.
+take their sampler calls (``sampler.sampler_call``) and train step from these functions with
+the same static arguments, so the check compiles the programs a run executes
+(``tests/test_programs.py`` lowers both and compares the HLO). Which decode runs is
+``rl.decode``, resolved by ``sampler.resolve`` and printed by the trainer at start-up.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Callable
 import optax
 from jax.sharding import Mesh
 
-from grpo_jax import sampling
-from grpo_jax.algorithms import get_algorithm
+from grpo_jax import sampler as sampler_lib
+from grpo_jax.algorithms import algorithm_of
 from grpo_jax.config import Config
 from grpo_jax.optimizer import make_optimizer, value_optimizer_config
 from grpo_jax.sharding import make_sample_mesh
@@ -29,7 +29,7 @@ def optimizers(cfg: Config) -> tuple[optax.GradientTransformation, Any, Callable
     base, schedule = make_optimizer(cfg.optimizer, cfg.run.steps, updates_per_step=cfg.rl.num_updates)
     tx = optax.apply_if_finite(base, max_consecutive_errors=10**9)
     value_tx = None
-    if get_algorithm(cfg.rl.algorithm).needs_value_model:
+    if algorithm_of(cfg).needs_value_model:
         value_base, _ = make_optimizer(value_optimizer_config(cfg.optimizer), cfg.run.steps,
                                        updates_per_step=cfg.rl.num_updates)
         value_tx = optax.apply_if_finite(value_base, max_consecutive_errors=10**9)
@@ -38,7 +38,7 @@ def optimizers(cfg: Config) -> tuple[optax.GradientTransformation, Any, Callable
 
 def group_size(cfg: Config) -> int:
     """Rows per question in a train batch: G, 2 for DPO's preference pairs, 1 for SFT."""
-    source = get_algorithm(cfg.rl.algorithm).data_source
+    source = algorithm_of(cfg).data_source
     return 2 if source == "sft_policy_pairs" else 1 if source == "dataset" else cfg.rl.group_size
 
 
@@ -56,21 +56,20 @@ def sample_mesh(cfg: Config, train: Mesh) -> Mesh:
     return train
 
 
-def sampler_mesh(mesh: Mesh | None) -> Mesh | None:
-    """The mesh the sampler's programs are built for: None for one device (nothing to
-    shard; the unsharded programs are shared)."""
-    return None if mesh is not None and mesh.size == 1 else mesh
-
-
 def decode_engine(cfg: Config, mesh: Mesh | None) -> str:
-    """``rl.decode`` resolved for the sampling mesh (``sampling.resolve_engine``)."""
-    return sampling.resolve_engine(cfg.rl.decode, sampler_mesh(mesh), cfg.rl.kv_dtype)
+    """The name of the engine ``rl.decode`` resolves to on the sampling mesh
+    (``sampler.resolve``)."""
+    return sampler_lib.resolve(cfg.rl.decode, sampler_lib.sampling_mesh(mesh), cfg.rl.kv_dtype).name
 
 
-def sampler(cfg: Config, mesh: Mesh | None, *, unrolled: bool = False):
-    """(prefill, decode) as the run's sampler calls them on ``mesh`` (``unrolled``: the cost
-    twin of ``grpo_jax.aot``)."""
-    mesh = sampler_mesh(mesh)
-    return sampling.programs(cfg.model, mesh, engine=decode_engine(cfg, mesh),
-                             filtered=cfg.rl.top_k > 0 or cfg.rl.top_p < 1.0, kv_dtype=cfg.rl.kv_dtype,
-                             unrolled=unrolled)
+def sampler(cfg: Config, mesh: Mesh | None, prompts: int, group_size: int, prompt_len: int, *,
+            evaluation: bool = False, **twin) -> sampler_lib.SamplerCall:
+    """The sampler call a run makes on its sampling ``mesh`` for ``prompts`` x
+    ``group_size`` rows with prompts in a bucket of ``prompt_len``: the rollout's
+    (``SamplingParams.from_rl``), or with ``evaluation`` the in-run evaluation's
+    (``SamplingParams.evaluation``: greedy, one row per question). ``twin``: the cost twin
+    of ``grpo_jax.aot`` (``sampler.sampler_call``)."""
+    settings = sampler_lib.SamplingParams.from_rl(cfg.rl)
+    if evaluation:
+        settings = settings.evaluation()
+    return sampler_lib.sampler_call(cfg.model, mesh, settings, prompts, group_size, prompt_len, **twin)

@@ -44,7 +44,7 @@ from jax.sharding import Mesh
 
 from grpo_jax import fused_attention, loops, lora, losses, packing, splash
 from grpo_jax import model as model_lib
-from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, get_algorithm,
+from grpo_jax.algorithms import (MAX_METRICS, Algorithm, RLHParams, algorithm_of,
                                  split_micro_batches)
 from grpo_jax.batching import Batch
 from grpo_jax.config import Config, ModelConfig
@@ -113,7 +113,7 @@ def _init_opt(tx, params):
 def keeps_reference_copy(cfg: Config) -> bool:
     """Whether the state holds π_ref as its own weights: the algorithm needs a reference
     and the policy is not LoRA (whose reference is its base)."""
-    return get_algorithm(cfg.rl.algorithm).needs_reference(cfg) and not lora.enabled(cfg.model)
+    return algorithm_of(cfg).needs_reference(cfg) and not lora.enabled(cfg.model)
 
 
 def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
@@ -127,7 +127,7 @@ def init_train_state(cfg: Config, params, tx: optax.GradientTransformation, *,
     ``model.add_value_head(cfg.model, params, key, mesh)``) and ``value_tx``.
     ``params`` and ``value_params`` are copied (the step donates the state's buffers, so
     the caller's arrays, e.g. a frozen π_sft used for sampling, stay valid)."""
-    algo = get_algorithm(cfg.rl.algorithm)
+    algo = algorithm_of(cfg)
     params = _copy(jax.tree.map(jnp.asarray, params))
     mesh = mesh_of(params)
     step = jnp.zeros((), jnp.int32)
@@ -382,7 +382,7 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, *
     ``static_config_key(cfg)`` is compiled in; the other rl.* values are passed as data on
     every call (``step.with_config(new_cfg)`` reuses the compiled programs).
     """
-    algo = get_algorithm(cfg.rl.algorithm)
+    algo = algorithm_of(cfg)
     if cfg.model.attention == "splash":  # refused at start-up, not at the first step's trace
         splash.require_tpu(mesh.devices.flat[0].platform)
     if cfg.model.attention == "cudnn":

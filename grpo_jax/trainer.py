@@ -5,7 +5,7 @@ everything it calls is a pure function. The loop body reads top to bottom as the
 Algorithm 1:
 
     questions  = task.examples(train, batch, seed=f(step))          # host
-    rollout    = sampling.sample(policy or π_sft, questions, G)      # device (jitted)
+    rollout    = sampler.sample(policy or π_sft, questions, G)       # device (jitted)
     scores     = task rewards / reward model on decoded text         # host: untrusted text
     batch      = Batch(rollout, scores)                              # host → device
     state, m   = train_step(state, batch)                            # device: ref/old log-probs,
@@ -25,9 +25,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, lora, pretrained, programs, run_files, sampling
-from grpo_jax.sampling import sampling_copy
-from grpo_jax.algorithms import get_algorithm
+from grpo_jax import checkpointing, lora, pretrained, programs, run_files, sampler
+from grpo_jax.sampler import SamplingParams, sampling_copy
+from grpo_jax.algorithms import algorithm_of
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
                                texts_to_batch)
 from grpo_jax.config import Config, ConfigError
@@ -62,7 +62,7 @@ class Trainer:
                  reward_model=None, sft_data=None, eval_examples: Sequence[Example] | None = None,
                  progress: bool = True, resume: bool = True):
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
-        self.algorithm = get_algorithm(cfg.rl.algorithm)
+        self.algorithm = algorithm_of(cfg)
         self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
         # mesh.slice: sample on the slice's sampling mesh (a copy of the policy per replica)
         self.sample_mesh = programs.sample_mesh(cfg, self.mesh)
@@ -223,12 +223,10 @@ class Trainer:
         # The rl.sample_dtype copy on the sampling mesh, made once per step; the rollout
         # comes back to the host (gathered from every process), rl.sample_prompts questions per call.
         copy = sampling_copy(cfg.model, policy, rl.sample_dtype, self.sample_mesh)
-        rollout = sampling.sample_to_host(
+        rollout = sampler.sample_to_host(
             cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples],
-            key=key, prompts_per_call=rl.sample_prompts, group_size=g, max_new_tokens=rl.max_new_tokens,
-            temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
-            stop_tokens=tok.stop_ids, pad_id=tok.pad_id, mesh=self.sample_mesh, engine=self.decode_engine,
-            kv_dtype=rl.kv_dtype, decode_phases=rl.decode_phases)
+            SamplingParams.from_rl(rl, stop_tokens=tok.stop_ids, pad_id=tok.pad_id),
+            key=key, group_size=g, prompts_per_call=rl.sample_prompts, mesh=self.sample_mesh)
         t_score = time.perf_counter()
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")
@@ -291,8 +289,10 @@ class Trainer:
                 else:
                     self.bad_steps = 0
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
-                    ev = evaluate(cfg, self.params, self.task, self.tokenizer, self.eval_examples,
-                                  key=jax.random.fold_in(self.rng, 10**9 + done), mesh=self.mesh)
+                    # The rollout's policy copy, mesh and programs (``programs.sampler``).
+                    policy = sampling_copy(cfg.model, self.params, cfg.rl.sample_dtype, self.sample_mesh)
+                    ev = evaluate(cfg, policy, self.task, self.tokenizer, self.eval_examples,
+                                  key=jax.random.fold_in(self.rng, 10**9 + done), mesh=self.sample_mesh)
                     metrics.update({f"eval_{k}": v for k, v in ev.items()})
                     if self.shortcuts is not None:
                         metrics["eval_shortcut_best"] = self.shortcuts.best[1]

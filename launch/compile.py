@@ -4,14 +4,15 @@
     python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b --json out.json
 
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
-sampler decode, train step -- which holds the reference log-prob pass; the same programs
-the trainer runs, from grpo_jax.programs) it prints per-chip peak HBM against the chip's
-capacity, FLOPs and bytes with every loop trip counted, a roofline time (a bound: no
-program runs faster) and an expected time (the bound over the fraction of it measured
-programs reach on that chip, ``grpo_jax.tpu_specs.EFFICIENCY``, with its source). Exits 1
-naming the program and its numbers as soon as one does not fit (the sampler is compiled
-first). The numbers are compiler estimates, not measurements on a TPU. The JSON records
-which code wrote it (``grpo_jax.provenance``), so that a stale report can be told apart.
+sampler decode, train step -- which holds the reference log-prob pass --, and the in-run
+evaluation's prefill and decode; the same programs the trainer runs, from grpo_jax.programs)
+it prints per-chip peak HBM against the chip's capacity, FLOPs and bytes with every loop
+trip counted, a roofline time (a bound: no program runs faster) and an expected time (the
+bound over the fraction of it measured programs reach on that chip,
+``grpo_jax.tpu_specs.EFFICIENCY``, with its source). Exits 1 naming the program and its
+numbers as soon as one does not fit (the sampler is compiled first). The numbers are
+compiler estimates, not measurements on a TPU. The JSON records which code wrote it
+(``grpo_jax.provenance``), so that a stale report can be told apart.
 """
 from __future__ import annotations
 
@@ -70,8 +71,10 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
                        ici_collectives_per_token=None if per_token is None else float(per_token[3]))
         results[f"sample_{name}"] = rep
         log(_line(f"sample_{name}", rep))
+    # Fit only, outside the step's summary: it runs every run.eval_every steps.
+    evaluation = fitted_evaluation(cfg, slice_name, prompt_len, state_bytes, log)
     if sampler_only:
-        return results
+        return {**results, **evaluation}
     cost = _counted(lambda: {"train_step": aot.train_cost(cfg, mesh, rows, prompt_len)}, ("train_step",), log)
     useful = aot.model_flops(cfg, questions, prompt_len)["train_step"]
     rep = aot.report(train, chip, cost["train_step"], useful / mesh.size)
@@ -80,7 +83,7 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     log(_line("train_step", rep))
     results["summary"] = summary(results, chip, slice_name=slice_name, topology=topology, chips=mesh.size,
                                  decode_engine=engine)
-    return results
+    return {**results, **evaluation}
 
 
 def fitted_sampler(cfg, slice_name: str, prompt_len: int, announce=lambda state_bytes: None):
@@ -96,6 +99,25 @@ def fitted_sampler(cfg, slice_name: str, prompt_len: int, announce=lambda state_
     for name, (program, _) in compiled.items():  # every fit first: counting costs more compiles
         aot.check_fit(f"sample_{name}", aot.fit(program, chip_of(topology), state_bytes))
     return compiled, state_bytes
+
+
+def fitted_evaluation(cfg, slice_name: str, prompt_len: int, state_bytes: int, log=print) -> dict:
+    """{"eval_prefill" | "eval_decode": fit report} of the in-run evaluation's sampler call
+    (``programs.sampler(..., evaluation=True)``: data.eval_size questions, one greedy row
+    each, on the sampling mesh), beside the train state; aot.FitError when it does not fit.
+    Its loop trips are not counted: it runs every run.eval_every steps, outside the step."""
+    chip = chip_of(aot.topology_mesh(cfg, slice_name)[1])
+    compiled = aot.compile_sampler(cfg, aot.sample_mesh(cfg, slice_name), cfg.data.eval_size, 1, prompt_len,
+                                   evaluation=True)
+    reports = {}
+    for name, (program, secs) in compiled.items():
+        rep = {**aot.fit(program, chip, state_bytes), "compile_seconds": secs}
+        aot.check_fit(f"eval_{name}", rep)
+        reports[f"eval_{name}"] = rep
+        log(f"  eval_{name:9s} peak {(rep['peak_bytes'] + state_bytes) / 1e9:7.2f} / "
+            f"{rep['hbm_capacity_bytes'] / 1e9:.0f} GB fits  ({cfg.data.eval_size} questions x 1 greedy row; "
+            f"cost not counted)  compile {secs:.0f} s")
+    return reports
 
 
 def largest_fitting(candidates: list[int], fits) -> int | None:

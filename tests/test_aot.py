@@ -220,7 +220,8 @@ def test_model_flops_count_the_6n_rule():
 
 def test_fit_check_passes_where_it_fits_and_leaves_the_cpu_backend(checked):
     cfg, results = checked
-    assert set(results) == {"sample_prefill", "sample_decode", "train_step", "summary"}
+    assert set(results) == {"sample_prefill", "sample_decode", "train_step", "summary", "eval_prefill", "eval_decode"}
+    assert all(results[f"eval_{name}"]["fits"] for name in ("prefill", "decode"))
     s = results["summary"]
     assert s["fits"] and s["decode_engine"] == "shared" and 0 < s["min_headroom"] < 1
     # MFU: the model's FLOPs of the step over chips x peak x the estimated time.

@@ -71,7 +71,8 @@ def test_prefill_in_one_pass_and_in_chunks_agree(benchmark_module):
     bench_layouts = benchmark_module("bench_layouts")
     import jax
 
-    from grpo_jax import model, sampling
+    from grpo_jax import model
+    from grpo_jax.sampler.engines import ENGINES
     from grpo_jax.config import cpu_tiny
 
     cfg = cpu_tiny().model
@@ -80,7 +81,7 @@ def test_prefill_in_one_pass_and_in_chunks_agree(benchmark_module):
     mask = jnp.ones((3, 8), bool).at[0, :3].set(False)
     progs = bench_layouts.prefill_programs(cfg, params, tokens, mask, 12, chunk_tokens=16)
     (one_cache, one_logits), (chunk_cache, chunk_logits) = (p(params, tokens, mask, None) for p in progs.values())
-    assert sampling.prefill_chunks(3, 8, "feature_major", 16) == 2 and len(one_cache.k) == cfg.num_layers
+    assert ENGINES["feature_major"].prefill_chunks(3, 8, 16) == 2 and len(one_cache.k) == cfg.num_layers
     for a, b in zip(jax.tree.leaves((one_cache, one_logits)), jax.tree.leaves((chunk_cache, chunk_logits))):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
 

@@ -23,7 +23,7 @@ def test_mismatch_stats_counts_real_tokens_only(bench_rollout):
 
 
 def test_bf16_copy_mismatch_is_measured_against_a_float32_control(bench_rollout):
-    from grpo_jax import model, sampling
+    from grpo_jax import model, sampler
     from grpo_jax.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=101, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -31,7 +31,7 @@ def test_bf16_copy_mismatch_is_measured_against_a_float32_control(bench_rollout)
     params = model.init_params(cfg, jax.random.key(0))
     prompts = [[5, 9, 13, 2], [3, 4, 60, 11, 12], [7, 7], [1, 2, 3]]
     got = bench_rollout.measure_mismatch(
-        cfg, params, {"float32": params, "bfloat16": sampling.sampling_copy(cfg, params, "bfloat16")},
+        cfg, params, {"float32": params, "bfloat16": sampler.sampling_copy(cfg, params, "bfloat16")},
         prompts, new_tokens=12)
     assert got["float32"]["tokens"] == got["bfloat16"]["tokens"] == 4 * 12  # no stop token
     assert got["float32"]["max_abs"] < 1e-5, got

@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from grpo_jax import checkpointing, config, evaluate_cli, evaluation, pretrained, prompts, sampling, train_cli
+from grpo_jax import checkpointing, config, evaluate_cli, evaluation, pretrained, prompts, sampler, train_cli
 from grpo_jax.bpe_tokenizer import BPETokenizer
 from grpo_jax.errors import CheckpointError
 from grpo_jax.model import init_params
@@ -78,8 +78,8 @@ def test_step_option_and_missing_checkpoints(run, tmp_path, monkeypatch):
     run_dir, _ = run
     common = ["--task", "arithmetic", "--limit", "2", "--k", "0", "--no-progress"]
     engines = []
-    sample = sampling.sample
-    monkeypatch.setattr(sampling, "sample", lambda *a, **kw: engines.append(kw["engine"]) or sample(*a, **kw))
+    sample = sampler.sample
+    monkeypatch.setattr(sampler, "sample", lambda *a, **kw: engines.append(a[3].engine) or sample(*a, **kw))
     curve = evaluate_cli.main(["--model", run_dir, "--step", "2", "--out", str(tmp_path / "one"), *common])
     evaluate_cli.main(["--model", run_dir, "--step", "2", "--out", str(tmp_path / "two"), "--decode", "scan", *common])
     assert engines == ["shared", "scan"]
@@ -106,16 +106,16 @@ def records_of(out: Path) -> list[dict]:
 
 
 def greedy_calls(monkeypatch) -> list[dict]:
-    """Every greedy `sampling.sample` call from now on: its prompt ids and stop/length settings."""
-    calls, sample = [], sampling.sample
+    """Every greedy `sampler.sample` call from now on: its prompt ids and stop/length settings."""
+    calls, sample = [], sampler.sample
 
-    def spy(model_cfg, params, prompt_ids, **kw):
-        if kw["temperature"] == 0.0:
-            calls.append({"prompts": [list(p) for p in prompt_ids], "stop_tokens": list(kw["stop_tokens"]),
-                          "max_new_tokens": kw["max_new_tokens"]})
-        return sample(model_cfg, params, prompt_ids, **kw)
+    def spy(model_cfg, params, prompt_ids, settings, **kw):
+        if settings.temperature == 0.0:
+            calls.append({"prompts": [list(p) for p in prompt_ids], "stop_tokens": list(settings.stop_tokens),
+                          "max_new_tokens": settings.max_new_tokens})
+        return sample(model_cfg, params, prompt_ids, settings, **kw)
 
-    monkeypatch.setattr(sampling, "sample", spy)
+    monkeypatch.setattr(sampler, "sample", spy)
     return calls
 
 

@@ -7,7 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import feature_major, model, sampling
+from grpo_jax import model, sampler
+from grpo_jax.sampler import cache as cache_lib
+from grpo_jax.sampler import feature_major
+from grpo_jax.sampler.engines import ENGINES
+from test_sampling import flat
+
+FM = ENGINES["feature_major"]
 from grpo_jax.config import ModelConfig
 
 TINY = ModelConfig(vocab_size=97, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -101,9 +107,9 @@ def test_sampler_uses_it_only_as_the_feature_major_engine(monkeypatch):
     monkeypatch.setattr(feature_major, "step", lambda *a: calls.append(1) or real_step(*a))
     params = model.init_params(cfg, jax.random.key(4))
     kw = dict(key=jax.random.key(5), group_size=2, max_new_tokens=5, temperature=1.0)
-    rolled = sampling.sample(cfg, params, [[3, 4, 5]], engine="scan", **kw)
+    rolled = flat(sampler.sample, cfg, params, [[3, 4, 5]], engine="scan", **kw)
     assert not calls
-    unrolled = sampling.sample(cfg, params, [[3, 4, 5]], engine="auto", **kw)
+    unrolled = flat(sampler.sample, cfg, params, [[3, 4, 5]], engine="auto", **kw)
     assert calls
     np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(unrolled.tokens))
 
@@ -111,11 +117,11 @@ def test_sampler_uses_it_only_as_the_feature_major_engine(monkeypatch):
 def test_decode_windows_split_the_completion_into_equal_phases():
     """Up to four phases, each a share of the completion bucket, the last the whole cache;
     a phase never shorter than 32 slots."""
-    assert sampling.decode_windows(64, 128) == (96, 128, 160, 192)
-    assert sampling.decode_windows(16, 64) == (48, 80)
-    assert sampling.decode_windows(256, 512) == (384, 512, 640, 768)
-    assert sampling.decode_windows(32, 16) == (48,)
-    assert sampling.decode_windows(32, 32) == (64,)
+    assert cache_lib.decode_windows(64, 128) == (96, 128, 160, 192)
+    assert cache_lib.decode_windows(16, 64) == (48, 80)
+    assert cache_lib.decode_windows(256, 512) == (384, 512, 640, 768)
+    assert cache_lib.decode_windows(32, 16) == (48,)
+    assert cache_lib.decode_windows(32, 32) == (64,)
 
 
 @pytest.mark.parametrize("stops", [(), tuple(range(20, 30))])
@@ -130,10 +136,10 @@ def test_phased_decode_draws_what_one_phase_over_the_whole_cache_draws(stops):
     params = model.init_params(cfg, jax.random.key(6))
     prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16]]
     kw = dict(key=jax.random.key(7), group_size=2, max_new_tokens=100, temperature=1.0, stop_tokens=stops)
-    rolled, info = sampling.sample_with_info(cfg, params, prompts, engine="scan", **kw)
-    phased, phased_info = sampling.sample_with_info(cfg, params, prompts, engine="feature_major", **kw)
+    rolled, info = flat(sampler.sample_with_info, cfg, params, prompts, engine="scan", **kw)
+    phased, phased_info = flat(sampler.sample_with_info, cfg, params, prompts, engine="feature_major", **kw)
     assert info.completion_bucket == 128
-    windows = sampling.decode_windows(info.prompt_bucket, info.completion_bucket)
+    windows = cache_lib.decode_windows(info.prompt_bucket, info.completion_bucket)
     assert len(windows) == 4
     np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(phased.tokens))
     np.testing.assert_array_equal(np.asarray(rolled.mask), np.asarray(phased.mask))
@@ -153,17 +159,17 @@ def test_decode_weights_are_made_once_per_policy_and_freed_with_it():
 
     cfg = dataclasses.replace(TINY, vocab_size=83)
     old = model.init_params(cfg, jax.random.key(6))
-    first = sampling.feature_major_weights(cfg, old)
-    assert sampling.feature_major_weights(cfg, old) is first
+    first = FM.weights(cfg, old)
+    assert FM.weights(cfg, old) is first
     new = jax.tree.map(lambda x: x + 1.0, old)
-    second = sampling.feature_major_weights(cfg, new)
+    second = FM.weights(cfg, new)
     assert second is not first
     np.testing.assert_array_equal(np.asarray(second["layers"][0]["up"]),
                                   np.asarray(new["layers"]["mlp"]["up"][0]).T)
-    low = sampling.sampling_copy(cfg, new, "bfloat16")  # another dtype: held beside it
-    third = sampling.feature_major_weights(cfg, low)
-    assert sampling.feature_major_weights(cfg, new) is second
-    assert sampling.feature_major_weights(cfg, low) is third
+    low = sampler.sampling_copy(cfg, new, "bfloat16")  # another dtype: held beside it
+    third = FM.weights(cfg, low)
+    assert FM.weights(cfg, new) is second
+    assert FM.weights(cfg, low) is third
     assert third["layers"][0]["up"].dtype == jnp.bfloat16
     copies = [weakref.ref(w["layers"][0]["up"]) for w in (second, third)]
     del new, low, second, third
@@ -178,11 +184,11 @@ def test_a_sampler_held_copy_dies_quietly_at_interpreter_exit(tmp_path):
     import subprocess
     import sys
 
-    script = ("import jax; from grpo_jax import model, sampling; from grpo_jax.config import ModelConfig\n"
+    script = ("import jax; from grpo_jax import model, sampler; from grpo_jax.config import ModelConfig\n"
               "cfg = ModelConfig(vocab_size=31, embed_dim=16, num_layers=1, num_heads=2, num_kv_heads=1, "
               "head_dim=8, mlp_dim=32, max_seq_len=32)\n"
               "p = model.init_params(cfg, jax.random.key(0))\n"
-              "r = sampling.sample(cfg, p, [[1, 2]], key=jax.random.key(1), max_new_tokens=3)\n"
+              "r = sampler.sample(cfg, p, [[1, 2]], sampler.SamplingParams(3), key=jax.random.key(1))\n"
               "print(r.tokens.shape)\n")
     env = {**__import__("os").environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
@@ -231,7 +237,7 @@ def test_bf16_step_keeps_every_weight_in_bf16_and_tracks_the_model():
     import re
 
     cfg = dataclasses.replace(TINY, embed_dim=40, mlp_dim=72, tie_embeddings=False)
-    params = sampling.sampling_copy(cfg, model.init_params(cfg, jax.random.key(7)), "bfloat16")
+    params = sampler.sampling_copy(cfg, model.init_params(cfg, jax.random.key(7)), "bfloat16")
     weights = feature_major.decode_weights(cfg, params)
     b, slots = 4, 16
     cache = model.init_cache(cfg, b, slots)

@@ -1,12 +1,15 @@
 """The programs a run executes are the ones the ahead-of-time check lowers (grpo_jax.programs)."""
 
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
 from test_trainer import SevensTask, tok  # noqa: F401  (tok: the fixture)
 
-from grpo_jax import aot, programs, sampling
+from grpo_jax import aot, programs, sampler
+from grpo_jax.sampler.programs import OnMesh
 from grpo_jax import config as config_lib
 from grpo_jax.model import init_params
 from grpo_jax.sharding import make_mesh
@@ -23,12 +26,14 @@ def _cfg(tmp_path, vocab, *overrides):
 
 def _record(monkeypatch) -> dict:
     """Lowered HLO text and abstract arguments of every sampler and train-step program the
-    trainer calls, recorded as it calls them."""
+    trainer calls, recorded as it calls them: the rollout's sampler calls ("prefill",
+    "decode"), then the in-run evaluation's ("eval_prefill", "eval_decode")."""
     seen = {}
-    real_call, real_lower = sampling.OnMesh.__call__, TrainStep.lower
+    real_call, real_lower = OnMesh.__call__, TrainStep.lower
 
     def call(self, *args, **kwargs):
         kind = "prefill" if "cache_len" in kwargs else "decode"
+        kind = f"eval_{kind}" if kind in seen else kind
         seen.setdefault(kind, (self.lower(*args, **kwargs).as_text(), args))
         return real_call(self, *args, **kwargs)
 
@@ -37,17 +42,19 @@ def _record(monkeypatch) -> dict:
         seen.setdefault("train_step", (lowered.as_text(), batch))
         return lowered
 
-    monkeypatch.setattr(sampling.OnMesh, "__call__", call)
+    monkeypatch.setattr(OnMesh, "__call__", call)
     monkeypatch.setattr(TrainStep, "lower", lower)
     return seen
 
 
 @pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=shared"]])
 def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok, overrides):
-    """cpu-tiny on 8 fake devices: the sampler's prefill and decode and the train step, as
-    one trainer step calls them, lower to the same HLO as `aot` lowers them for the same
-    config and mesh; the decode engine is rl.decode's (unrolled is auto's on a CPU mesh)."""
-    cfg = _cfg(tmp_path, tok.vocab_size, *overrides)
+    """cpu-tiny on 8 fake devices: the sampler's prefill and decode, the train step and the
+    in-run evaluation's prefill and decode (other rows and prompts: data.eval_size greedy
+    questions), as one trainer step calls them, lower to the same HLO as `aot` lowers them
+    for the same config and mesh; the decode engine is rl.decode's (unrolled is auto's on a
+    CPU mesh)."""
+    cfg = _cfg(tmp_path, tok.vocab_size, "run.eval_every=1", "data.eval_size=3", *overrides)
     seen = _record(monkeypatch)
     trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
                       progress=False, resume=False)
@@ -60,6 +67,11 @@ def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatc
     lowered = aot.lower_sampler(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
     for name in ("prefill", "decode"):
         assert lowered[name].as_text() == seen[name][0], name
+    eval_len = seen["eval_prefill"][1][1].shape[1]
+    lowered = aot.lower_sampler(cfg, trainer.sample_mesh, cfg.data.eval_size, 1, eval_len, evaluation=True)
+    for name in ("prefill", "decode"):
+        assert lowered[name].as_text() == seen[f"eval_{name}"][0], name
+    assert seen["eval_decode"][1][3].row_ids.shape != seen["decode"][1][3].row_ids.shape
     rows = cfg.data.batch_size * cfg.rl.group_size
     assert aot.lower_train_step(cfg, trainer.mesh, rows, prompt_len).as_text() == seen["train_step"][0]
 
@@ -74,17 +86,17 @@ def test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases(tmp_path, monkey
     class Sampled(Exception):
         pass
 
-    def sample_to_host(*args, **kwargs):
-        asked.update(kwargs)
+    def sample_to_host(cfg, params, prompts, settings, **kwargs):
+        asked.update(dataclasses.asdict(settings))
         raise Sampled
 
-    monkeypatch.setattr(sampling, "sample_to_host", sample_to_host)
+    monkeypatch.setattr(sampler, "sample_to_host", sample_to_host)
     trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
                       progress=False, resume=False)
     with pytest.raises(Sampled):
         trainer.train(1)
     trainer.close()
-    assert asked["kv_dtype"] == "int8" and asked["engine"] == trainer.decode_engine == "unrolled"
+    assert asked["kv_dtype"] == "int8" and trainer.decode_engine == "unrolled"
     assert asked["decode_phases"] == 2
     cache = aot.sampler_calls(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, 16)["decode"][1][1]
     assert cache.k.dtype == cache.v.dtype == jnp.int8 and cache.k_scale.shape == cache.k.shape[:3] + (16 + 16,)

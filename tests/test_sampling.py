@@ -14,18 +14,40 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from grpo_jax import model, sampling, shapes
+from grpo_jax import model, sampler, shapes
+from grpo_jax.sampler import cache, draw, engines, layouts
+from grpo_jax.sampler import programs as sampler_programs
+from grpo_jax.sampler.prefill import TRACE_COUNTS
 from grpo_jax.config import cpu_tiny
 from jax.sharding import PartitionSpec as P
 
 from grpo_jax.config import ConfigError
-from grpo_jax.sharding import batch_sharding, mesh_from_shape
+from grpo_jax.sharding import batch_degree, batch_sharding, mesh_from_shape
 
 # cpu-tiny with an untied head (a tied head makes a random model repeat its input token)
 # and max_seq_len 64 so the length checks are easy to hit.
 CFG = dataclasses.replace(cpu_tiny().model, tie_embeddings=False, max_seq_len=64)
 PROMPTS = [[5, 17, 300], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [42]]  # 3, 11, 1 tokens
 G = 2
+_SETTINGS = {f.name for f in dataclasses.fields(sampler.SamplingParams)}
+
+
+def flat(fn, cfg, params, prompts, **kw):
+    """``fn`` (``sampler.sample`` / ``sample_with_info`` / ``sample_to_host``) with the
+    sampling settings among ``kw`` gathered into one ``SamplingParams``."""
+    settings = sampler.SamplingParams(**{k: v for k, v in kw.items() if k in _SETTINGS})
+    return fn(cfg, params, prompts, settings, **{k: v for k, v in kw.items() if k not in _SETTINGS})
+
+
+def _programs(mesh, engine, kv_dtype="auto"):
+    """(prefill, decode) of an engine for CFG."""
+    return sampler_programs.programs(CFG, mesh, engines.ENGINES[engine], kv_dtype)
+
+
+def _host(prompts, group_size, mesh, engine="scan", bucket=16):
+    """The host batch of an engine's layout, prompts in a 16-token bucket."""
+    layout = engines.ENGINES[engine].layout(len(prompts), group_size, batch_degree(mesh))
+    return layouts.host_batch(prompts, group_size, layout, 0, bucket)
 LOGIT_SCALE = 8.0  # final-norm gain: logits std ~1.8 instead of ~0.2, so choices are clear-cut
 
 
@@ -45,7 +67,7 @@ def _jitted_logits():
     return jax.jit(functools.partial(model.forward_logits, CFG))
 
 
-def _training_logits(params, r: sampling.Rollout):
+def _training_logits(params, r: sampler.Rollout):
     """What the train step computes: logits predicting each completion token, from the
     forward pass over [prompt, completion] with default positions. [B, Tc, V]."""
     tokens = jnp.concatenate([r.prompt_tokens, r.tokens], axis=1)
@@ -57,7 +79,7 @@ def _training_logits(params, r: sampling.Rollout):
 
 def _sample(params, prompts=PROMPTS, **kw):
     kw = {"key": jax.random.key(7), "group_size": G, "max_new_tokens": 12, **kw}
-    return sampling.sample(CFG, params, prompts, **kw)
+    return flat(sampler.sample, CFG, params, prompts, **kw)
 
 
 def test_rollout_layout(params):
@@ -159,15 +181,15 @@ def test_inverse_cdf_draw_is_the_first_index_reaching_the_target():
     with the last one padded, runs of zero weight (a whole zero block included), the first
     and last index, and u = 1."""
     rng = np.random.default_rng(0)
-    vocab = 2 * sampling.DRAW_BLOCK + 300
+    vocab = 2 * draw.DRAW_BLOCK + 300
     weights = rng.integers(0, 4, size=(6, vocab)).astype(np.float32)
-    weights[1, : sampling.DRAW_BLOCK + 10] = 0  # a whole empty block, then some
+    weights[1, : draw.DRAW_BLOCK + 10] = 0  # a whole empty block, then some
     weights[2] = 0
     weights[2, [0, vocab - 1]] = [1, 2]  # mass only at both ends
     weights[3, :-1] = 0
     weights[3, -1] = 5  # mass only on the last (padded block's) index
     cums = np.cumsum(weights.astype(np.float64), axis=1)
-    draws = jax.jit(sampling.inverse_cdf)
+    draws = jax.jit(draw.inverse_cdf)
     for trial in range(40):
         k = np.array([rng.integers(0, c[-1]) for c in cums], np.float64)
         u = (k + 0.5) / cums[:, -1]
@@ -185,7 +207,7 @@ def test_first_max_is_numpy_argmax_with_ties():
     x = rng.integers(0, 5, size=(8, 3000)).astype(np.float32)  # many ties at the maximum
     x[3] = -1.0
     x[4, -1] = 9.0
-    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.first_max)(jnp.asarray(x.T))),
+    np.testing.assert_array_equal(np.asarray(jax.jit(draw.first_max)(jnp.asarray(x.T))),
                                   np.argmax(x, axis=-1))
 
 
@@ -200,7 +222,7 @@ def test_sampled_frequencies_match_softmax(params):
     """
     n, temperature = 4096, 0.8
     prompt = [9, 8, 7, 6]
-    r = sampling.sample(CFG, params, [prompt], key=jax.random.key(123), group_size=n,
+    r = flat(sampler.sample, CFG, params, [prompt], key=jax.random.key(123), group_size=n,
                         max_new_tokens=1, temperature=temperature)
     counts = np.bincount(np.asarray(r.tokens[:, 0]), minlength=CFG.vocab_size)
     buf = np.zeros((len(PROMPTS), 32), np.int32)  # the greedy test's shape: no new compile
@@ -232,7 +254,7 @@ def test_stop_tokens_end_completions(params):
     s2 = next(int(t) for t in tokens[2, 2:]
               if any(not np.isin(row, [s1, int(t)]).any() for row in tokens))
     stops = (s1, s2)
-    r, info = sampling.sample_with_info(CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
+    r, info = flat(sampler.sample_with_info, CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
                                         max_new_tokens=n, temperature=1.0, pad_id=pad, stop_tokens=stops)
     seen = set()
     for b, row in enumerate(tokens):
@@ -250,7 +272,7 @@ def test_stop_tokens_end_completions(params):
 
     # When every row has stopped, the loop stops: all tokens of the first two columns stop.
     early = tuple(sorted(set(tokens[:, :2].ravel().tolist())))
-    r, info = sampling.sample_with_info(CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
+    r, info = flat(sampler.sample_with_info, CFG, params, PROMPTS, key=jax.random.key(7), group_size=G,
                                         max_new_tokens=n, temperature=1.0, pad_id=pad, stop_tokens=early)
     assert r.finished.all() and (np.asarray(r.lengths) <= 2).all()
     assert info.decode_steps == int(np.max(r.lengths)) < n
@@ -276,33 +298,33 @@ def test_calls_of_one_prompt_equal_one_call(params):
     (the randomness index) and the batch's prompt bucket, so the rows equal one call's."""
     kw = dict(key=jax.random.key(7), group_size=G, max_new_tokens=12, temperature=1.0)
     one = _sample(params, temperature=1.0)
-    calls = sampling.sample_to_host(CFG, params, PROMPTS, prompts_per_call=1, **kw)
+    calls = flat(sampler.sample_to_host, CFG, params, PROMPTS, prompts_per_call=1, **kw)
     assert isinstance(calls.tokens, np.ndarray) and calls.tokens.shape == (6, 12)
     for name in ("prompt_tokens", "prompt_mask", "tokens", "mask", "lengths", "finished"):
         np.testing.assert_array_equal(np.asarray(getattr(one, name)), getattr(calls, name), err_msg=name)
     np.testing.assert_allclose(np.asarray(one.logprobs), calls.logprobs, atol=1e-5)
     with pytest.raises(ValueError, match="prompts_per_call must be an int >= 0"):
-        sampling.sample_to_host(CFG, params, PROMPTS, prompts_per_call=-1, **kw)
+        flat(sampler.sample_to_host, CFG, params, PROMPTS, prompts_per_call=-1, **kw)
 
 
 def test_decode_engine_resolution_and_its_errors():
     """auto: feature_major on one CPU device, unrolled on a CPU mesh; feature_major on a mesh
     and an unknown name are refused naming rl.decode."""
     mesh = mesh_from_shape((2, 1, 1))
-    assert sampling.resolve_engine("auto", None) == "feature_major"
-    assert sampling.resolve_engine("auto", mesh) == "unrolled"
-    assert sampling.resolve_engine("scan", mesh) == "scan"
+    assert sampler.resolve("auto", None).name == "feature_major"
+    assert sampler.resolve("auto", mesh).name == "unrolled"
+    assert sampler.resolve("scan", mesh).name == "scan"
     with pytest.raises(ConfigError, match="rl.decode=feature_major runs on one CPU device; this sampler has a mesh of 2"):
-        sampling.resolve_engine("feature_major", mesh)
+        sampler.resolve("feature_major", mesh).name
     with pytest.raises(ConfigError, match="rl.decode='fast' is not one of"):
-        sampling.resolve_engine("fast", None)
+        sampler.resolve("fast", None).name
     # An int8 cache: auto on one CPU device takes the unrolled engine; feature_major is refused.
-    assert sampling.resolve_engine("auto", None, "int8") == "unrolled"
-    assert sampling.resolve_engine("auto", None, "bfloat16") == "feature_major"
+    assert sampler.resolve("auto", None, "int8").name == "unrolled"
+    assert sampler.resolve("auto", None, "bfloat16").name == "feature_major"
     with pytest.raises(ConfigError, match="rl.kv_dtype=int8 needs the scan, unrolled or shared decode engine"):
-        sampling.resolve_engine("feature_major", None, "int8")
+        sampler.resolve("feature_major", None, "int8").name
     with pytest.raises(ConfigError, match="rl.kv_dtype='fp8' is not one of"):
-        sampling.resolve_engine("auto", None, "fp8")
+        sampler.resolve("auto", None, "fp8").name
 
 
 @pytest.mark.parametrize("engine,new_tokens", [("scan", 12), ("unrolled", 12), ("shared", 12), ("shared", 48)])
@@ -311,13 +333,13 @@ def test_an_int8_cache_reports_log_probs_near_the_full_forward(params, engine, n
     the log-prob it reports for each token it drew is within 0.05 of the float32 forward
     pass over the whole sequence (what the trainer recomputes), and not equal to it. 48
     new tokens: the shared engine's completion cache grows between two phases, scales too."""
-    prefill, _ = sampling.programs(CFG, None, engine=engine, filtered=False, kv_dtype="int8")
-    host = sampling.host_batch(PROMPTS, G, 12, 0, None, 16, engine=engine)
+    prefill, _ = _programs(None, engine, "int8")
+    host = _host(PROMPTS, G, None, engine)
     cache, _ = prefill.eval_shape(params, host.prompt_tokens, host.prompt_mask,
                                   host.src_rows if engine != "shared" else None, cache_len=16)
     assert cache.k.dtype == cache.v.dtype == jnp.int8
     assert cache.k_scale.shape == cache.v_scale.shape == cache.k.shape[:3] + (16,)
-    assert len(sampling.cache_plan(engine, 16, shapes.bucket_length(new_tokens))[1]) == (2 if new_tokens == 48 else 1)
+    assert len(engines.ENGINES[engine].cache_plan(16, shapes.bucket_length(new_tokens), 4)[1]) == (2 if new_tokens == 48 else 1)
     r = _sample(params, temperature=1.0, engine=engine, kv_dtype="int8", max_new_tokens=new_tokens)
     logp = jax.nn.log_softmax(_training_logits(params, r), axis=-1)
     want = np.take_along_axis(np.asarray(logp), np.asarray(r.tokens)[..., None], axis=-1)[..., 0]
@@ -331,9 +353,9 @@ def test_an_int8_cache_on_a_mesh_draws_what_one_device_draws(params):
     kw = dict(key=jax.random.key(5), group_size=G, max_new_tokens=12, temperature=1.0, kv_dtype="int8")
     mesh8 = mesh_from_shape((2, 2, 2))
     p8 = _peaky(model.init_params(CFG, jax.random.key(0), mesh8))
-    a = sampling.sample(CFG, params, PROMPTS, engine="scan", **kw)
+    a = flat(sampler.sample, CFG, params, PROMPTS, engine="scan", **kw)
     for engine in ("unrolled", "shared"):
-        b = sampling.sample(CFG, p8, PROMPTS, mesh=mesh8, engine=engine, **kw)
+        b = flat(sampler.sample, CFG, p8, PROMPTS, mesh=mesh8, engine=engine, **kw)
         np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens), err_msg=engine)
         np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-4, err_msg=engine)
 
@@ -349,7 +371,7 @@ def test_every_decode_engine_draws_what_the_scan_engine_draws(params, engine):
 @pytest.mark.parametrize("num,group,degree", [(3, 2, 4), (16, 64, 64), (5, 3, 4), (2, 16, 8),
                                                (7, 1, 4), (1, 8, 8), (3, 5, 1)])
 def test_prefill_layout_keeps_every_rows_prompt_on_its_shard(num, group, degree):
-    slots, src = sampling.prefill_layout(num, group, degree)
+    slots, src = layouts.prefill_layout(num, group, degree)
     rows = num * group
     assert len(slots) % degree == 0 and len(src) % degree == 0 and len(src) - rows < degree
     per_slot_block, per_row_block = len(slots) // degree, len(src) // degree
@@ -368,7 +390,7 @@ def test_prefill_layout_keeps_every_rows_prompt_on_its_shard(num, group, degree)
 def test_shared_layout_gives_each_slot_a_run_of_rows_on_one_shard(num, group, degree):
     """The shared engine's rows read their slot's cache in place: slot of row b is b // r for
     one r, every slot's rows lie on one shard, and every real row's slot holds its prompt."""
-    slots, src = sampling.shared_layout(num, group, degree)
+    slots, src = layouts.shared_layout(num, group, degree)
     rows = num * group
     assert len(src) % degree == 0 and len(src) - rows < degree
     r = len(src) // len(slots)
@@ -381,23 +403,23 @@ def test_shared_layout_gives_each_slot_a_run_of_rows_on_one_shard(num, group, de
 
 def test_phase_steps_follow_the_decode_loop():
     """Steps per phase as `_decode`'s condition runs them: step s writes slot Tp + s - 1."""
-    assert sampling.phase_steps((32, 64, 96, 128), 128, 127) == [32, 32, 32, 31]
-    assert sampling.phase_steps((48, 80, 112, 144), 128, 127) == [32, 32, 32, 31]  # Tp = 16
-    assert sampling.phase_steps((32, 64, 96, 128), 128, 40) == [32, 8, 0, 0]
-    assert sampling.phase_steps((144,), 128, 99) == [99]
+    assert cache.phase_steps((32, 64, 96, 128), 128, 127) == [32, 32, 32, 31]
+    assert cache.phase_steps((48, 80, 112, 144), 128, 127) == [32, 32, 32, 31]  # Tp = 16
+    assert cache.phase_steps((32, 64, 96, 128), 128, 40) == [32, 8, 0, 0]
+    assert cache.phase_steps((144,), 128, 99) == [99]
     # Two phases (completion slots 32 then 64): the shared engine still draws what the
     # scan engine draws, and a row that never stops runs all max_new_tokens columns.
-    assert sampling.cache_plan("shared", 16, 64)[1] == (32, 64)
+    assert engines.ENGINES["shared"].cache_plan(16, 64, 4)[1] == (32, 64)
     kw = dict(key=jax.random.key(1), group_size=G, max_new_tokens=50, temperature=1.0, stop_tokens=())
     params = _peaky(model.init_params(CFG, jax.random.key(0)))
-    r, info = sampling.sample_with_info(CFG, params, PROMPTS, engine="shared", **kw)
+    r, info = flat(sampler.sample_with_info, CFG, params, PROMPTS, engine="shared", **kw)
     assert info.decode_steps == 50 and r.mask.all()
-    np.testing.assert_array_equal(np.asarray(r.tokens), np.asarray(sampling.sample(CFG, params, PROMPTS, engine="scan", **kw).tokens))
+    np.testing.assert_array_equal(np.asarray(r.tokens), np.asarray(flat(sampler.sample, CFG, params, PROMPTS, engine="scan", **kw).tokens))
     # rl.decode_phases: at most that many phases, each at least 32 slots; one phase draws the same.
-    assert sampling.cache_plan("shared", 16, 64, 1)[1] == (64,)
-    assert sampling.cache_plan("shared", 16, 1024, 16)[1] == tuple(range(64, 1025, 64))
-    assert sampling.cache_plan("feature_major", 16, 128, 8) == (48, (48, 80, 112, 144))
-    one = sampling.sample(CFG, params, PROMPTS, engine="shared", decode_phases=1, **kw)
+    assert engines.ENGINES["shared"].cache_plan(16, 64, 1)[1] == (64,)
+    assert engines.ENGINES["shared"].cache_plan(16, 1024, 16)[1] == tuple(range(64, 1025, 64))
+    assert engines.ENGINES["feature_major"].cache_plan(16, 128, 8) == (48, (48, 80, 112, 144))
+    one = flat(sampler.sample, CFG, params, PROMPTS, engine="shared", decode_phases=1, **kw)
     np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(r.tokens))
 
 
@@ -408,8 +430,8 @@ def test_shared_engine_on_a_mesh_draws_what_one_device_draws(params):
     kw = dict(key=jax.random.key(5), group_size=G, max_new_tokens=12, temperature=1.0)
     mesh8 = mesh_from_shape((2, 2, 2))
     p8 = _peaky(model.init_params(CFG, jax.random.key(0), mesh8))
-    a = sampling.sample(CFG, params, PROMPTS, engine="scan", **kw)
-    b = sampling.sample(CFG, p8, PROMPTS, mesh=mesh8, engine="shared", **kw)
+    a = flat(sampler.sample, CFG, params, PROMPTS, engine="scan", **kw)
+    b = flat(sampler.sample, CFG, p8, PROMPTS, mesh=mesh8, engine="shared", **kw)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
 
@@ -422,8 +444,8 @@ def test_prefill_moves_no_cache_between_devices():
 
     mesh = mesh_from_shape((8, 1, 1))
     p8 = model.init_params(CFG, jax.random.key(0), mesh)
-    host = sampling.host_batch([[1, 2, 3], [4, 5]], 16, 16, 0, mesh, 16)
-    prefill, _ = sampling.programs(CFG, mesh, engine="unrolled", filtered=False)
+    host = _host([[1, 2, 3], [4, 5]], 16, mesh)
+    prefill, _ = _programs(mesh, "unrolled")
     put = lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim, x.shape[0]))
     lowered = prefill.lower(p8, put(host.prompt_tokens), put(host.prompt_mask), put(host.src_rows),
                             cache_len=32)
@@ -442,8 +464,8 @@ def test_same_results_on_meshes(params):
     # values, created directly in their shards.
     p8 = _peaky(model.init_params(CFG, jax.random.key(0), mesh8))
     assert p8["layers"]["mlp"]["up"].sharding.spec == P(None, "fsdp", "tensor")
-    a, ia = sampling.sample_with_info(CFG, params, PROMPTS, mesh=mesh1, **kw)
-    b, ib = sampling.sample_with_info(CFG, p8, PROMPTS, mesh=mesh8, **kw)
+    a, ia = flat(sampler.sample_with_info, CFG, params, PROMPTS, mesh=mesh1, **kw)
+    b, ib = flat(sampler.sample_with_info, CFG, p8, PROMPTS, mesh=mesh8, **kw)
     assert (ia.prompt_rows, ia.sample_rows) == (3, 6) and (ib.prompt_rows, ib.sample_rows) == (4, 8)
     assert b.tokens.shape == (6, 12)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
@@ -453,7 +475,7 @@ def test_same_results_on_meshes(params):
     # Dummy rows start finished: when every real row stops early the loop stops early.
     # (mesh omitted: the sampler takes the mesh the params live on)
     stops = tuple(sorted(set(np.asarray(a.tokens[:, 0]).tolist())))
-    r, info = sampling.sample_with_info(CFG, p8, PROMPTS, stop_tokens=stops, **kw)
+    r, info = flat(sampler.sample_with_info, CFG, p8, PROMPTS, stop_tokens=stops, **kw)
     assert info.sample_rows == 8 and r.finished.all() and info.decode_steps == 1
 
 
@@ -466,15 +488,15 @@ def test_one_compilation_per_bucket(params):
         return [rng.integers(0, CFG.vocab_size, rng.integers(1, max_len + 1)).tolist() for _ in PROMPTS]
 
     _sample(params, prompts=batch(16), top_p=0.9)
-    before = dict(sampling.TRACE_COUNTS)
+    before = dict(TRACE_COUNTS)
     for i, (max_new, temp) in enumerate([(5, 0.0), (16, 1.3), (9, 0.5)]):
         r = _sample(params, prompts=batch(16), max_new_tokens=max_new, temperature=temp, top_p=0.5 + 0.1 * i,
                     stop_tokens=tuple(range(i)), pad_id=i, key=jax.random.key(i))
         assert r.tokens.shape == (6, max_new)
-    assert dict(sampling.TRACE_COUNTS) == before
+    assert dict(TRACE_COUNTS) == before
     # A longer prompt moves to the next prompt bucket: exactly one new trace of each.
     _sample(params, prompts=[list(range(20)), [1], [2, 3]], top_p=0.9)
-    after = dict(sampling.TRACE_COUNTS)
+    after = dict(TRACE_COUNTS)
     assert (after["prefill"] - before["prefill"], after["decode"] - before["decode"]) == (1, 1)
 
 
@@ -496,28 +518,28 @@ def test_one_compilation_per_bucket(params):
 def test_bad_input_raises_clear_errors(params, prompts, kwargs, error, match):
     kwargs = {"key": jax.random.key(0), "max_new_tokens": 4, **kwargs}
     with pytest.raises(error, match=match):
-        sampling.sample(CFG, params, prompts, **kwargs)
+        flat(sampler.sample, CFG, params, prompts, **kwargs)
 
 
 def test_prefill_chunks_hold_at_most_the_chunk_tokens():
-    tokens = sampling.PREFILL_CHUNK_TOKENS
+    tokens = engines.PREFILL_CHUNK_TOKENS
     fm = "feature_major"
-    assert sampling.prefill_chunks(64, 64, fm) == -(-64 * 64 // tokens) > 1
-    assert sampling.prefill_chunks(3, tokens, fm) == 3  # one row each
-    assert sampling.prefill_chunks(3, 2 * tokens, fm) == 3  # a row is never split
-    assert sampling.prefill_chunks(tokens // 16, 16, fm) == 1
+    assert engines.ENGINES[fm].prefill_chunks(64, 64) == -(-64 * 64 // tokens) > 1
+    assert engines.ENGINES[fm].prefill_chunks(3, tokens) == 3  # one row each
+    assert engines.ENGINES[fm].prefill_chunks(3, 2 * tokens) == 3  # a row is never split
+    assert engines.ENGINES[fm].prefill_chunks(tokens // 16, 16) == 1
     for engine in ("scan", "unrolled"):  # the model's forward: one pass
-        assert sampling.prefill_chunks(64, 64, engine) == 1
+        assert engines.ENGINES[engine].prefill_chunks(64, 64) == 1
 
 
 def test_prefill_in_row_chunks_equals_one_pass(params):
     """3 prompts in chunks of 2 rows (the last one padded with a dummy row), each prompt's
     cache then copied to its G rows: the cache and logits of one prefill pass."""
-    host = sampling.host_batch(PROMPTS, G, 12, 0, None, 16, 0)
-    prefill, _ = sampling.programs(CFG, None, engine="feature_major", filtered=False)
+    host = _host(PROMPTS, G, None)
+    prefill, _ = _programs(None, "feature_major")
     run = lambda chunk: prefill(params, host.prompt_tokens, host.prompt_mask, host.src_rows, cache_len=32,
                                 chunk_tokens=chunk)
-    assert sampling.prefill_chunks(3, 16, "feature_major", 2 * 16) == 2
+    assert engines.ENGINES["feature_major"].prefill_chunks(3, 16, 2 * 16) == 2
     one, chunked = run(None), run(2 * 16)  # 2 rows of the 16-token bucket
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(chunked)):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
@@ -526,9 +548,9 @@ def test_prefill_in_row_chunks_equals_one_pass(params):
 def test_per_layer_prefill_cache_equals_the_stacked_one(params):
     """The feature-major decode's cache comes from the prefill as one buffer per layer; it
     holds what the stacked cache holds, row copies of the shared prefill included."""
-    host = sampling.host_batch(PROMPTS, G, 12, 0, None, 16, 0)
+    host = _host(PROMPTS, G, None)
     args = (params, host.prompt_tokens, host.prompt_mask, host.src_rows)
-    run = lambda engine: sampling.programs(CFG, None, engine=engine, filtered=False)[0](*args, cache_len=32)
+    run = lambda engine: _programs(None, engine)[0](*args, cache_len=32)
     (stacked, logits), (layers, logits_pl) = run("scan"), run("feature_major")
     assert isinstance(layers.k, list) and len(layers.k) == len(layers.v) == CFG.num_layers
     for i in range(CFG.num_layers):

@@ -142,17 +142,20 @@ def test_residual_stream_is_constrained_at_the_block_boundary(reference, shape, 
 
 
 def test_sampler_is_traced_on_its_mesh(reference):
-    from grpo_jax import sampling
+    from grpo_jax import sampler
+    from grpo_jax.sampler import engines, programs
 
     params, _, _, _ = reference
     mesh = sharding.mesh_from_shape((2, 2, 2))
     sharded = model.init_params(CFG, jax.random.key(0), mesh)
-    out = sampling.sample(CFG, sharded, [[1, 2, 3]] * 4, key=jax.random.key(0), group_size=2,
-                          max_new_tokens=4, temperature=0.0, mesh=mesh)
-    ref = sampling.sample(CFG, params, [[1, 2, 3]] * 4, key=jax.random.key(0), group_size=2,
-                          max_new_tokens=4, temperature=0.0)
+    out = sampler.sample(CFG, sharded, [[1, 2, 3]] * 4,
+                         sampler.SamplingParams(max_new_tokens=4, temperature=0.0),
+                         key=jax.random.key(0), group_size=2, mesh=mesh)
+    ref = sampler.sample(CFG, params, [[1, 2, 3]] * 4,
+                         sampler.SamplingParams(max_new_tokens=4, temperature=0.0),
+                         key=jax.random.key(0), group_size=2)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-    prefill, _ = sampling.programs(CFG, mesh, engine="unrolled", filtered=False)
+    prefill, _ = programs.programs(CFG, mesh, engines.ENGINES["unrolled"], "auto")
     assert "sdy.sharding_constraint" in prefill.lower(
         sharded, *[sharding.shard_batch(x, mesh) for x in (np.ones((8, 4), np.int32), np.ones((8, 4), bool))],
         None, cache_len=8).as_text()

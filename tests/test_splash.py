@@ -105,7 +105,9 @@ def test_splash_off_tpu_is_refused():
         apply_overrides(cfg, ["model.attention=flash"]).validate()
     # The sampler runs over a KV cache, where attention is the model's own: shared programs.
     xla = dataclasses.replace(cfg.model, attention="xla")
-    assert programs.sampler(cfg, None) == programs.sampler(dataclasses.replace(cfg, model=xla), None)
+    splash_call = programs.sampler(cfg, None, 2, 2, 16)
+    xla_call = programs.sampler(dataclasses.replace(cfg, model=xla), None, 2, 2, 16)
+    assert splash_call.prefill is xla_call.prefill and splash_call.decode is xla_call.decode
 
 
 @pytest.mark.skipif(not aot.libtpu_available(), reason="libtpu not installed (pip install -r requirements-tpu.txt)")

@@ -395,12 +395,13 @@ def test_logprob_mismatch_is_zero_for_recomputed_logprobs(params):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprob_mismatch_with_the_sampler(params, temperature):
-    sampling = pytest.importorskip("grpo_jax.sampling")
+    sampler = pytest.importorskip("grpo_jax.sampler")
     cfg = _cfg(temperature=temperature)
     policy = jax.device_put(jax.tree.map(np.array, params["policy"]), _shardings((1, 1, 1)))
     prompts = [[5, 9, 13, 2, 7], [3, 4, 60, 11, 12, 30, 31, 8, 1]]
-    rollout = sampling.sample(TINY, policy, prompts, key=jax.random.key(3), group_size=G,
-                              max_new_tokens=TC, temperature=temperature, stop_tokens=[0])
+    rollout = sampler.sample(TINY, policy, prompts,
+                             sampler.SamplingParams(max_new_tokens=TC, temperature=temperature, stop_tokens=[0]),
+                             key=jax.random.key(3), group_size=G)
     assert rollout.tokens.shape == (B, TC) and rollout.prompt_tokens.shape == (B, TP)
     batch = batching.batch_from_rollout(rollout, rewards=np.arange(B, dtype=np.float32) % 3,
                                         correct=np.zeros(B, bool))

@@ -168,16 +168,16 @@ def test_bfloat16_sampling_copy_reaches_the_sampler(tmp_path, tok, monkeypatch):
     from the float32 trainer's (logprob_mismatch_*); with float32 they agree. With
     mesh.slice the copy lives on the slice's sampling mesh (v5litepod-8: 2 replicas x
     tensor 4), the train state on its train mesh (fsdp 8)."""
-    from grpo_jax import sampling
+    from grpo_jax import sampler
     from grpo_jax.sharding import mesh_of
 
-    seen, sample_to_host = [], sampling.sample_to_host
+    seen, sample_to_host = [], sampler.sample_to_host
 
     def spy(cfg, params, *args, **kw):
         seen.append(({str(x.dtype) for x in jax.tree.leaves(params)}, dict(mesh_of(params).shape)))
         return sample_to_host(cfg, params, *args, **kw)
 
-    monkeypatch.setattr(sampling, "sample_to_host", spy)
+    monkeypatch.setattr(sampler, "sample_to_host", spy)
     mismatch = {}
     for dtype in ("float32", "bfloat16"):
         trainer = _trainer(_cfg(tmp_path / dtype, tok, f"rl.sample_dtype={dtype}", "mesh.slice=v5litepod-8"), tok)

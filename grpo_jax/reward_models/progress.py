@@ -100,7 +100,7 @@ def policy_completer(cfg, params, tokenizer, *, key, max_new_tokens: int, temper
     and what ``cfg.max_seq_len`` leaves), ``chunk`` prefixes a call."""
     import jax
 
-    from grpo_jax import sampling
+    from grpo_jax import sampler
     from grpo_jax.batching import completion_ids
     from grpo_jax.sharding import to_host
     from grpo_jax.tokenizer import encode_prompt
@@ -120,9 +120,10 @@ def policy_completer(cfg, params, tokenizer, *, key, max_new_tokens: int, temper
                 raise ValueError(f"a prompt + step prefix of {max(len(ids[i]) for i in rows)} tokens leaves no "
                                  f"room to continue within model.max_seq_len={cfg.max_seq_len}")
             calls[0] += 1
-            ro = sampling.sample(cfg, params, [ids[i] for i in rows], key=jax.random.fold_in(key, calls[0]),
-                                 group_size=n, max_new_tokens=budget, temperature=temperature,
-                                 stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, mesh=mesh)
+            settings = sampler.SamplingParams(budget, temperature, stop_tokens=tokenizer.stop_ids,
+                                              pad_id=tokenizer.pad_id)
+            ro = sampler.sample(cfg, params, [ids[i] for i in rows], settings, key=jax.random.fold_in(key, calls[0]),
+                                group_size=n, mesh=mesh)
             ro = jax.tree.map(to_host, ro)
             texts = [tokenizer.decode(completion_ids(ro, r, tokenizer.stop_ids)) for r in range(len(rows) * n)]
             for k, i in enumerate(rows):

@@ -1,24 +1,30 @@
-"""The sampler's decode step with activations stored feature-major (``[E, B]``), for CPUs.
+"""The feature-major engine's decode step: activations stored ``[E, B]``, for one CPU device.
 
-The same layer as ``model.Transformer`` with a KV cache and one new token per row, written
-so that every dense matmul is ``W [out, in] @ x [in, B] -> [out, B]``: the long weight
+The same layer as ``model.Block`` with a KV cache and one new token per row, written so
+that every dense matmul is ``W [out, in] @ x [in, B] -> [out, B]``: the long weight
 dimension becomes the kernel's row dimension and the few batch rows its columns. XLA's CPU
 backend (YNNPACK dots, jax 0.10) ran that orientation faster than ``x [B, in] @
 W [in, out]`` for B of 8-64 on every CPU measured, by a margin that depends on the CPU
-(``python benchmarks/bench_layouts.py`` times both;
-benchmarks/NOTES.md, "Figures behind code comments"). Asking
-for the transposed product of row-major activations is not enough: XLA folds the transpose
-back into the dot, so the orientation is kept by storing the activations transposed and by
-an optimization barrier at the two places they must be rows (the per-head attention, which
-reads the cache in its ``model.KVCache`` layout).
+(``python benchmarks/bench_layouts.py`` times both; benchmarks/NOTES.md, "Figures behind
+code comments"). Asking for the transposed product of row-major activations is not enough:
+XLA folds the transpose back into the dot, so the orientation is kept by storing the
+activations transposed and by an optimization barrier at the two places they must be rows
+(the per-head attention, which reads the cache in its ``model.KVCache`` layout).
+
+Why this layer is not ``model.Block`` itself: the model's blocks are Linen modules whose
+products are written for row-major activations ``[B, T, E]`` with ``[in, out]`` weights;
+running them feature-major would mean a second orientation threaded through every module
+of the model for one CPU engine, the fast path growing into a second model. So the layer is
+written here from the model's own functions (``model.rms_norm``, ``model.rope``,
+``model.attend`` / ``attend_scored``, ``model.product`` / ``operand``: its numerics), and
+only its orientation and weight layout are its own; ``tests/test_feature_major.py`` holds it
+equal to the model's forward.
 
 Its weights are ``[out, in]`` copies of the parameters (``decode_weights``), which the
-sampler makes once per policy and reuses while the params are the same arrays
-(``sampling.feature_major_weights``): one pass over the weights, against one per token
-for the steps. The sampler uses this step on a single CPU device only
-(``sampling.programs``); on meshes and on TPU it runs the model's own forward, whose
-layouts the TPU compiler chooses itself and which keeps no second copy of the weights.
-``python benchmarks/bench_layouts.py`` times both orientations on the machine at hand.
+engine makes once per policy and reuses while the params are the same arrays
+(``weights.HeldWeights``): one pass over the weights, against one per token for the steps.
+On meshes and on TPU the sampler runs the model's own forward, whose layouts the TPU
+compiler chooses itself and which keeps no second copy of the weights.
 """
 
 from __future__ import annotations
@@ -54,13 +60,6 @@ def decode_weights(cfg: ModelConfig, params) -> dict:
     return {"layers": [layer(i) for i in range(cfg.num_layers)], "embedding": params["embedding"],
             "final_norm": params["final_norm"]["scale"],
             "unembedding": unembed if vocab_major else unembed.T}
-
-
-def _norm(x, scale, eps):
-    """RMSNorm over the feature axis of x [E, B] (``model.RMSNorm``)."""
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=0, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)[:, None]).astype(x.dtype)
 
 
 def dense(w, x, dt):
@@ -121,7 +120,7 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
         x, k_cache, v_cache = _layer(cfg, w, x, k_cache, v_cache, index, allowed, rope_cs, bf16)
         new_ks.append(k_cache)
         new_vs.append(v_cache)
-    hidden = _norm(x, weights["final_norm"], cfg.rms_eps)
+    hidden = model_lib.rms_norm(x, weights["final_norm"], cfg.rms_eps, axis=0)
     unembed = weights["unembedding"]
     if cfg.unembed_dtype == "bfloat16":  # as model.logits_from_hidden
         unembed = unembed.astype(jnp.bfloat16)
@@ -162,7 +161,7 @@ def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_
     b = x.shape[1]
     h, kh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     with jax.named_scope("attn"):
-        y = _norm(x, w["attn_norm"], cfg.rms_eps)
+        y = model_lib.rms_norm(x, w["attn_norm"], cfg.rms_eps, axis=0)
         q, k, v = (dense(w[n], y, dt) for n in "qkv")  # [H·D, B], [K·D, B], [K·D, B]
         if cfg.attention_bias:
             q, k, v = (t + w[f"{n}_bias"].astype(dt) for t, n in zip((q, k, v), "qkv"))
@@ -174,6 +173,6 @@ def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_
         out = attend(q.reshape(b, kh, h // kh, d), k_cache.astype(dt), v_cache.astype(dt), allowed)
         x = x + dense(w["o"], to_features(out.reshape(b, h * d), bf16), dt)
     with jax.named_scope("mlp"):
-        y = _norm(x, w["mlp_norm"], cfg.rms_eps)
+        y = model_lib.rms_norm(x, w["mlp_norm"], cfg.rms_eps, axis=0)
         x = x + dense(w["down"], jax.nn.silu(dense(w["gate"], y, dt)) * dense(w["up"], y, dt), dt)
     return x, k_cache, v_cache

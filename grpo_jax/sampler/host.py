@@ -1,0 +1,159 @@
+"""The sampler's host-side entry: prompts in, rows out (`sample`, `sample_with_info`), and
+`sample_to_host`, which samples a batch a few prompts at a time.
+
+Plain Python and numpy, never traced: the arguments are checked, the static shapes
+bucketed, the prompts left-padded and laid out by the engine, the batch padded with dummy
+rows and the dummy rows stripped again; the device work is one `programs.SamplerCall`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from grpo_jax.config import ModelConfig
+from grpo_jax.sampler.programs import SamplerCall, sampler_call, sampling_mesh
+from grpo_jax.sampler.settings import SamplingParams
+from grpo_jax.shapes import bucket_length
+from grpo_jax.sharding import batch_sharding, mesh_of, to_global, to_host
+
+
+@flax.struct.dataclass
+class Rollout:
+    """B = num_prompts * G rows, row = prompt_index * G + g."""
+
+    prompt_tokens: jax.Array  # [B, Tp] int32, LEFT-padded with pad_id (Tp = prompt bucket)
+    prompt_mask: jax.Array  # [B, Tp] bool
+    tokens: jax.Array  # [B, Tc] int32, Tc = max_new_tokens; pad_id after the stop token
+    mask: jax.Array  # [B, Tc] bool, real completion tokens including the stop token
+    logprobs: jax.Array  # [B, Tc] float32, log-prob of the token under the distribution sampled (top-k/p renormalised); 0 where ~mask
+    lengths: jax.Array  # [B] int32 = mask.sum(1)
+    finished: jax.Array  # [B] bool: True = stop token ("eos"), False = max_new_tokens ("length")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleInfo:
+    """What one `sample_with_info` call did (for benchmarks and tests)."""
+
+    num_prompts: int
+    group_size: int
+    prompt_bucket: int  # Tp
+    completion_bucket: int  # internal completion columns (>= max_new_tokens)
+    prompt_rows: int  # prefill batch after padding to the sharding degree
+    sample_rows: int  # decode batch after padding
+    decode_steps: int  # tokens generated per row before the loop stopped (<= max_new_tokens)
+
+
+def _validate(cfg: ModelConfig, prompts, settings: SamplingParams, group_size) -> list[list[int]]:
+    """Check the prompts and the settings against the model on the host; return the
+    prompts as lists of ints."""
+    if not isinstance(settings, SamplingParams):
+        raise TypeError(f"settings must be a SamplingParams, got {type(settings).__name__}")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) and not isinstance(prompts, np.ndarray):
+        raise TypeError(f"prompts must be a sequence of token-id sequences, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: give at least one prompt")
+    if not isinstance(group_size, (int, np.integer)) or group_size < 1:
+        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    vocab = cfg.vocab_size
+    for name, ids in (("stop_tokens", list(settings.stop_tokens)), ("pad_id", [settings.pad_id])):
+        bad = [t for t in ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"{name} {bad} outside the vocabulary [0, {vocab})")
+    max_new_tokens = settings.max_new_tokens
+    room = cfg.max_seq_len - max_new_tokens
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)):
+            raise TypeError(f"prompt {i} is a string: tokenize it first")
+        p = [int(t) for t in np.asarray(p).reshape(-1)]
+        if not p:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        if len(p) > room:
+            raise ValueError(
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} the "
+                f"sequence can hold at most cfg.max_seq_len - max_new_tokens = {room} prompt tokens")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        out.append(p)
+    return out
+
+
+def sample(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], settings: SamplingParams, *, key,
+           group_size: int = 1, mesh: Mesh | None = None) -> Rollout:
+    """G = group_size completions for each prompt (token-id lists of any lengths), drawn with
+    ``settings``.
+
+    key: a jax PRNG key (typed or raw); mesh: shard over this mesh (default: the params'
+    mesh, if they live on one). Conventions (positions, temperature, randomness, padding):
+    see the package docstring.
+    """
+    return sample_with_info(cfg, params, prompts, settings, key=key, group_size=group_size, mesh=mesh)[0]
+
+
+def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], settings: SamplingParams, *,
+                     key, group_size: int = 1, mesh: Mesh | None = None) -> tuple[Rollout, SampleInfo]:
+    """`sample`, plus a `SampleInfo` describing the shapes used and the decode steps run."""
+    prompts = _validate(cfg, prompts, settings, group_size)
+    mesh = sampling_mesh(mesh_of(params) if mesh is None else mesh)
+    call = sampler_call(cfg, mesh, settings, len(prompts), group_size, bucket_length(max(len(p) for p in prompts)))
+    return _sample_call(call, params, prompts, key)
+
+
+def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], settings: SamplingParams, *, key,
+                   group_size: int = 1, prompts_per_call: int = 0, mesh: Mesh | None = None) -> Rollout:
+    """`sample`'s Rollout as host numpy arrays (on every process), sampled
+    `prompts_per_call` prompts at a time (0 = all in one call).
+
+    Each call's results go to the host before the next call starts, so the device holds
+    one call's KV cache ([layers, prompts_per_call * G, ...]) instead of the whole batch's.
+    Every call uses the prompt bucket of the whole batch and its rows keep their index
+    in it (the randomness index), so the tokens, masks and lengths equal those of one call;
+    log-probs may differ in the last bits (other batch shapes), as between meshes.
+    """
+    prompts = _validate(cfg, prompts, settings, group_size)
+    if not isinstance(prompts_per_call, (int, np.integer)) or prompts_per_call < 0:
+        raise ValueError(f"prompts_per_call must be an int >= 0 (0 = one call), got {prompts_per_call!r}")
+    mesh = sampling_mesh(mesh_of(params) if mesh is None else mesh)
+    per_call = prompts_per_call or len(prompts)
+    tp = bucket_length(max(len(p) for p in prompts))
+    parts = []
+    for start in range(0, len(prompts), per_call):
+        chunk = prompts[start:start + per_call]
+        call = sampler_call(cfg, mesh, settings, len(chunk), group_size, tp)
+        rollout, _ = _sample_call(call, params, chunk, key, row_offset=start * group_size)
+        parts.append(jax.tree.map(to_host, rollout))
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def _sample_call(call: SamplerCall, params, prompts: list[list[int]], key,
+                 row_offset: int = 0) -> tuple[Rollout, SampleInfo]:
+    """One prefill + decode for validated prompts; sample row r draws its randomness as row
+    `row_offset + r`."""
+    host = call.host_batch(prompts, row_offset)
+    tokens, mask, logps, finished, steps = call.run(params, host, key)
+    # Strip dummy rows and the unused columns of the completion bucket.
+    rows, max_new_tokens = len(prompts) * call.group_size, call.settings.max_new_tokens
+    if tokens.shape != (rows, max_new_tokens):
+        tokens, mask, logps = (x[:rows, :max_new_tokens] for x in (tokens, mask, logps))
+        finished = finished[:rows]
+    # Each sample row's prompt is its prefill slot's.
+    prompt_tokens, prompt_mask = (x[host.src_rows[:rows]] for x in (host.prompt_tokens, host.prompt_mask))
+    if call.mesh is None:
+        prompt_tokens, prompt_mask = jnp.asarray(prompt_tokens), jnp.asarray(prompt_mask)
+    else:
+        prompt_tokens, prompt_mask = (to_global(x, batch_sharding(call.mesh, 2, rows))
+                                      for x in (prompt_tokens, prompt_mask))
+    rollout = Rollout(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
+                      logprobs=logps, lengths=mask.sum(axis=1, dtype=jnp.int32), finished=finished)
+    info = SampleInfo(num_prompts=len(prompts), group_size=call.group_size, prompt_bucket=call.prompt_len,
+                      completion_bucket=call.num_cols, prompt_rows=host.prompt_tokens.shape[0],
+                      sample_rows=host.src_rows.shape[0], decode_steps=int(steps))
+    return rollout, info
