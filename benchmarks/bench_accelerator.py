@@ -63,9 +63,6 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the checkout this script is in, installed or not
-    sys.path.insert(0, str(ROOT))
 
 # Whatever device jax sees (common.py defaults JAX_PLATFORMS to cpu for the CPU benchmarks);
 # --tiny sets cpu before anything imports jax.

@@ -27,7 +27,7 @@ OVERRIDES = [
     "model.num_kv_heads=2", "model.head_dim=16", "model.mlp_dim=128", "model.max_seq_len=64",
     f"mesh.ici_data={MESH[0]}", f"mesh.ici_fsdp={MESH[1]}", f"mesh.ici_tensor={MESH[2]}",
     "rl.group_size=4", "rl.max_new_tokens=16", "rl.beta=0.04", "rl.temperature=1.0",
-    "data.batch_size=4", "data.eval_size=16", "data.num_operands=2", "data.max_digits=1",
+    "data.batch_size=4", "data.eval_size=8", "data.num_operands=2", "data.max_digits=1",
     "optimizer.peak_lr=1e-2", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
     f"run.steps={STEPS}", f"run.eval_every={STEPS}", "run.checkpoint_every=2", "run.keep_checkpoints=3",
 ]

@@ -85,7 +85,8 @@ def test_the_model_with_cudnn_attention_computes_the_models_logits(monkeypatch):
     np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), atol=0.05 * float(np.abs(want).max()))
     # The sampler runs over a KV cache, where attention is the model's own: shared programs.
     cfg = apply_overrides(get_preset("cpu-tiny"), ["model.dtype=bfloat16"])
-    assert programs.sampler(cfg.replace(model={"attention": "cudnn"}), None) == programs.sampler(cfg, None)
+    fused, plain = (programs.sampler(c, None, 2, 4, 16) for c in (cfg.replace(model={"attention": "cudnn"}), cfg))
+    assert (fused.prefill, fused.decode) == (plain.prefill, plain.decode)
 
 
 def test_cudnn_is_refused_off_gpu_and_with_float32_compute():
