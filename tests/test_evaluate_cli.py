@@ -19,6 +19,7 @@ from grpo_jax.sharding import make_mesh
 from grpo_jax.tasks import get_task
 from grpo_jax.tasks.chat import chat_task
 from grpo_jax.trainer import Trainer
+from grpo_jax.shortcuts import shortcut_baselines
 
 from test_bpe_tokenizer import tiny_meta
 
@@ -62,6 +63,8 @@ def test_run_dir_curve_has_one_point_per_step_equal_to_evaluate(run, tmp_path):
         assert point[f"pass@{K}"] == pytest.approx(want[f"pass@{K}"])
         summary = json.loads((out / f"step-{step}" / "summary.json").read_text())
         assert summary["settings"]["step"] == step and summary["num_questions"] == LIMIT
+        # The set's shortcut baselines beside the accuracy, as the library computes them.
+        assert summary["shortcuts"] == shortcut_baselines(task, examples).to_dict()
         lines = (out / f"step-{step}" / "shard-00000-of-00001.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
         assert want["texts"] == [r["greedy_completion"] for r in records]
