@@ -198,11 +198,6 @@ def reward_model(kind: str, cfg, root: str, data: tuple[str, str], args) -> tupl
     return os.path.join(run_dir, "reward_model"), read_json(metrics_path)
 
 
-def learned(finals: dict[int, float], bar: float, margin: float = 0.10) -> bool:
-    """Whether an arm beat the held-out set's best shortcut by ``margin`` in every seed."""
-    return bool(finals) and all(v >= bar + margin for v in finals.values())
-
-
 def read_json(path: str):
     with open(path) as f:
         return json.load(f)
@@ -216,7 +211,7 @@ def main(argv=None):
     from grpo_jax.evaluation import evaluate
     from grpo_jax.plots import plot_runs
     from grpo_jax.reward_models import RewardModel
-    from grpo_jax.shortcuts import shortcut_baselines
+    from grpo_jax.shortcuts import clears, shortcut_baselines
     from grpo_jax.stats import format_interval
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -295,7 +290,7 @@ def main(argv=None):
                for arm, by_seed in runs.items() if arm.startswith("GRPO")}
     claims, speed = judge(finals, CLAIMS), judge(reach, CLAIMS, sign=-1.0)
     bar = shortcuts.best[1]
-    beat_shortcut = {arm: learned(finals[arm], bar) for arm in ARMS}
+    beat_shortcut = {arm: clears(finals[arm], bar) for arm in ARMS}
     summary = {
         "start_accuracy": start, "steps": steps, "reach_level": args.reach, "reach_censor": censor,
         "reward_models": {name: {k: v for k, v in m.items() if k not in ("config", "args")}

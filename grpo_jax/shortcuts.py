@@ -90,6 +90,17 @@ def shortcut_baselines(task, held_out: Sequence, train: Sequence | None = None) 
     return Baselines(scores, n, len({ex.prompt for ex in held_out}), len(train))
 
 
+LEARNING_MARGIN = 0.10
+
+
+def clears(accuracies, bar: float, margin: float = LEARNING_MARGIN) -> bool:
+    """The learning claim where a task cannot push its best shortcut under 10%: every
+    seed's accuracy (an iterable, or a dict seed -> accuracy) beats the best shortcut ``bar``
+    by ``margin``."""
+    values = list(accuracies.values() if isinstance(accuracies, dict) else accuracies)
+    return bool(values) and all(v >= bar + margin for v in values)
+
+
 def fit_examples(task, size: int = FIT_SIZE) -> list:
     """Training questions to fit rules on: ``size`` of them, or, for a task whose training
     split holds fewer distinct questions, a quarter as many at a time down to 250."""
@@ -113,5 +124,5 @@ def try_shortcut_baselines(task, held_out: Sequence) -> "Baselines | None":
         return None
 
 
-__all__ = ["Baselines", "FIT_SIZE", "commonest", "lookup_rule", "shortcut_baselines",
+__all__ = ["Baselines", "FIT_SIZE", "LEARNING_MARGIN", "clears", "commonest", "lookup_rule", "shortcut_baselines",
            "try_shortcut_baselines"]

@@ -17,12 +17,6 @@ def test_pending_skips_finished_seed_files(tmp_path):
     assert f5.pending(str(tmp_path), plan) == [("GRPO+OS", 0), ("Online RFT", 1), ("GRPO+OS", 2)]
 
 
-def test_learned_needs_ten_points_over_the_best_shortcut_in_every_seed():
-    assert f5.learned({0: 0.86, 1: 0.95}, bar=0.75)
-    assert not f5.learned({0: 0.86, 1: 0.84}, bar=0.75)  # one seed short is not learning
-    assert not f5.learned({}, bar=0.0)
-
-
 def test_steps_to_reach_first_step_at_the_level_else_censored():
     steps, acc = [0, 10, 20, 30], [0.1, 0.49, 0.5, 0.9]
     assert f5.steps_to_reach(steps, acc, 0.5, censor=40) == 20

@@ -109,3 +109,11 @@ def test_a_chat_wrapped_task_keeps_its_rules_and_a_task_without_training_data_re
     task = NoTraining()
     assert try_shortcut_baselines(task, task.examples("test", 10, 0)) is None
     assert "train.jsonl not found" in caplog.text
+
+
+def test_clears_needs_ten_points_over_the_best_shortcut_in_every_seed():
+    from grpo_jax.shortcuts import clears
+
+    assert clears({0: 0.86, 1: 0.95}, bar=0.75) and clears([0.86, 0.95], bar=0.75)
+    assert not clears({0: 0.86, 1: 0.84}, bar=0.75)  # one seed short is not learning
+    assert not clears({}, bar=0.0)
