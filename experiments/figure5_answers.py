@@ -44,10 +44,10 @@ def main(argv=None) -> dict:
     for arm in f5.ARMS:
         ckpt = checkpointing.Checkpointer(os.path.join(args.out, f5.slug(arm), f"seed{args.seed}", "checkpoints"))
         step = ckpt.latest_step()
-        if step is None:
-            continue
-        params = ckpt.restore_params(abstract, step)
+        params = None if step is None else ckpt.restore_params(abstract, step)
         ckpt.close()
+        if params is None:
+            continue
         ev = evaluate(cfg, params, task, tok, examples, key=jax.random.key(1), mesh=mesh, texts=True)
         answers = [task.extract_answer(t) for t in ev["texts"]]
         n = len(examples)
