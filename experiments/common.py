@@ -36,13 +36,33 @@ CPU_DEFAULTS = [
 ]
 
 
+# The testbed (grpo_jax/tasks/modular.py, docs/testbed_design.md): 6 operands modulo 13 with
+# exactly 2 subtractions, an SFT corpus that reads each "-" as "+" 60% of the time, a reward
+# that is correctness only, and 512 distinct held-out questions whose best shortcut is under
+# 0.10 (tests/test_tasks_modular.py). On top of CPU_DEFAULTS.
+MODULAR_DEFAULTS = [
+    "data.task=modular", "data.modulus=13", "data.num_operands=6", "data.num_subtractions=2",
+    "data.wrong_step_prob=0.6", "data.format_reward=0", "data.eval_size=512",
+    "rl.max_new_tokens=56", "model.max_seq_len=96", "optimizer.peak_lr=3e-4",
+]
+
+# Every regime a shipped study or the quickstart runs on (CPU_DEFAULTS + these), by name:
+# a test holds each held-out set's best shortcut to <= 0.10.
+STUDY_REGIMES = {"modular": MODULAR_DEFAULTS}
+
 # What an SFT start depends on besides the model (see sft_start).
 SFT_CACHE_FIELDS = ("optimizer", "run.seed", "run.steps", "data.task", "data.seed", "data.batch_size",
-                    "data.num_operands", "data.max_digits", "data.slip", "data.wrong_step_prob", "data.min_carries")
+                    "data.num_operands", "data.max_digits", "data.slip", "data.wrong_step_prob", "data.min_carries",
+                    "data.modulus", "data.num_subtractions")
 
 
 def add_sft_args(parser) -> None:
-    parser.add_argument("--sft-steps", type=int, default=1500, help="SFT steps before RL")
+    parser.add_argument("--sft-steps", type=int, default=1500,
+                        help="SFT steps before RL; with --sft-until, the most SFT may take")
+    parser.add_argument("--sft-until", type=float, default=0.0,
+                        help="train SFT until this share of the greedy step lines on 64 training questions "
+                             "are right table lookups (tasks with `lookups_right`; 0: --sft-steps exactly)")
+    parser.add_argument("--sft-check-every", type=int, default=250, help="SFT steps between --sft-until checks")
     parser.add_argument("--sft-lr", type=float, default=2e-3, help="SFT peak learning rate")
     parser.add_argument("--sft-batch", type=int, default=32, help="SFT sequences per step")
     parser.add_argument("--tokenizer-vocab", type=int, default=64, help="sentencepiece vocabulary size")
@@ -55,6 +75,9 @@ def load_cfg(args, extra_defaults=()) -> config_lib.Config:
 
 
 def make_task(cfg):
+    if cfg.data.task == "modular":
+        return get_task("modular", modulus=cfg.data.modulus, num_operands=cfg.data.num_operands,
+                        num_subtractions=cfg.data.num_subtractions, format_reward=cfg.data.format_reward)
     return get_task("arithmetic", **arithmetic_knobs(cfg.data))
 
 
@@ -91,10 +114,69 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
     params = init_params(cfg.model, jax.random.key(cfg.run.seed))
     trainer = Trainer(sft_cfg, task=task, tokenizer=tokenizer, params=params, sft_data=sft_data,
                       mesh=mesh, eval_examples=[], progress=not args.no_progress)
-    trainer.train()  # a no-op when the cached run already finished
+    until = getattr(args, "sft_until", 0.0)
+    if until > 0:
+        _train_until(cfg, trainer, task, tokenizer, until, args.sft_check_every, root)
+    else:
+        trainer.train()  # a no-op when the cached run already finished
     params, mesh = trainer.params, trainer.mesh
     trainer.close()
     return params, mesh
+
+
+SFT_CHECK_QUESTIONS, SFT_CHECK_SEED = 64, 9_500_000
+SFT_REPORT = "sft_until.json"
+
+
+def _train_until(cfg, trainer, task, tokenizer, until: float, every: int, root: str) -> None:
+    """SFT in chunks of `every` steps until the greedy step lines on 64 training questions are
+    right table lookups `until` of the time (`task.lookups_right`), at most `run.steps`.
+
+    Modular tables are learned after a plateau whose length varies by seed (docs/testbed_design.md):
+    an SFT stopped there leaves a policy at chance, with nothing for RL to re-rank. The check
+    runs at every chunk's end, also on a resumed run, so a cached start stops where it stopped.
+    Writes each check to `<root>/sft/sft_until.json` (`sft_report`)."""
+    from grpo_jax.evaluation import evaluate
+
+    examples = task.examples("train", SFT_CHECK_QUESTIONS, SFT_CHECK_SEED)
+    checks = []
+    while True:
+        step = trainer.next_step
+        if step > 0:
+            texts = evaluate(cfg, trainer.params, task, tokenizer, examples, key=jax.random.key(0),
+                             mesh=trainer.mesh, texts=True)["texts"]
+            right = total = 0
+            for text, ex in zip(texts, examples):
+                r, t = task.lookups_right(text, ex)
+                right, total = right + r, total + t
+            share = right / total if total else 0.0
+            checks.append({"step": step, "lookups_right": share, "loss": _recent_loss(trainer)})
+            print(f"[sft] step {step}: greedy step lines that are right lookups {share:.3f} "
+                  f"(until {until}), loss {checks[-1]['loss']}")
+            if share >= until:
+                break
+        if step >= trainer.cfg.run.steps:
+            break
+        trainer.train(min(step + every, trainer.cfg.run.steps))
+    report = {"until": until, "reached": bool(checks) and checks[-1]["lookups_right"] >= until,
+              "steps": trainer.next_step, "cap": trainer.cfg.run.steps, "checks": checks}
+    write_json(os.path.join(trainer.cfg.run.run_dir, SFT_REPORT), report)
+
+
+def _recent_loss(trainer) -> float | None:
+    losses = [h["loss"] for h in trainer.history[-50:] if "loss" in h]
+    return round(sum(losses) / len(losses), 4) if losses else None
+
+
+def sft_report(root: str) -> dict | None:
+    """What `--sft-until` measured for the SFT start cached in `<root>/sft` (None without it)."""
+    import json
+
+    path = os.path.join(root, "sft", SFT_REPORT)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def held_out(task, cfg, tag: str):

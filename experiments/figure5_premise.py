@@ -91,8 +91,12 @@ def main(argv=None) -> dict:
     p.add_argument("--group", type=int, default=16, help="samples per question, G (default 16)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--out", default="runs/figure5_premise", help="output directory (its sft/ is reused)")
+    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="arithmetic",
+                   help="defaults under the overrides: the arithmetic regime above, or a study regime of "
+                        "experiments/common.py (modular: the testbed)")
     args = p.parse_args(argv)
-    cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + REGIME_DEFAULTS)
+    defaults = REGIME_DEFAULTS if args.regime == "arithmetic" else common.STUDY_REGIMES[args.regime]
+    cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + defaults)
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
@@ -103,9 +107,16 @@ def main(argv=None) -> dict:
                          for ex, texts in zip(examples, groups)])
     steps = [[[r for _, r in task.step_rewards(c, ex)] for c in texts] for ex, texts in zip(examples, groups)]
     held_out = shortcut_baselines(task, task.examples("test", cfg.data.eval_size, cfg.data.seed))
-    result = {**premise(outcomes, steps), "held_out_shortcuts": held_out.to_dict(), "regime": {k: getattr(cfg.data, k) for k in (
-        "num_operands", "max_digits", "min_carries", "slip", "wrong_step_prob", "format_reward")},
-        "temperature": cfg.rl.temperature, "max_new_tokens": cfg.rl.max_new_tokens, "sft_steps": args.sft_steps}
+    knobs = ("num_operands", "modulus", "num_subtractions") if cfg.data.task == "modular" else (
+        "num_operands", "max_digits", "min_carries", "slip")
+    result = {**premise(outcomes, steps), "held_out_shortcuts": held_out.to_dict(), "regime": {
+        k: getattr(cfg.data, k) for k in ("task",) + knobs + ("wrong_step_prob", "format_reward")},
+        "temperature": cfg.rl.temperature, "max_new_tokens": cfg.rl.max_new_tokens, "sft_steps": args.sft_steps,
+        "sft_until": common.sft_report(root), "run_seed": cfg.run.seed}
+    if hasattr(task, "locally_right"):  # lines whose own lookup is right, whatever value they start from
+        counts = [task.locally_right(c, ex) for ex, texts in zip(examples, groups) for c in texts]
+        result["lines_locally_right_fraction"] = sum(r for r, _ in counts) / max(1, sum(t for _, t in counts))
+        print(f"[premise] sampled step lines locally right {result['lines_locally_right_fraction']:.3f}")
     print(f"[premise] {result['regime']}, T = {cfg.rl.temperature}, {args.questions} questions x G = {args.group}")
     print(f"[premise] samples right {result['right_fraction']:.3f}; outcome rewards vary in "
           f"{result['outcome_varying_fraction']:.3f} of questions; step lines right "

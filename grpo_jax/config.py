@@ -376,7 +376,7 @@ RL_READERS: dict[str, tuple[str, ...]] = {
 class DataConfig:
     """Which task, how big a batch of questions, and the task's difficulty knobs."""
 
-    task: str = "arithmetic"  # arithmetic | chat_arithmetic | countdown | gsm8k | math
+    task: str = "arithmetic"  # arithmetic | modular | chat_arithmetic | countdown | gsm8k | math
     batch_size: int = 8  # questions per RL step (each sampled group_size times)
     data_dir: str = ""  # manual_dir with official GSM8K/MATH files
     num_operands: int = 3
@@ -390,11 +390,15 @@ class DataConfig:
     # only), and the fewest steps of a question's chain that carry or borrow
     format_reward: float = 0.1
     min_carries: int = 0
+    # modular (tasks/modular.py): the prime modulus, and how many of the num_operands - 1
+    # operators are subtractions (the SFT corpus reads each as "+" with wrong_step_prob)
+    modulus: int = 11
+    num_subtractions: int = 2
     seed: int = 0
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing
 
     def validate(self) -> None:
-        _choice(self, "task", ("arithmetic", "chat_arithmetic", "countdown", "gsm8k", "math"))
+        _choice(self, "task", ("arithmetic", "modular", "chat_arithmetic", "countdown", "gsm8k", "math"))
         from grpo_jax.tasks.arithmetic import SLIPS  # here, not at import: it loads numpy
 
         _choice(self, "slip", SLIPS)
@@ -405,6 +409,15 @@ class DataConfig:
             raise ConfigError(f"data.wrong_step_prob must be in [0, 1], got {self.wrong_step_prob}")
         if not 0 <= self.format_reward < 1:
             raise ConfigError(f"data.format_reward must be in [0, 1) (a right answer earns 1), got {self.format_reward}")
+        if self.task == "modular":
+            from grpo_jax.tasks.modular import is_prime
+
+            if not (is_prime(self.modulus) and self.modulus >= 5):
+                raise ConfigError(f"data.modulus must be a prime >= 5 (a composite one leaks answers "
+                                  f"to sign-flip rules), got {self.modulus}")
+            if not 0 <= self.num_subtractions < self.num_operands:
+                raise ConfigError(f"data.num_subtractions must be in [0, data.num_operands - 1], got "
+                                  f"{self.num_subtractions} with {self.num_operands} operands")
         if not 0 <= self.min_carries < self.num_operands:
             raise ConfigError(f"data.min_carries must be in [0, data.num_operands - 1] (one per step at most), "
                               f"got {self.min_carries} with {self.num_operands} operands")
@@ -477,6 +490,11 @@ class Config:
             out += [f"model.{name}={getattr(self.model, name)!r} is ignored with model.lora_rank=0 "
                     "(LoRA off)" for name in ("lora_alpha", "lora_targets")
                     if getattr(self.model, name) != getattr(default_model, name)]
+        if self.data.task != "modular":
+            default_data = DataConfig()
+            out += [f"data.{name}={getattr(self.data, name)!r} is ignored by data.task={self.data.task} "
+                    "(only data.task=modular reads it)" for name in ("modulus", "num_subtractions")
+                    if getattr(self.data, name) != getattr(default_data, name)]
         if self.data.skip_bad_rows and self.data.task not in FILE_TASKS:
             out.append(f"data.skip_bad_rows=True is ignored by data.task={self.data.task} "
                        f"(it generates its problems; only {', '.join(FILE_TASKS)} read files)")

@@ -85,9 +85,43 @@ def shortcut_baselines(task, held_out: Sequence, train: Sequence | None = None) 
     constant = commonest(ex.answer for ex in train)
     rules: dict[str, Guess] = {"constant": lambda ex: constant, **task.shortcuts(train)}
     n = len(held_out)
-    scores = {name: (sum(bool(task.is_correct(guess(ex), ex)) for ex in held_out) / n if n else 0.0)
+    scores = {name: (sum(guess_is_right(task, guess(ex), ex) for ex in held_out) / n if n else 0.0)
               for name, guess in rules.items()}
     return Baselines(scores, n, len({ex.prompt for ex in held_out}), len(train))
+
+
+def guess_is_right(task, guess, example) -> bool:
+    """Whether a rule's guess is right, scored as the task's own answers: a guess is an answer
+    in the form of ``example.answer`` (not a completion), so it is right when it is the
+    reference answer, or when the task's check of an extracted answer (``is_correct``)
+    accepts it. A task whose reward reads a formatted answer (an ``A:`` line) would score a
+    bare guess 0 through ``is_correct`` alone."""
+    if guess is None:
+        return False
+    return str(guess).strip() == str(example.answer).strip() or bool(task.is_correct(guess, example))
+
+
+def numeric_rules(train: Sequence) -> dict[str, Guess]:
+    """The arithmetic task's units-digit rules for any task whose answers are integers, reading
+    nothing but the answer and the prompt's text: the right units digit with the digits above
+    it the commonest in training, overall and per prompt shape (the prompt with every number
+    masked, i.e. its operator order). Pass as ``CustomTask(..., shortcuts=numeric_rules)``."""
+    import re
+
+    def integer(text: str) -> int | None:
+        return int(text) if re.fullmatch(r"-?\d{1,18}", str(text).strip()) else None
+
+    def above(ex) -> int | None:
+        value = integer(ex.answer)
+        return None if value is None else value // 10
+
+    def with_units(ex, rest) -> str | None:
+        value = integer(ex.answer)
+        return None if value is None or rest is None else str(10 * rest + value % 10)
+
+    keys = {"overall": lambda ex: None, "by prompt shape": lambda ex: re.sub(r"\d+", "#", ex.prompt)}
+    return {f"units digit + commonest rest {name}": lookup_rule(train, key, above, with_units)
+            for name, key in keys.items()}
 
 
 LEARNING_MARGIN = 0.10
@@ -124,5 +158,6 @@ def try_shortcut_baselines(task, held_out: Sequence) -> "Baselines | None":
         return None
 
 
-__all__ = ["Baselines", "FIT_SIZE", "LEARNING_MARGIN", "clears", "commonest", "lookup_rule", "shortcut_baselines",
+__all__ = ["Baselines", "FIT_SIZE", "LEARNING_MARGIN", "clears", "commonest", "guess_is_right", "lookup_rule",
+           "numeric_rules", "shortcut_baselines",
            "try_shortcut_baselines"]

@@ -74,6 +74,9 @@ def make_task(cfg: config_lib.Config):
     d = cfg.data
     if d.task == "arithmetic":
         return get_task("arithmetic", **arithmetic_knobs(d))
+    if d.task == "modular":
+        return get_task("modular", modulus=d.modulus, num_operands=d.num_operands,
+                        num_subtractions=d.num_subtractions, format_reward=d.format_reward)
     if d.task in ("gsm8k", "math"):
         return get_task(d.task, manual_dir=d.data_dir or None, skip_bad_rows=d.skip_bad_rows)
     return get_task(d.task)

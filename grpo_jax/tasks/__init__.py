@@ -146,6 +146,7 @@ _REGISTRY: dict[str, str] = {
     "gsm8k": "grpo_jax.tasks.gsm8k:Gsm8kTask",
     "gsm8k_synth": "grpo_jax.tasks.gsm8k_synth:Gsm8kSynthTask",
     "math": "grpo_jax.tasks.math_task:MathTask",
+    "modular": "grpo_jax.tasks.modular:ModularTask",
 }
 
 

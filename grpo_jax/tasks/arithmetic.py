@@ -329,9 +329,13 @@ class ArithmeticTask(Task):
         except Exception:  # noqa: BLE001
             return [(len(completion), 0.0)]
 
+    def chain_values(self, example: Example) -> list[int]:
+        """The true value of the chain after each step (what a right step line writes)."""
+        return [c for _, _, _, c in solution_steps(example.meta["operands"], example.meta["ops"])]
+
     def _step_rewards(self, completion: str, example: Example) -> list[tuple[int, float]]:
         operands, ops = example.meta["operands"], example.meta["ops"]
-        truth = [c for _, _, _, c in solution_steps(operands, ops)]
+        truth = self.chain_values(example)
         lines = _lines(completion, MAX_STEPS + 1)
         if not lines:
             return [(len(completion), 0.0)]
