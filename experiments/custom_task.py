@@ -1,6 +1,6 @@
 """Your own task: SFT, then GRPO teach a tiny model to add three digits. Options: section.field=value."""
 import random
-from grpo_jax import cli
+from grpo_jax import cli, shortcuts
 from grpo_jax.tasks.custom import CustomTask
 from grpo_jax.train_cli import sft_then_rl
 
@@ -16,10 +16,10 @@ def solution(prompt: str, answer: str, rng: random.Random) -> str:  # SFT data: 
 
 def main(argv: list[str]) -> dict:
     defaults = ["run.run_dir=runs/custom_task", "run.steps=80", "rl.max_new_tokens=4", "optimizer.peak_lr=3e-4"]
-    result = sft_then_rl(CustomTask(question, reward, solution=solution), defaults + argv, sft_steps=800)
-    print(f"held-out greedy reward: {result['before']['reward']:.2f} -> {result['after']['reward']:.2f}"
-          f" (best shortcut {result['shortcuts']['best_score']:.2f})")
-    return result
+    task = CustomTask(question, reward, solution=solution, shortcuts=shortcuts.numeric_rules)  # units-digit rules
+    r = sft_then_rl(task, defaults + argv, sft_steps=800)
+    print(f"held-out greedy reward: {r['before']['reward']:.2f} -> {r['after']['reward']:.2f} (best shortcut {r['shortcuts']['best_score']:.2f})")
+    return r
 
 if __name__ == "__main__":
     cli.run(main, pass_argv=True)

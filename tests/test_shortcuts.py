@@ -117,3 +117,37 @@ def test_clears_needs_ten_points_over_the_best_shortcut_in_every_seed():
     assert clears({0: 0.86, 1: 0.95}, bar=0.75) and clears([0.86, 0.95], bar=0.75)
     assert not clears({0: 0.86, 1: 0.84}, bar=0.75)  # one seed short is not learning
     assert not clears({}, bar=0.0)
+
+
+def test_guesses_are_scored_as_the_task_s_answers_even_where_the_reward_reads_an_answer_line():
+    """A reward that reads an `A:` line scores a bare completion 0; the constant guess is an
+    answer, and scores the share of held-out answers equal to the commonest training one."""
+    def question(rng):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        return f"{a}+{b} mod 7=", str((a + b) % 7)
+
+    task = CustomTask(question, lambda p, c, a: float(f"A:{a}" in c.splitlines()))
+    held_out = task.examples("test", 200, seed=0)
+    train = task.examples("train", 1000, seed=1)
+    top = collections.Counter(ex.answer for ex in train).most_common(1)[0][0]
+    b = shortcut_baselines(task, held_out, train)
+    assert b.scores["constant"] == sum(ex.answer == top for ex in held_out) / 200 > 0.05
+
+
+def test_numeric_rules_score_the_readme_task_s_units_digit_with_the_commonest_tens():
+    from grpo_jax.shortcuts import numeric_rules
+
+    task = CustomTask(_readme_question, lambda p, c, a: float(c.strip() == a), shortcuts=numeric_rules)
+    held_out = task.examples("test", 64, seed=0)
+    b = shortcut_baselines(task, held_out)
+    # Sums of three digits: 10..19 is the commonest tens (0.66 of all 1000 triples), so the rule
+    # is right exactly where the answer's tens digit is 1.
+    assert sum(10 <= a + b + c <= 19 for a in range(10) for b in range(10) for c in range(10)) == 660
+    assert b.scores["units digit + commonest rest overall"] == sum(int(ex.answer) // 10 == 1 for ex in held_out) / 64
+    assert b.best[1] >= b.scores["units digit + commonest rest overall"] > 0.5
+    assert numeric_rules(held_out)["units digit + commonest rest by prompt shape"](Example("1+2+3=", "x")) is None
+
+
+def _readme_question(rng):
+    a, b, c = rng.randint(0, 9), rng.randint(0, 9), rng.randint(0, 9)
+    return f"{a}+{b}+{c}=", str(a + b + c)
