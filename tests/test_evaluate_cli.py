@@ -124,7 +124,7 @@ def greedy_calls(monkeypatch) -> list[dict]:
 
 def test_quickstart_run_dir_gives_the_accuracy_the_demo_printed(tmp_path, monkeypatch):
     """The demo's command on a tiny quickstart: `evaluate.py --model <root>/seed0/grpo --task
-    arithmetic` reads the run dir and reproduces the run's final evaluation, completion for
+    modular` reads the run dir and reproduces the run's final evaluation, completion for
     completion; `grpo-train` on the same run dir resumes it."""
     monkeypatch.setitem(sys.modules, "common", script("common"))
     quickstart = script("quickstart")
@@ -138,14 +138,16 @@ def test_quickstart_run_dir_gives_the_accuracy_the_demo_printed(tmp_path, monkey
         "data.eval_size=8", "rl.max_new_tokens=12"])
     run_dir = tmp_path / "quickstart" / "seed0" / "grpo"
     out = tmp_path / "eval"
-    curve = evaluate_cli.main(["--model", str(run_dir), "--task", "arithmetic", "--k", "0", "--no-progress",
+    curve = evaluate_cli.main(["--model", str(run_dir), "--task", "modular", "--k", "0", "--no-progress",
                                "--out", str(out)])
     assert [p["step"] for p in curve["points"]] == [1]
     assert curve["points"][0]["greedy"] == summary["accuracy_after"] == summary["eval_history"][-1]["accuracy"]
     records = records_of(out / "step-1")
     assert [r["greedy_completion"] for r in records] == run_evals[-1]["texts"]
     cfg = config.Config.from_dict(json.loads((run_dir / "config.json").read_text()))
-    task = train_cli.make_task(cfg)  # 3 one-digit operands, the quickstart's questions
+    task = train_cli.make_task(cfg)  # the testbed's knobs (modulus, operands), the quickstart's questions
+    assert task.name == "modular" and summary["best_shortcut"] == summary["shortcuts"]["best_score"]
+    assert summary["sft_until"]["steps"] == 2 and not summary["sft_until"]["reached"]  # stopped at its cap
     assert [r["prompt"] for r in records] == [ex.prompt for ex in task.examples("test", 8, cfg.data.seed)]
     tokenizer = (run_dir / "tokenizer.model").read_bytes()
     assert tokenizer == (tmp_path / "quickstart" / "seed0" / "tokenizer.model").read_bytes()

@@ -120,3 +120,10 @@ def test_composite_moduli_are_refused():
     with pytest.raises(ConfigError, match="num_subtractions"):
         apply_overrides(get_preset("cpu-tiny"), ["data.task=modular", "data.num_subtractions=6",
                                                  "data.num_operands=6"]).validate()
+
+
+def test_modular_knobs_given_to_another_task_are_named_as_ignored():
+    from grpo_jax.config import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match="data.modulus=13 is ignored by data.task=arithmetic"):
+        apply_overrides(get_preset("cpu-tiny"), ["data.modulus=13"]).validate()
