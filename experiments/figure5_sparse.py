@@ -61,6 +61,11 @@ ARMS = {
     "GRPO+PS-rule": (GRPO_PS, None),
 }
 MAIN_ARMS = ("GRPO+OS", "GRPO+PS", "Online RFT")  # --seeds; the others run --oracle-seeds
+# --rule-arms-only: the primary comparison of docs/figure5_testbed_design.md, no reward models,
+# every arm on --seeds.
+RULE_ARMS = ("GRPO+OS-rule", "GRPO+PS-rule", "Online RFT", "RFT")
+# --regime modular: the testbed's regime (experiments/common.py) with this study's lengths.
+TESTBED_RUN = ["run.steps=60", "run.eval_every=10", "run.checkpoint_every=10"]
 
 # The claims as (better, worse): judged on the seeds both arms ran.
 CLAIMS = {
@@ -205,14 +210,8 @@ def read_json(path: str):
 
 def main(argv=None):
     import common  # experiments/common.py (imports jax: only once a run starts)
-    import jax
 
     from grpo_jax import config as config_lib
-    from grpo_jax.evaluation import evaluate
-    from grpo_jax.plots import plot_runs
-    from grpo_jax.reward_models import RewardModel
-    from grpo_jax.shortcuts import clears, shortcut_baselines
-    from grpo_jax.stats import format_interval
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
@@ -233,12 +232,35 @@ def main(argv=None):
     p.add_argument("--reward-models-only", action="store_true",
                    help="stop once the reward models are trained (their held-out accuracies, before any arm)")
     p.add_argument("--out", default="runs/figure5_sparse", help="output directory")
+    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="arithmetic",
+                   help="SPARSE_REGIME on carrying arithmetic, or a study regime of experiments/common.py "
+                        "(modular: the testbed) with TESTBED_RUN")
+    p.add_argument("--rule-arms-only", action="store_true",
+                   help=f"the rule-scored arms only ({', '.join(RULE_ARMS)}), each on --seeds: no reward models")
     args = p.parse_intermixed_args(argv)  # overrides go before --seeds / --oracle-seeds, which take a list
-    cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + SPARSE_REGIME)
+    regime = SPARSE_REGIME if args.regime == "arithmetic" else common.STUDY_REGIMES[args.regime] + TESTBED_RUN
+    cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + regime)
     root = cfg.run.run_dir
     task = common.make_task(cfg)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
+
+    mc, models, rm_metrics = None, {}, {}
+    if not args.rule_arms_only:
+        mc, models, rm_metrics = reward_models_and_checks(cfg, params, task, tok, mesh, root, args)
+        if args.reward_models_only:
+            return rm_metrics
+    eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    if args.rule_arms_only:
+        plan = {arm: list(args.seeds) for arm in RULE_ARMS}
+    else:
+        plan = {arm: list(args.seeds if arm in MAIN_ARMS else args.oracle_seeds) for arm in ARMS}
+    return run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics, mc, eval_examples)
+
+
+def reward_models_and_checks(cfg, params, task, tok, mesh, root, args):
+    """Parts 2-3: the reward models' data, the Monte-Carlo label check, the ORM and PRM."""
+    from grpo_jax.reward_models import RewardModel
 
     data = reward_model_data(cfg, params, task, tok, mesh, os.path.join(root, "reward_models"), args)
     mc = None
@@ -257,14 +279,22 @@ def main(argv=None):
         shown = {k: round(v, 3) for k, v in rm_metrics[name].items()
                  if k.startswith("held_out") or k in ("majority_baseline", "train_samples")}
         print(f"[figure5] {name}: {json.dumps(shown)}")
-    if args.reward_models_only:
-        return rm_metrics
+    return mc, models, rm_metrics
 
-    eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+
+def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics, mc, eval_examples):
+    """Part 4-5: every (arm, seed) of ``plan`` not yet finished, then the verdicts."""
+    import common
+    import jax
+
+    from grpo_jax.evaluation import evaluate
+    from grpo_jax.plots import plot_runs
+    from grpo_jax.shortcuts import clears, shortcut_baselines
+    from grpo_jax.stats import format_interval
+
     shortcuts = shortcut_baselines(task, eval_examples)
     start = evaluate(cfg, params, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
     steps = [0] + list(range(cfg.run.eval_every, cfg.run.steps + 1, cfg.run.eval_every))
-    plan = {arm: list(args.seeds if arm in MAIN_ARMS else args.oracle_seeds) for arm in ARMS}
     for arm, seed in pending(root, plan):
         overrides, rm = ARMS[arm]
         scorer = None
@@ -290,7 +320,7 @@ def main(argv=None):
                for arm, by_seed in runs.items() if arm.startswith("GRPO")}
     claims, speed = judge(finals, CLAIMS), judge(reach, CLAIMS, sign=-1.0)
     bar = shortcuts.best[1]
-    beat_shortcut = {arm: clears(finals[arm], bar) for arm in ARMS}
+    beat_shortcut = {arm: clears(finals[arm], bar) for arm in plan}
     summary = {
         "start_accuracy": start, "steps": steps, "reach_level": args.reach, "reach_censor": censor,
         "reward_models": {name: {k: v for k, v in m.items() if k not in ("config", "args")}
@@ -299,13 +329,14 @@ def main(argv=None):
         "claims": claims, "speed": speed, "shortcuts": shortcuts.to_dict(),
         "beats_best_shortcut_by_10_points_every_seed": beat_shortcut, "mc_check": mc, "config": cfg.to_dict()}
     common.write_json(os.path.join(root, "summary.json"), summary)
-    png = plot_runs({arm: [runs[arm][s]["eval_accuracy"] for s in sorted(runs[arm])] for arm in ARMS}, steps,
+    regime = (f"mod {cfg.data.modulus}, {cfg.data.num_operands} operands" if cfg.data.task == "modular" else
+              f"{cfg.data.num_operands - 1}-step chains, >= {cfg.data.min_carries} carries")
+    png = plot_runs({arm: [runs[arm][s]["eval_accuracy"] for s in sorted(runs[arm])] for arm in plan}, steps,
                     os.path.join(root, "figure5_sparse.png"), ylabel="held-out greedy accuracy",
-                    title=f"Figure 5, sparse outcomes ({cfg.data.num_operands - 1}-step chains, "
-                          f">= {cfg.data.min_carries} carries)\nmean and 95% interval over seeds")
+                    title=f"Figure 5 ({regime})\nmean and 95% interval over seeds")
     print(f"[figure5] SFT start: held-out greedy accuracy {start:.3f}; {len(eval_examples)} held-out questions, "
           f"{shortcuts.line()}")
-    for arm in ARMS:
+    for arm in plan:
         print(f"[figure5] {arm:13s} final {format_interval(list(finals[arm].values()))} (seeds "
               f"{', '.join(f'{finals[arm][s]:.3f}' for s in sorted(finals[arm]))}); beats the best shortcut "
               f"{bar:.3f} by 10 points in every seed: {'yes' if beat_shortcut[arm] else 'no'}; first step at "
