@@ -7,6 +7,8 @@ resumes where it was cut:
     python experiments/figure5_sparse.py                       # seeds as designed
     python experiments/figure5_sparse.py --reward-models-only   # parts 1-3 only: the reward models' accuracy
     python experiments/figure5_sparse.py run.steps=2 --seeds 0 --oracle-seeds 0 --out runs/f5s_smoke
+    python experiments/figure5_sparse.py --regime modular --rule-arms-only --sft-until 0.95 --sft-steps 4000 \
+        --out runs/figure5_testbed                            # docs/figure5_testbed_design.md (parts 1, 4, 5)
 
 In order, each part skipped when its output already exists under --out:
 1. the SFT start (cached in <out>/sft, as every CPU ablation trains it);
