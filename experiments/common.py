@@ -139,7 +139,9 @@ def _train_until(cfg, trainer, task, tokenizer, until: float, every: int, root: 
     from grpo_jax.evaluation import evaluate
 
     examples = task.examples("train", SFT_CHECK_QUESTIONS, SFT_CHECK_SEED)
-    checks = []
+    # A resumed start keeps the checks of the steps it already ran.
+    earlier = sft_report(root) or {}
+    checks = [c for c in earlier.get("checks", []) if c["step"] < trainer.next_step]
     while True:
         step = trainer.next_step
         if step > 0:
