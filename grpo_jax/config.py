@@ -392,7 +392,7 @@ class DataConfig:
     min_carries: int = 0
     # modular (tasks/modular.py): the prime modulus, and how many of the num_operands - 1
     # operators are subtractions (the SFT corpus reads each as "+" with wrong_step_prob)
-    modulus: int = 11
+    modulus: int = 13
     num_subtractions: int = 2
     seed: int = 0
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing

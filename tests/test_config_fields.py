@@ -103,7 +103,7 @@ CHANGES = {
     "data.wrong_step_prob": (0.9, "grpo", {}),
     "data.slip": ("carry", "grpo", {}),
     "data.min_carries": (2, "grpo", {}),
-    "data.modulus": (13, "grpo", {"data.task": "modular"}),
+    "data.modulus": (11, "grpo", {"data.task": "modular"}),
     "data.num_subtractions": (3, "grpo", {"data.task": "modular"}),
     "data.seed": (5, "grpo", {}),
     "data.skip_bad_rows": (True, "grpo", {}),  # refused (warned) for the generated default task

@@ -125,5 +125,5 @@ def test_composite_moduli_are_refused():
 def test_modular_knobs_given_to_another_task_are_named_as_ignored():
     from grpo_jax.config import ConfigWarning
 
-    with pytest.warns(ConfigWarning, match="data.modulus=13 is ignored by data.task=arithmetic"):
-        apply_overrides(get_preset("cpu-tiny"), ["data.modulus=13"]).validate()
+    with pytest.warns(ConfigWarning, match="data.modulus=11 is ignored by data.task=arithmetic"):
+        apply_overrides(get_preset("cpu-tiny"), ["data.modulus=11"]).validate()

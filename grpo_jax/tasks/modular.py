@@ -65,7 +65,7 @@ class ModularTask(ArithmeticTask):
 
     name = "modular"
 
-    def __init__(self, modulus: int = 11, num_operands: int = 6, num_subtractions: int = 2,
+    def __init__(self, modulus: int = 13, num_operands: int = 6, num_subtractions: int = 2,
                  format_reward: float = 0.0):
         if not is_prime(modulus) or modulus < 5:
             raise ValueError(f"modulus must be a prime >= 5 (a composite one leaks the answer to "
