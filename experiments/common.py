@@ -15,8 +15,7 @@ import jax
 from grpo_jax import checkpointing
 from grpo_jax import config as config_lib
 from grpo_jax.model import init_params
-from grpo_jax.tasks import get_task
-from grpo_jax.train_cli import arithmetic_knobs
+from grpo_jax.runs import make_task  # noqa: F401  (re-exported: every experiment builds its task with it)
 from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
 from grpo_jax.trainer import Trainer
 
@@ -52,10 +51,6 @@ def add_sft_args(parser) -> None:
 def load_cfg(args, extra_defaults=()) -> config_lib.Config:
     return config_lib.apply_overrides(config_lib.get_preset(args.preset),
                                       CPU_DEFAULTS + list(extra_defaults) + list(args.overrides))
-
-
-def make_task(cfg):
-    return get_task("arithmetic", **arithmetic_knobs(cfg.data))
 
 
 def tokenizer_for(task, cfg, root: str, vocab: int):

@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + REGIME_DEFAULTS)
     root = cfg.run.run_dir
-    task = common.make_task(cfg)
+    task = common.make_task("arithmetic", cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
     examples = task.examples("train", args.questions, 9_000_000 + args.seed)

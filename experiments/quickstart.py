@@ -30,6 +30,7 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.evaluation import evaluate
+from grpo_jax.sampler import Sampler
 from grpo_jax.shortcuts import LEARNING_MARGIN, clears, shortcut_baselines
 from grpo_jax.plots import plot_history, plot_runs
 from grpo_jax.stats import format_interval
@@ -81,7 +82,7 @@ def run_seed(args, cfg) -> dict:
     """SFT, evaluate, GRPO, evaluate for one seed; writes its summary.json and curves.png."""
     t_start = time.perf_counter()
     root = cfg.run.run_dir
-    task = common.make_task(cfg)
+    task = common.make_task("arithmetic", cfg.data)
     tokenizer, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     shortcuts = shortcut_baselines(task, eval_examples)
@@ -89,14 +90,16 @@ def run_seed(args, cfg) -> dict:
           f"{shortcuts.line()}")
 
     sft_params, mesh = common.sft_start(cfg, task, tokenizer, root, args)
-    before = evaluate(cfg, sft_params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
+    before = evaluate(Sampler.for_run(cfg, mesh, tokenizer), sft_params, task, tokenizer, eval_examples,
+                      key=jax.random.key(1))
     print(f"[quickstart] after SFT ({args.sft_steps} steps): held-out greedy accuracy {before['accuracy']:.3f}")
 
     cfg = common.rl_config(cfg, root, "grpo", ["rl.algorithm=grpo"])
     grpo = Trainer(cfg, task=task, tokenizer=tokenizer, params=sft_params, mesh=mesh,
                    eval_examples=eval_examples, progress=not args.no_progress)
     history = common.train_and_close(grpo)
-    after = evaluate(cfg, grpo.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
+    after = evaluate(Sampler.for_run(cfg, mesh, tokenizer), grpo.params, task, tokenizer, eval_examples,
+                     key=jax.random.key(1))
 
     summary = {
         "accuracy_before": before["accuracy"],

@@ -31,7 +31,7 @@ from grpo_jax import train_step as ts
 from grpo_jax.algorithms import algorithm_of
 from grpo_jax.config import Config
 from grpo_jax.batching import Batch
-from grpo_jax.sampler import abstract_sampling_copy
+from grpo_jax.sampler import Sampler
 from grpo_jax.sampler.cache import phase_steps
 from grpo_jax.shapes import bucket_length
 from grpo_jax.sharding import batch_sharding, make_mesh, replicated
@@ -387,7 +387,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     phases over a growing cache (``DecodeEngine.cache_plan``) is counted at its first and last
     window, and a step's cost is linear in the window between them (attention and the
     cache slots are; nothing else depends on it)."""
-    call = programs.sampler(cfg, mesh, prompts, group_size, prompt_len)
+    call = run_sampler(cfg, mesh).call(prompts, group_size, prompt_len)
     tc, windows = call.num_cols, call.windows
     pre, dec = {}, {w: {} for w in dict.fromkeys((windows[0], windows[-1]))}
     with _threefry_unrolled_on_cpu():
@@ -443,7 +443,7 @@ def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prom
     (step s: s of them)."""
     _, args, _ = sampler_calls(cfg, mesh, prompts, group_size, prompt_len)["decode"]
     params, cache = args[0], args[1]
-    call = programs.sampler(cfg, mesh, prompts, group_size, prompt_len)
+    call = run_sampler(cfg, mesh).call(prompts, group_size, prompt_len)
     size = (lambda x: float(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(x)))) \
         if call.mesh is None else bytes_per_chip
     kv = size((cache.k, cache.v, cache.k_scale, cache.v_scale))  # no scales unless int8
@@ -503,25 +503,32 @@ def check_fit(name: str, rep: dict) -> None:
             + f" exceeds the chip's {rep['hbm_capacity_bytes'] / 1e9:.0f} GB")
 
 
+def run_sampler(cfg: Config, mesh, evaluation: bool = False) -> Sampler:
+    """The sampler a run of ``cfg`` builds (``Sampler.for_run``), on the sampling ``mesh``
+    (None: one device); with ``evaluation`` the in-run evaluation's (``Sampler.evaluation``:
+    greedy)."""
+    sampler = dataclasses.replace(Sampler.for_run(cfg), mesh=mesh)
+    return sampler.evaluation() if evaluation else sampler
+
+
 def sample_mesh(cfg: Config, slice_name: str):
-    """The sampler's mesh as the trainer builds it (``programs.sample_mesh``): the slice
+    """The sampler's mesh as the trainer builds it (``Sampler.for_run``): the slice
     preset's ``sample_mesh`` (replicas x tensor), or the train mesh for a raw topology."""
     train, _ = topology_mesh(cfg, slice_name)
-    if ":" in slice_name:
-        return programs.sample_mesh(cfg, train)
-    return programs.sample_mesh(dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, slice=get_slice(slice_name).name)), train)
+    if ":" not in slice_name:
+        cfg = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, slice=get_slice(slice_name).name))
+    return Sampler.for_run(cfg, train).mesh
 
 
 def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, *,
                   evaluation: bool = False, **twin) -> dict:
     """{"prefill" | "decode": (program, args, kwargs)}: the sampler call a run makes
-    (``programs.sampler``: the rollout's, or with ``evaluation`` the in-run evaluation's)
-    with abstract arguments, for one call of ``prompts`` x ``group_size`` rows, a prompt
-    bucket of ``prompt_len`` and rl.max_new_tokens new tokens, reading the rl.sample_dtype
-    copy of the policy (``sampler.sampling_copy``). ``mesh`` None: one device. ``twin``:
-    the cost twin (``sampler.sampler_call``'s unrolled, cost_steps and window)."""
-    call = programs.sampler(cfg, mesh, prompts, group_size, prompt_len, evaluation=evaluation, **twin)
-    return call.abstract(abstract_sampling_copy(cfg.model, cfg.rl.sample_dtype, call.mesh))
+    (`run_sampler`: the rollout's, or with ``evaluation`` the in-run evaluation's) with
+    abstract arguments (``Sampler.abstract_call``), for one call of ``prompts`` x
+    ``group_size`` rows, a prompt bucket of ``prompt_len`` and rl.max_new_tokens new
+    tokens. ``mesh`` None: one device. ``twin``: the cost twin (``sampler.sampler_call``'s
+    unrolled, cost_steps and window)."""
+    return run_sampler(cfg, mesh, evaluation).abstract_call(prompts, group_size, prompt_len, **twin)
 
 
 def lower_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, **kwargs) -> dict:

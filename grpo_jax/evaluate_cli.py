@@ -39,13 +39,12 @@ import time
 
 import jax
 
-from grpo_jax import (checkpointing, cli, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
-                      programs, sampler, train_cli)
+from grpo_jax import cli, distributed, evaluate_run, plots, pretrained, run_files, runs
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
+from grpo_jax.sampler import Sampler
 from grpo_jax.shortcuts import try_shortcut_baselines
 from grpo_jax.sharding import make_mesh
-from grpo_jax.tasks import get_task, register_task
 from grpo_jax.tasks.dataset_task import DatasetTask
 
 
@@ -96,21 +95,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def make_task(args):
-    kwargs = {}
-    if args.task in ("gsm8k", "math"):
-        kwargs = {"data_dir": args.data_dir, "manual_dir": args.manual_dir}
-    name = args.task
-    if ":" in name:
-        register_task(name, name)
-    return get_task(name, **kwargs)
-
-
-def run_config(run_dir: str, saved: dict) -> Config:
-    # The folder may have been moved or copied since training.
-    return Config.from_dict(saved).replace(run={"run_dir": run_dir})
-
-
 def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
     """Fill the options left unset with the run's own evaluation: its lengths and decode
     engine, and when `task` is the run's task (task.json) its prompt and held-out questions."""
@@ -122,57 +106,18 @@ def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
     args.decode = args.decode or cfg.rl.decode
 
 
-def load_run(cfg: Config, task, mesh):
-    """(Config, tokenizer, Checkpointer, saved steps, LoRA base) of a training run, built the
-    way train_cli built it: config.json's model section is the model actually trained, the
-    tokenizer is the run's tokenizer.model (or the pretrained model's own), and a LoRA run's
-    base is its initial (or pretrained) params; None without LoRA."""
-    run_dir = cfg.run.run_dir
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
-    # Checkpointer creates its folder: look before, so evaluating writes nothing into the run.
-    ckpt = checkpointing.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
-    steps = ckpt.all_steps() if ckpt else []
-    if not steps:
-        raise CheckpointError(f"{run_dir} is a training run dir with no checkpoints under {ckpt_dir}")
-    if not cfg.run.pretrained and not run_files.path(run_dir, run_files.TOKENIZER_FILE).is_file():
-        # shared_tokenizer would train a new one, whose ids mean nothing to these weights.
-        raise CheckpointError(f"{run_dir} has no {run_files.TOKENIZER_FILE}: its tokenizer is lost")
-    # Without LoRA the initial (or pretrained) params are dropped: each step's come from its
-    # checkpoint. A LoRA checkpoint holds adapters only: the initial params are their base.
-    cfg, params, tokenizer = train_cli.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=cfg.model.vocab_size)
-    return cfg, tokenizer, ckpt, steps, params if lora.enabled(cfg.model) else None
-
-
-def step_params(cfg: Config, ckpt: checkpointing.Checkpointer, step: int, mesh, base=None, pointer=None):
-    """π_θ of a run's checkpoint ``step`` as full weights on ``mesh``: its policy params, or
-    for a LoRA run its adapters merged into ``base``, whose ``lora.base_pointer`` is
-    ``pointer`` (computed once per run: it hashes every base weight), or into the base a
-    reference reset saved in the run (``lora.resolve_base``); refused in one line when the
-    checkpoint was saved over another base."""
-    if base is None:
-        abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
-        return ckpt.restore_params(abstract, step)
-    base, _ = lora.resolve_base(ckpt.read_meta(step).get("base"), base, pointer, cfg.run.run_dir,
-                                f"checkpoint step {step} in {ckpt.directory}")
-    abstract = checkpointing.abstract_like(lora.adapter_shapes(cfg.model), lora.adapter_shardings(cfg.model, mesh))
-    return lora.merged(cfg.model, base, ckpt.restore_params(abstract, step))
-
-
-def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh, meta, load_s, rl=None):
-    """Sample and score this process's shard (i, n) into `out`; on process 0 (no --shard)
-    merge the shards and return the summary, else None. ``rl``: a run's RLConfig, whose
-    rollout settings (engine, cache) the sampler takes, --decode overriding its engine."""
+def score(args, shards, sampler: Sampler, params, tokenizer, task, examples, out, meta, load_s):
+    """Sample and score this process's shard (i, n) into `out` with ``sampler`` (a run's, or
+    a pretrained model's with the defaults) and ``params`` in its weights form; on process 0
+    (no --shard) merge the shards and return the summary, else None."""
     shard, num_shards = shards
-    base = sampler.SamplingParams(args.max_new_tokens) if rl is None else sampler.SamplingParams.from_rl(rl)
-    base = base.replace(stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, engine=args.decode or "auto")
     settings = evaluate_run.EvalSettings(
-        num_samples=args.k, temperature=args.temperature, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens, seed=args.seed,
+        num_samples=args.k, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         chunk_rows=args.chunk_rows or max(args.k, 8 * jax.local_device_count()),
         prompt=args.prompt or task.prompt_style or "task")
-    times = evaluate_run.evaluate_shard(model_cfg, params, tokenizer, task, examples, out, settings,
-                                        shard=shard, num_shards=num_shards, mesh=mesh, meta=meta,
-                                        progress=not args.no_progress, sampling=base)
+    times = evaluate_run.evaluate_shard(sampler, params, tokenizer, task, examples, out, settings,
+                                        shard=shard, num_shards=num_shards, meta=meta,
+                                        progress=not args.no_progress)
     print(f"shard {shard}/{num_shards}: {times['questions']} questions; load {load_s:.1f}s, "
           f"sample {times['sample']:.1f}s, score {times['score']:.1f}s", file=sys.stderr)
     distributed.barrier("evaluate")
@@ -216,10 +161,9 @@ def main(argv=None) -> dict:
     process that does not merge."""
     args = build_parser().parse_args(argv)
     distributed.initialize()
-    saved = run_files.read_config(args.model)
-    if saved is None and args.step is not None:
+    cfg = runs.run_config(args.model)
+    if cfg is None and args.step is not None:
         raise ConfigError(f"--step needs --model to be a training run dir; {args.model} is not one")
-    cfg = run_config(args.model, saved) if saved is not None else None
     asked = run_files.read_task(args.model, cfg) if cfg is not None else None
     args.task = args.task or (asked["task"] if asked else None)
     if args.task is None:
@@ -227,7 +171,7 @@ def main(argv=None) -> dict:
     out = args.out or os.path.join("runs", "eval", "-".join(
         os.path.basename(os.path.normpath(x)) for x in (args.model, args.task.replace(":", "."), args.split)))
     if args.merge_only:
-        if saved is None:
+        if cfg is None:
             return report(out, None)
         steps = sorted(int(d.split("-", 1)[1]) for d in os.listdir(out) if d.startswith("step-"))
         steps = [args.step] if args.step is not None else steps
@@ -236,7 +180,8 @@ def main(argv=None) -> dict:
     shards = parse_shard(args.shard)
     # The run's own task: its data.* knobs (operands, digits, ...) decide the questions.
     same_knobs = cfg is not None and cfg.data.task == args.task and args.manual_dir is None
-    task = train_cli.make_task(cfg) if same_knobs else make_task(args)
+    task = runs.make_task(args.task, cfg.data if same_knobs else None, data_dir=args.data_dir,
+                          manual_dir=args.manual_dir)
     if cfg is not None:
         apply_run_defaults(args, cfg, asked, task)
     args.limit = -1 if args.limit is None else args.limit
@@ -248,32 +193,35 @@ def main(argv=None) -> dict:
     # Each host samples its own questions on its own devices: no collective across hosts.
     mesh = make_mesh(MeshConfig(), jax.local_devices())
     meta = {"model": args.model, "task": args.task, "split": args.split, "limit": args.limit}
-    if saved is None:
-        args.max_new_tokens = args.max_new_tokens or 512
+    if cfg is None:
         t0 = time.perf_counter()
-        cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
+        model_cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
         if tokenizer is None:
             raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
-        return score(args, shards, cfg, params, tokenizer, task, examples, out, mesh, meta, time.perf_counter() - t0) or {}
+        # A pretrained model samples with the defaults of a run of it (rl.*), as a run would.
+        cfg = Config(model=model_cfg).replace(rl={"max_new_tokens": args.max_new_tokens or 512,
+                                                  "decode": args.decode or "auto"})
+        sampler = Sampler.for_run(cfg, mesh, tokenizer)
+        return score(args, shards, sampler, sampler.copy(params), tokenizer, task, examples, out, meta,
+                     time.perf_counter() - t0) or {}
 
-    cfg, tokenizer, ckpt, steps, base = load_run(cfg, task, mesh)
-    if args.step is not None:
-        if args.step not in steps:
-            raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {steps}")
-        steps = [args.step]
-    pointer = None if base is None else lora.base_pointer(cfg, base)
-    # The run's sampling mesh over this host's devices, and its rollout's policy copy.
-    sample_mesh = programs.sample_mesh(cfg.replace(mesh={"dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1}), mesh)
+    run = runs.open_run(cfg, task, mesh)
+    if args.step is not None and args.step not in run.steps:
+        raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {run.steps}")
+    # The run's sampler over this host's devices (its rollout's engine, cache and policy
+    # copy), with --decode and --max-new-tokens when given.
+    local = run.cfg.replace(mesh={"dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1},
+                            rl={"decode": args.decode, "max_new_tokens": args.max_new_tokens})
+    sampler = Sampler.for_run(local, mesh, run.tokenizer)
     points = []
-    for step in steps:
+    for step in [args.step] if args.step is not None else run.steps:
         t0 = time.perf_counter()
-        params = sampler.sampling_copy(cfg.model, step_params(cfg, ckpt, step, mesh, base, pointer),
-                                       cfg.rl.sample_dtype, sample_mesh)
-        summary = score(args, shards, cfg.model, params, tokenizer, task, examples, os.path.join(out, f"step-{step}"),
-                        sample_mesh, {**meta, "step": step}, time.perf_counter() - t0, rl=cfg.rl)
+        params = sampler.copy(run.params(step, mesh))
+        summary = score(args, shards, sampler, params, run.tokenizer, task, examples, os.path.join(out, f"step-{step}"),
+                        {**meta, "step": step}, time.perf_counter() - t0)
         if summary is not None:
             points.append(curve_point(step, summary))
-    ckpt.close()
+    run.close()
     if not points:
         return {}
     return write_curve(out, points, f"{args.model} on {args.task} ({args.split})")

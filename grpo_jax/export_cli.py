@@ -22,7 +22,7 @@ from pathlib import Path
 
 import jax
 
-from grpo_jax import cli, distributed, evaluate_cli, lora, pretrained, run_files
+from grpo_jax import cli, distributed, pretrained, run_files, runs
 from grpo_jax.bpe_tokenizer import BPETokenizer
 from grpo_jax.config import MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError
@@ -50,8 +50,8 @@ def main(argv=None) -> dict:
     """Write the export; returns its provenance record."""
     args = build_parser().parse_args(argv)
     distributed.initialize()
-    saved = run_files.read_config(args.run_dir)
-    if saved is None:
+    cfg = runs.run_config(args.run_dir)
+    if cfg is None:
         raise ConfigError(f"{args.run_dir} is not a training run dir (no {run_files.CONFIG_FILE})")
     out = Path(args.out)
     taken = [f for f in _MODEL_FILES if (out / f).exists()]
@@ -60,26 +60,25 @@ def main(argv=None) -> dict:
                           "pass --overwrite to replace it, or choose another folder")
     if args.max_shard_gb <= 0:
         raise ConfigError(f"--max-shard-gb must be > 0, got {args.max_shard_gb}")
-    cfg = evaluate_cli.run_config(args.run_dir, saved)
     mesh = make_mesh(MeshConfig(), jax.local_devices())
-    # The task only trains a tokenizer when the run has none; load_run refuses that case.
-    cfg, tokenizer, ckpt, steps, base = evaluate_cli.load_run(cfg, None, mesh)
-    step = steps[-1] if args.step is None else args.step
-    if step not in steps:
-        raise CheckpointError(f"{args.run_dir} has no checkpoint step {step}; saved steps: {steps}")
-    pointer = None if base is None else lora.base_pointer(cfg, base)
-    params = evaluate_cli.step_params(cfg, ckpt, step, mesh, base, pointer)
-    ckpt.close()
+    # The task only trains a tokenizer when the run has none; open_run refuses that case.
+    run = runs.open_run(cfg, None, mesh)
+    step = run.steps[-1] if args.step is None else args.step
+    if step not in run.steps:
+        raise CheckpointError(f"{args.run_dir} has no checkpoint step {step}; saved steps: {run.steps}")
+    params = run.params(step, mesh)
+    run.close()
+    cfg, tokenizer, pointer = run.cfg, run.tokenizer, run.pointer
     bpe = tokenizer if isinstance(tokenizer, BPETokenizer) else None
     pretrained.export_hf(out, cfg.model, params, bpe, max_shard_bytes=int(args.max_shard_gb * 1e9))
     record = {"run_dir": os.path.abspath(args.run_dir), "step": step,
-              "lora": None if base is None else {"rank": cfg.model.lora_rank, "alpha": cfg.model.lora_alpha,
-                                                 "targets": cfg.model.lora_targets, "base": pointer}}
+              "lora": None if pointer is None else {"rank": cfg.model.lora_rank, "alpha": cfg.model.lora_alpha,
+                                                    "targets": cfg.model.lora_targets, "base": pointer}}
     if distributed.is_main_process():
         if bpe is None:
             tokenizer.save(out / run_files.TOKENIZER_FILE)
         (out / PROVENANCE_FILE).write_text(json.dumps(record, indent=2))
-        merged = "" if base is None else f", LoRA adapters merged into {pointer['path'] or 'its random init'}"
+        merged = "" if pointer is None else f", LoRA adapters merged into {pointer['path'] or 'its random init'}"
         print(f"exported step {step} of {args.run_dir}{merged} to {out}")
     return record
 

@@ -227,9 +227,9 @@ def _mesh_probe(cfg, field):
 
 
 def _data_probe(cfg, field):
-    from grpo_jax.train_cli import make_task
+    from grpo_jax.runs import make_task
 
-    task = make_task(cfg)
+    task = make_task(cfg.data.task, cfg.data)
     d = cfg.data
     train = [ex.prompt for ex in task.examples("train", d.batch_size, d.seed)]
     test = [ex.prompt for ex in task.examples("test", d.eval_size, d.seed)]
