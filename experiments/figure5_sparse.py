@@ -213,6 +213,7 @@ def main(argv=None):
     from grpo_jax.evaluation import evaluate
     from grpo_jax.plots import plot_runs
     from grpo_jax.reward_models import RewardModel
+    from grpo_jax.sampler import Sampler
     from grpo_jax.shortcuts import clears, shortcut_baselines
     from grpo_jax.stats import format_interval
 

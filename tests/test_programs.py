@@ -136,3 +136,36 @@ def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monk
         assert [spec(x) for x in ran] == [spec(x) for x in built], name
     lowered = aot.lower_sampler(cfg, tpu_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
     assert "while" in lowered["decode"].as_text()
+
+
+def test_grpo_evaluate_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok):
+    """grpo-evaluate on a run dir samples its questions in chunks (--chunk-rows) on this
+    host's mesh: each chunk's greedy call and its --k draws (other rows than the run's
+    calls: 2 questions, then the last 1) lower to the HLO `aot` lowers for the run's
+    evaluation sampler on that mesh."""
+    from grpo_jax import evaluate_cli
+    from grpo_jax.config import MeshConfig
+
+    cfg = _cfg(tmp_path, tok.vocab_size)
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      progress=False, resume=False)
+    trainer.save(1)
+    trainer.close()
+    seen, real_call = [], OnMesh.__call__
+
+    def call(self, *args, **kwargs):
+        seen.append(("prefill" if "cache_len" in kwargs else "decode", self.lower(*args, **kwargs).as_text(), args))
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(OnMesh, "__call__", call)
+    evaluate_cli.main(["--model", str(tmp_path), "--task", "test_trainer:SevensTask", "--limit", "3", "--k", "2",
+                       "--chunk-rows", "4", "--temperature", "1.0", "--no-progress", "--out", str(tmp_path / "eval")])
+    mesh = make_mesh(MeshConfig(), jax.local_devices())
+    prompt_len = seen[0][2][1].shape[1]
+    # (questions, rows per question) of each call: chunk [0, 1] greedy, drawn; chunk [2] greedy, drawn.
+    shapes = [(2, 1), (2, 2), (1, 1), (1, 2)]
+    assert [name for name, _, _ in seen] == ["prefill", "decode"] * len(shapes)
+    for (prompts, group), pair in zip(shapes, zip(seen[::2], seen[1::2])):
+        lowered = aot.lower_sampler(cfg, mesh, prompts, group, prompt_len, evaluation=True)
+        for name, text, _ in pair:
+            assert lowered[name].as_text() == text, (name, prompts, group)
