@@ -4,6 +4,7 @@ model's useful FLOPs (MFU's numerator), and the roofline report of a compiled pr
 
 import contextlib
 import dataclasses
+import functools
 import math
 import re
 
@@ -16,6 +17,7 @@ from grpo_jax.aot.fit import bytes_per_chip, fit
 from grpo_jax.aot.hlo import collective_ops, collectives
 from grpo_jax.aot.lowering import lower_train_step, run_sampler, sampler_calls
 from grpo_jax.config import Config
+from grpo_jax.sampler import SamplerCall
 from grpo_jax.sampler.cache import phase_steps
 from grpo_jax.tpu_specs import ChipSpec, expected_seconds
 
@@ -133,13 +135,50 @@ def _threefry_unrolled_on_cpu():
         else:
             rules[tf.threefry2x32_p] = saved
 
+def cost_twin(call: SamplerCall, steps: int, window: int | None = None) -> SamplerCall:
+    """The cost twin of a sampler call: its programs traced inside ``loops.unrolled`` (every
+    loop written out; the decode's while loop as exactly ``steps`` steps), decoding over one
+    phase's cache of ``window`` slots (default the last phase's). The twin returns the
+    decode's carried cache for every engine: a dead cache would let XLA fuse its last
+    steps' writes away, which the loop, carrying it, does not."""
+    windows = (call.windows[-1] if window is None else window,)
+
+    def prefill(fn):
+        @functools.wraps(fn)  # jit reads the static arguments' names off fn's signature
+        def written_out(*args, **kwargs):
+            with loops.unrolled():
+                return fn(*args, **kwargs)
+        return written_out
+
+    def decode(fn):
+        @functools.wraps(fn)
+        def written_out(*args, **kwargs):
+            with loops.unrolled(while_trips=steps) as finals:
+                *outputs, cache = fn(*args, **kwargs)
+            return (*outputs, finals[-1].cache if cache is None else cache)
+        return written_out
+
+    return dataclasses.replace(call, prefill=call.prefill.around(prefill), decode=call.decode.around(decode),
+                               windows=windows,
+                               cache_len=call.cache_len if call.engine.reads_prompt_in_place else windows[0])
+
+
+def twin_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, steps: int,
+               window: int | None = None) -> dict:
+    """`sampler_calls` of the run's rollout call's `cost_twin` (``steps`` decode steps over
+    ``window`` slots)."""
+    sampler = run_sampler(cfg, mesh)
+    call = sampler.call(prompts, group_size, prompt_len)
+    return cost_twin(call, steps, window).abstract(sampler.abstract_weights(call))
+
+
 def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
     """Per-chip {"prefill" | "decode": [FLOPs, bytes]} of one sampler call with every loop
     trip counted, and "decode_per_token": the decode's [FLOPs, bytes] per step, averaged
     over the rl.max_new_tokens - 1 steps.
 
     XLA counts a loop body once, so the count compiles cost twins of the run's programs
-    (``sampler_calls(unrolled=True)``): the same code with every loop written out, at 1 and
+    (`twin_calls`): the same code with every loop written out, at 1 and
     2 layers and 1 and 2 decode steps. Each count is linear in the layers (and for decode
     in steps, with a layers x steps term), so the four points give the count at the
     model's depth and rl.max_new_tokens exactly, with nothing dropped: the run's own
@@ -155,8 +194,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
             variant = _variant(cfg, layers)
             for w in dec:
                 for steps in (1, 2):
-                    calls = sampler_calls(variant, mesh, prompts, group_size, prompt_len, unrolled=True,
-                                          cost_steps=steps, window=w)
+                    calls = twin_calls(variant, mesh, prompts, group_size, prompt_len, steps, w)
                     if steps == 1 and layers not in pre:
                         program, args, kwargs = calls["prefill"]
                         pre[layers] = loop_free_cost("sample_prefill", program.lower(*args, **kwargs), mesh)

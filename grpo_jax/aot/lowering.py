@@ -70,14 +70,16 @@ def run_sampler(cfg: Config, mesh, evaluation: bool = False) -> Sampler:
     return sampler.evaluation() if evaluation else sampler
 
 def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, *,
-                  evaluation: bool = False, **twin) -> dict:
+                  evaluation: bool = False) -> dict:
     """{"prefill" | "decode": (program, args, kwargs)}: the sampler call a run makes
     (`run_sampler`: the rollout's, or with ``evaluation`` the in-run evaluation's) with
-    abstract arguments (``Sampler.abstract_call``), for one call of ``prompts`` x
-    ``group_size`` rows, a prompt bucket of ``prompt_len`` and rl.max_new_tokens new
-    tokens. ``mesh`` None: one device. ``twin``: the cost twin (``sampler.sampler_call``'s
-    unrolled, cost_steps and window)."""
-    return run_sampler(cfg, mesh, evaluation).abstract_call(prompts, group_size, prompt_len, **twin)
+    abstract arguments over the abstract sampling copy (``Sampler.abstract_weights``), for
+    one call of ``prompts`` x ``group_size`` rows, a prompt bucket of ``prompt_len`` and
+    rl.max_new_tokens new tokens. ``mesh`` None: one device."""
+    sampler = run_sampler(cfg, mesh, evaluation)
+    call = sampler.call(prompts, group_size, prompt_len)
+    return call.abstract(sampler.abstract_weights(call))
+
 
 def lower_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, **kwargs) -> dict:
     """{"prefill": lowered, "decode": lowered}; see ``sampler_calls``."""

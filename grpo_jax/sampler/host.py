@@ -223,13 +223,12 @@ class Sampler:
         return sample_to_host(self.cfg, weights, prompts, self.settings, key=key, group_size=group_size,
                               prompts_per_call=prompts_per_call, mesh=self.mesh)
 
-    def call(self, num_prompts: int, group_size: int, prompt_len: int, **twin) -> SamplerCall:
+    def call(self, num_prompts: int, group_size: int, prompt_len: int) -> SamplerCall:
         """The call this sampler makes for ``num_prompts`` x ``group_size`` rows, prompts in
-        a bucket of ``prompt_len`` (``programs.sampler_call``; ``twin``: its cost twin)."""
-        return sampler_call(self.cfg, self.mesh, self.settings, num_prompts, group_size, prompt_len, **twin)
+        a bucket of ``prompt_len`` (``programs.sampler_call``)."""
+        return sampler_call(self.cfg, self.mesh, self.settings, num_prompts, group_size, prompt_len)
 
-    def abstract_call(self, num_prompts: int, group_size: int, prompt_len: int, **twin) -> dict:
-        """{"prefill" | "decode": (program, abstract args, static kwargs)} of `call` over
-        the abstract sampling copy of the weights: what the ahead-of-time check lowers."""
-        call = self.call(num_prompts, group_size, prompt_len, **twin)
-        return call.abstract(abstract_sampling_copy(self.cfg, self.weights_dtype, call.mesh))
+    def abstract_weights(self, call: SamplerCall):
+        """The abstract sampling copy of the weights (``weights.abstract_sampling_copy``) on
+        ``call``'s mesh: what the ahead-of-time check lowers ``call.abstract`` over."""
+        return abstract_sampling_copy(self.cfg, self.weights_dtype, call.mesh)
