@@ -235,9 +235,9 @@ class Trainer:
             policy = self.params
         else:
             policy = self.state.base_params if self.sft_params is None else self.sft_params
-        rollout = self.sampler.generate(self.sampler.copy(policy), [encode_prompt(self.tokenizer, ex.prompt)
-                                                                    for ex in examples],
-                                        key=key, group_size=rl.group_size, prompts_per_call=rl.sample_prompts)
+        prompts = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
+        rollout = self.sampler.generate(self.sampler.copy(policy), prompts, key=key, group_size=rl.group_size,
+                                        prompts_per_call=rl.sample_prompts)
         t_score = time.perf_counter()
         scores = score_rollout(self.task, self.tokenizer, examples, rollout, rl.group_size,
                                reward_model=self.reward_model, process=rl.supervision == "process")
