@@ -163,7 +163,7 @@ def build_config(args):
     cfg = C.get_preset(args.preset)
     if args.overrides:
         cfg = C.apply_overrides(cfg, args.overrides)
-    rl = {"max_new_tokens": args.completion}
+    rl = {"max_new_tokens": args.completion, "sample_prompts": 0}  # the update samples nothing
     if args.micro_batches:
         rl["num_micro_batches"] = args.micro_batches
     if args.group:
