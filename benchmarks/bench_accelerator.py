@@ -22,7 +22,7 @@ them in this process, as the tests do):
   grad, completion-only logits, the clipped surrogate + β k3, sequence mean, the same
   micro-batches with gradient accumulation, clipping 1.0, AdamW (fused on CUDA); gradient
   checkpointing on when model.remat is not "none".
-* ``jax_rollout``: the trainer's sampler call (``sampler.sample_to_host`` on the
+* ``jax_rollout``: the trainer's sampler call (``Sampler.for_run``'s ``generate`` on its
   rl.sample_dtype copy, the engine rl.decode resolves to) for ``--questions`` x rl.group_size
   rows of ``--sample-prompt`` tokens, no stop token, so every row decodes ``--new-tokens``.
 * ``torch_generate``: ``generate`` (sampling at T 1, the sampling copy's dtype, sdpa attention,
