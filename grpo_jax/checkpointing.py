@@ -23,16 +23,10 @@ from etils import epath
 
 from grpo_jax.distributed import barrier, is_main_process
 from grpo_jax.errors import CheckpointError, UnreadableCheckpointError
+from grpo_jax.shapes import abstract_like  # noqa: F401  (re-exported: where a restore lands)
 
 log = logging.getLogger(__name__)
 UNREADABLE_FOLDER = "unreadable"  # under the checkpoint folder: steps moved aside by `set_aside`
-
-
-def abstract_like(tree: Any, shardings: Any = None) -> Any:
-    """ShapeDtypeStructs (with target shardings) describing where a restore should land."""
-    if shardings is None:
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 class Checkpointer:

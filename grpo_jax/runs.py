@@ -121,7 +121,7 @@ class SavedRun:
         saved in the run, ``lora.resolve_base``); refused in one line when the checkpoint was
         saved over another base."""
         from grpo_jax import lora, model
-        from grpo_jax.checkpointing import abstract_like
+        from grpo_jax.shapes import abstract_like
 
         cfg, ckpt = self.cfg, self.checkpointer
         if self.base is None:

@@ -12,9 +12,9 @@ from grpo_jax import model as model_lib
 from grpo_jax import train_step as ts
 from grpo_jax.aot.fit import compile_lowered
 from grpo_jax.batching import Batch
-from grpo_jax.checkpointing import abstract_like
 from grpo_jax.config import Config
 from grpo_jax.sampler import Sampler
+from grpo_jax.shapes import abstract_like
 from grpo_jax.sharding import batch_sharding
 
 

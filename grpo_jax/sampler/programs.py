@@ -23,7 +23,7 @@ from grpo_jax.sampler.loop import Rows, decode
 from grpo_jax.sampler.prefill import prefill
 from grpo_jax.sampler.settings import SamplingParams
 from grpo_jax.sharding import batch_degree, batch_sharding, on_mesh, replicated, to_global
-from grpo_jax.shapes import bucket_length
+from grpo_jax.shapes import abstract_like, bucket_length
 
 
 class OnMesh:
@@ -172,8 +172,7 @@ class SamplerCall:
         pre_args = self.prefill_args(params, host, abstract=True)
         cache, logits0 = self.prefill.eval_shape(*pre_args, **self.prefill_kwargs)
         if self.mesh is not None:
-            cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                 cache, cache_lib.sharding(self.mesh, cache))
+            cache = abstract_like(cache, cache_lib.sharding(self.mesh, cache))
         logits0 = self._rows(logits0, abstract=True)
         dec_args = self.decode_args(params, cache, logits0, host, None, abstract=True)
         return {"prefill": (self.prefill, pre_args, self.prefill_kwargs),
