@@ -58,8 +58,8 @@ def test_run_dir_curve_has_one_point_per_step_equal_to_evaluate(run, tmp_path):
         step, tree, _ = ckpt.restore(checkpointing.abstract_like(trainer.checkpoint_tree()), step=point["step"])
         # The CLI's key for question chunk 0: fold_in(PRNGKey(seed), 0); evaluate samples with fold_in(key, 1) too.
         want = evaluation.evaluate(Sampler.for_run(cfg, mesh, trainer.tokenizer), tree["state"].params, task,
-                                   trainer.tokenizer, examples, key=jax.random.fold_in(jax.random.PRNGKey(0), 0), num_samples=K,
-                                   temperature=0.7, ks=[K], texts=True)
+                                   trainer.tokenizer, examples, key=jax.random.fold_in(jax.random.PRNGKey(0), 0),
+                                   num_samples=K, temperature=0.7, ks=[K], texts=True)
         assert point["greedy"] == want["accuracy"]
         assert point[f"pass@{K}"] == pytest.approx(want[f"pass@{K}"])
         summary = json.loads((out / f"step-{step}" / "summary.json").read_text())

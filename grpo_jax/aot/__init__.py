@@ -29,4 +29,5 @@ __all__ = ["FitError", "NotCounted", "TWIN_OPTIONS", "abstract_batch", "bytes_pe
            "collective_ops", "collectives", "compile_lowered", "compile_sampler", "compile_train_step", "cost_twin",
            "decode_bytes_analytic", "fit", "libtpu_available", "loop_free_cost", "lower_sampler", "lower_train_step",
            "matmul_params", "memory", "model_flops", "report", "run_sampler", "sample_mesh", "sampler_calls",
-           "sampler_cost", "topology_devices", "topology_mesh", "train_cost", "train_flops", "train_state", "twin_calls"]
+           "sampler_cost", "topology_devices", "topology_mesh", "train_cost", "train_flops", "train_state",
+           "twin_calls"]
