@@ -9,7 +9,7 @@ import pytest
 from test_trainer import SevensTask, tok  # noqa: F401  (tok: the fixture)
 
 from grpo_jax import aot, sampler
-from grpo_jax.sampler.programs import OnMesh
+from grpo_jax.sampler.calls import OnMesh
 from grpo_jax import config as config_lib
 from grpo_jax.model import init_params
 from grpo_jax.sharding import make_mesh

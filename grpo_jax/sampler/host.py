@@ -5,7 +5,7 @@ samples asks.
 
 Plain Python and numpy, never traced: the arguments are checked, the static shapes
 bucketed, the prompts left-padded and laid out by the engine, the batch padded with dummy
-rows and the dummy rows stripped again; the device work is one `programs.SamplerCall`.
+rows and the dummy rows stripped again; the device work is one `calls.SamplerCall`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 
 from grpo_jax.config import Config, ModelConfig
 from grpo_jax.sampler.engines import DecodeEngine, resolve
-from grpo_jax.sampler.programs import SamplerCall, sampler_call, sampling_mesh
+from grpo_jax.sampler.calls import SamplerCall, sampler_call, sampling_mesh
 from grpo_jax.sampler.settings import SamplingParams
 from grpo_jax.sampler.weights import abstract_sampling_copy, sampling_copy
 from grpo_jax.shapes import bucket_length
@@ -225,7 +225,7 @@ class Sampler:
 
     def call(self, num_prompts: int, group_size: int, prompt_len: int) -> SamplerCall:
         """The call this sampler makes for ``num_prompts`` x ``group_size`` rows, prompts in
-        a bucket of ``prompt_len`` (``programs.sampler_call``)."""
+        a bucket of ``prompt_len`` (``calls.sampler_call``)."""
         return sampler_call(self.cfg, self.mesh, self.settings, num_prompts, group_size, prompt_len)
 
     def abstract_weights(self, call: SamplerCall):
