@@ -139,8 +139,8 @@ def cost_twin(call: SamplerCall, steps: int, window: int | None = None) -> Sampl
     """The cost twin of a sampler call: its programs traced inside ``loops.unrolled`` (every
     loop written out; the decode's while loop as exactly ``steps`` steps), decoding over one
     phase's cache of ``window`` slots (default the last phase's). The twin returns the
-    decode's carried cache for every engine: a dead cache would let XLA fuse its last
-    steps' writes away, which the loop, carrying it, does not."""
+    decode's carried cache for every engine (``DecodeEngine.cache_out``): a dead cache would
+    let XLA fuse its last steps' writes away, which the loop, carrying it, does not."""
     windows = (call.windows[-1] if window is None else window,)
 
     def prefill(fn):
@@ -154,8 +154,8 @@ def cost_twin(call: SamplerCall, steps: int, window: int | None = None) -> Sampl
         @functools.wraps(fn)
         def written_out(*args, **kwargs):
             with loops.unrolled(while_trips=steps) as finals:
-                *outputs, cache = fn(*args, **kwargs)
-            return (*outputs, finals[-1].cache if cache is None else cache)
+                *outputs, _ = fn(*args, **kwargs)
+            return (*outputs, call.engine.cache_out(finals[-1].cache))
         return written_out
 
     return dataclasses.replace(call, prefill=call.prefill.around(prefill), decode=call.decode.around(decode),

@@ -86,9 +86,14 @@ class DecodeEngine:
         """The carried cache at the start of the phase of ``window`` slots."""
         return cache
 
+    def cache_out(self, cache: model_lib.KVCache) -> model_lib.KVCache:
+        """The carried cache in the form this engine hands a cache out: stacked
+        [layers, ...] where it carries one per layer over the model's stacked layout."""
+        return cache
+
     def finish(self, cache: model_lib.KVCache) -> model_lib.KVCache | None:
         """The decode's output cache from the carried one (None: the decode returns none)."""
-        return cache
+        return self.cache_out(cache)
 
 
 def _forward_step(cfg: ModelConfig, params, step_params, unroll: bool, prefix=None):
@@ -122,7 +127,7 @@ class Unrolled(DecodeEngine):
         step = _forward_step(cfg, params, per_layer_params(params, cfg.num_layers), unroll=True)
         return _per_layer_step(step), cache_lib.per_layer(cache), logits0
 
-    def finish(self, cache):
+    def cache_out(self, cache):
         return cache_lib.stacked(cache)
 
 
@@ -153,6 +158,9 @@ class Shared(DecodeEngine):
         # Between phases (one copy each), never inside one: XLA copies a slice of a cache
         # that a step reads, at every step.
         return cache_lib.resize_slots(cache, window)
+
+    def cache_out(self, cache):
+        return cache_lib.stacked(cache)
 
     def finish(self, cache):
         return None
