@@ -16,6 +16,7 @@ at step s produces exactly the steps an uninterrupted run would have.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -25,7 +26,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, lora, pretrained, programs, run_files, sampler
+from grpo_jax import checkpointing, lora, preemption, pretrained, programs, run_files, sampler
 from grpo_jax.sampler import SamplingParams, sampling_copy
 from grpo_jax.algorithms import algorithm_of
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
@@ -271,14 +272,17 @@ class Trainer:
     def train(self, steps: int | None = None) -> list[dict]:
         """Train up to step `steps` (default `run.steps`), continuing from where this Trainer
         stopped: calling train(20) then train(40) is the same run as train(40), which is how
-        iterative GRPO swaps the reward model and reference between iterations."""
+        iterative GRPO swaps the reward model and reference between iterations.
+
+        A SIGTERM or SIGINT meanwhile (`grpo_jax.preemption`): the step in progress finishes
+        and is saved, then `preemption.Preempted` is raised."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         total = steps if steps is not None else cfg.run.steps
         bar = tqdm(total=total, initial=self.next_step, desc=self.algorithm.name,
                    disable=not (self.progress and is_main_process()), dynamic_ncols=True)
-        try:
+        with preemption.watching(), contextlib.closing(bar):
             for step in range(self.next_step, total):
                 metrics = self.train_step(step)
                 done = step + 1
@@ -308,12 +312,29 @@ class Trainer:
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward_mean", "eval_accuracy",
                                                                    "eval_shortcut_best", "kl", "loss")
                                  if k in metrics})
-                if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0 or done == total:
+                scheduled = bool(cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0 or done == total)
+                if scheduled:
                     self.save(done)
                 self.next_step = done
-        finally:
-            bar.close()
+                # Asked at every step, on every process alike (jax's sync point needs that).
+                if preemption.stop_requested(done, self.ckpt.reached_preemption):
+                    self._stop_preempted(done, saved=scheduled)
         return self.history
+
+    def _stop_preempted(self, step: int, *, saved: bool) -> None:
+        """Save `step` (unless its scheduled save just did) and raise `preemption.Preempted`."""
+        why = preemption.reason()
+        if not saved:
+            try:
+                self.save(step)
+            except CheckpointError as err:  # its message ends "... run the same command again to resume"
+                latest = self.ckpt.latest_step()
+                kept = (f" from step {latest}, the newest saved step (intact)" if latest
+                        else "; no earlier step was saved, so it starts from step 0")
+                raise CheckpointError(f"stopping on {why}: {err}{kept}") from err
+        log.warning("%s: saved checkpoint step %d in %s and stopped; the same command resumes from step %d",
+                    why, step, self.ckpt.directory, step)
+        raise preemption.Preempted(step, self.ckpt.directory, why)
 
     def close(self) -> None:
         self.ckpt.close()

@@ -1,0 +1,186 @@
+"""Preemption: a SIGTERM at any moment of a run saves the step it interrupted, and the same
+command (here: a new Trainer on the same run dir) goes on exactly as an uninterrupted run.
+
+Real signals, sent by this process to itself (`os.kill`) from hooks on the Trainer, so each
+arrives at a chosen moment: while a step's batch is made, just before its update, or while a
+checkpoint is being written. Python runs the handler as soon as `os.kill` returns, so the
+tests are deterministic. The multi-process case (the signal sent to one of two processes
+forming one mesh) is in tests/test_multihost.py.
+"""
+
+import os
+import random
+import re
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import checkpointing, preemption
+from grpo_jax.errors import CheckpointError
+from grpo_jax.metrics import read_jsonl
+from grpo_jax.preemption import Preempted
+from test_trainer import _cfg, _read_only, _trainer, tok  # noqa: F401 (tok: the fixture)
+
+TIMINGS = ("sample_time_s", "score_time_s", "update_time_s")
+
+
+@pytest.fixture(autouse=True)
+def _forget_signals():
+    """Each segment of a test stands for a new process: none inherits a caught signal."""
+    preemption.clear()
+    yield
+    preemption.clear()
+
+
+def _sigterm():
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def interrupt(trainer, phase: str, at: int, *, again: bool = False) -> None:
+    """SIGTERM this process during step `at` (counted from 1): while its batch is made
+    ('sample': the rollout, or the SFT data), just before its update ('update'), or while
+    its checkpoint is being written ('save': a scheduled save, in flight in Orbax's
+    threads). ``again``: one more SIGTERM while the step the run stops at is being saved."""
+    make_batch, on_mesh, save = trainer.make_batch, trainer._on_mesh, trainer.ckpt.save
+    orbax = trainer.ckpt._mngr
+    wait = orbax.wait_until_finished
+    saving = []
+
+    def make_batch_hook(step, key):
+        saving.clear()
+        if phase == "sample" and step + 1 == at:
+            _sigterm()
+        return make_batch(step, key)
+
+    def on_mesh_hook(batch):
+        if phase == "update" and trainer.next_step + 1 == at:
+            _sigterm()
+        return on_mesh(batch)
+
+    def save_hook(step, *args, **kw):
+        saving.append(step)
+        return save(step, *args, **kw)
+
+    def wait_hook():
+        if saving and saving[-1] == at:
+            for _ in range((phase == "save") + again):
+                _sigterm()
+            saving.clear()
+        return wait()
+
+    trainer.make_batch, trainer._on_mesh, trainer.ckpt.save = make_batch_hook, on_mesh_hook, save_hook
+    orbax.wait_until_finished = wait_hook
+
+
+def _saved_steps(run_dir):
+    ckpt = checkpointing.Checkpointer(os.path.join(run_dir, "checkpoints"))
+    try:
+        return ckpt.all_steps()
+    finally:
+        ckpt.close()
+
+
+def _comparable(history):
+    return [{k: v for k, v in h.items() if k not in TIMINGS} for h in history]
+
+
+def run_with_signals(cfg, tok, moments, caplog):
+    """Run `cfg` from scratch, stopped by a SIGTERM at each of `moments` ((phase, step,
+    again) in step order) and started again with the same config after each stop; return
+    the metrics of every step, in order, as the segments ran them."""
+    history = []
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    for phase, at, again in moments:
+        trainer = _trainer(cfg, tok)
+        interrupt(trainer, phase, at, again=again)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="grpo_jax"):
+            with pytest.raises(Preempted) as stop:
+                trainer.train()
+        trainer.close()
+        history += trainer.history
+        where = f"SIGTERM {phase} of step {at}"
+        # Caught only while training (this test process is still alive), then put back.
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers, where
+        # The step interrupted is saved, not only the scheduled save before it.
+        assert stop.value.step == at and stop.value.code == preemption.EXIT_CODE, where
+        assert trainer.history[-1]["step"] == at, where
+        assert _saved_steps(cfg.run.run_dir)[-1] == at, where
+        said = [r.getMessage() for r in caplog.records if "saved checkpoint" in r.getMessage()]
+        assert said == [f"SIGTERM: saved checkpoint step {at} in {cfg.run.run_dir}/checkpoints and stopped; "
+                        f"the same command resumes from step {at}"], where
+        if again:  # the second signal waited for the save
+            assert any("SIGTERM again" in r.getMessage() for r in caplog.records), where
+        preemption.clear()  # the next segment is a new process
+    last = _trainer(cfg, tok)
+    assert last.start_step == moments[-1][1]
+    history += last.train()
+    last.close()
+    return history, last
+
+
+def _uninterrupted(cfg, tok):
+    trainer = _trainer(cfg, tok)
+    history = trainer.train()
+    trainer.close()
+    return history, trainer
+
+
+def _moments(rng, steps, every, phases):
+    """One moment per phase, at increasing steps: 'sample' and 'update' at a step drawn by
+    `rng` among those with no scheduled save (so only the signal can save it), 'save' at the
+    next step with a scheduled save (`steps` itself: the last step's save)."""
+    out, after = [], 0
+    for phase, again in phases:
+        if phase == "save":
+            at = next(s for s in range(after + 1, steps + 1) if s % every == 0 or s == steps)
+        else:
+            at = rng.choice([s for s in range(after + 1, after + every) if s % every])
+        out.append((phase, at, again))
+        after = at
+    return out
+
+
+@pytest.mark.parametrize("algorithm, steps, every, phases", [
+    # GRPO: a signal while sampling, then one during a scheduled save with a second signal
+    # while that save is in flight.
+    ("grpo", 6, 3, [("sample", False), ("save", True)]),
+    # SFT: a signal just before an update, a second one while that step is being saved; then
+    # one during the last step's save (saved once, and the run is complete).
+    ("sft", 4, 2, [("update", True), ("save", False)]),
+])
+def test_sigterm_saves_the_interrupted_step_and_resumes_exactly(tmp_path, tok, caplog, algorithm, steps,
+                                                                every, phases):
+    moments = _moments(random.Random(63), steps, every, phases)
+    over = (f"rl.algorithm={algorithm}", f"run.steps={steps}", f"run.checkpoint_every={every}")
+    want, whole = _uninterrupted(_cfg(tmp_path / "whole", tok, *over), tok)
+    cfg = _cfg(tmp_path / "stopped", tok, *over)
+    got, last = run_with_signals(cfg, tok, moments, caplog)
+    assert [h["step"] for h in got] == list(range(1, steps + 1)), moments
+    assert _comparable(got) == _comparable(want), moments  # exactly: same data, RNG and state
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), last.params, whole.params)
+    assert [r["step"] for r in read_jsonl(tmp_path / "stopped" / "metrics.jsonl")] == list(range(1, steps + 1))
+    saved = _saved_steps(cfg.run.run_dir)
+    assert saved == sorted(set(saved)) and steps in saved  # each step saved once, the last one too
+
+
+def test_a_save_that_fails_while_stopping_says_so_and_keeps_the_previous_step(tmp_path, tok):
+    trainer = _trainer(_cfg(tmp_path, tok, "run.steps=6", "run.checkpoint_every=2"), tok)
+    trainer.train(steps=2)  # step 2 saved
+    interrupt(trainer, "update", 3)
+    ckpts = tmp_path / "checkpoints"
+    with _read_only(ckpts):
+        with pytest.raises(CheckpointError) as failed:
+            trainer.train()
+    message = str(failed.value)
+    assert "\n" not in message, message
+    assert re.fullmatch(
+        f"stopping on SIGTERM: could not save checkpoint step 3 in {re.escape(str(ckpts))} .*, then run the "
+        "same command again to resume from step 2, the newest saved step [(]intact[)]", message), message
+    assert trainer.history[-1]["step"] == 3  # nothing trained past the failed save
+    # The previous checkpoint is whole: it restores, as the next run of the command will.
+    step, tree, meta = trainer.ckpt.restore(checkpointing.abstract_like(trainer.checkpoint_tree()))
+    trainer.close()
+    assert step == meta["step"] == 2 and _saved_steps(tmp_path) == [2]
