@@ -8,6 +8,7 @@ tests are deterministic. The multi-process case (the signal sent to one of two p
 forming one mesh) is in tests/test_multihost.py.
 """
 
+import json
 import os
 import random
 import re
@@ -24,6 +25,26 @@ from grpo_jax.preemption import Preempted
 from test_trainer import _cfg, _read_only, _trainer, tok  # noqa: F401 (tok: the fixture)
 
 TIMINGS = ("sample_time_s", "score_time_s", "update_time_s")
+
+
+@pytest.fixture(autouse=True)
+def _one_train_step_per_config(monkeypatch):
+    """Each segment of a test stands for a new process, but tracing and compiling its train
+    step again (a pure function of the config and mesh, holding no state) would only cost
+    time: the Trainers of one config share one."""
+    from grpo_jax import programs
+
+    made, train_step = {}, programs.train_step
+
+    def shared(cfg, mesh):
+        settings = cfg.to_dict()
+        del settings["run"]["run_dir"]  # the uninterrupted run's and the stopped one's differ only there
+        key = (json.dumps(settings, sort_keys=True), mesh)
+        if key not in made:
+            made[key] = train_step(cfg, mesh)
+        return made[key]
+
+    monkeypatch.setattr(programs, "train_step", shared)
 
 
 @pytest.fixture(autouse=True)
