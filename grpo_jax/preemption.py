@@ -30,8 +30,6 @@ import signal
 import threading
 from typing import Callable, Iterator
 
-import jax
-
 log = logging.getLogger(__name__)
 
 # EX_TEMPFAIL (sysexits.h): "a temporary failure; the same command may be retried". Launch
@@ -57,6 +55,8 @@ class Preempted(SystemExit):
 
 
 def multi_process() -> bool:
+    import jax  # here, not at the top: launch/ reads EXIT_CODE on machines without jax
+
     return jax.process_count() > 1
 
 
