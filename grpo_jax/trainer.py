@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 
 # ============================================================================ the loop
 
+class _StopBeforeUpdate(Exception):
+    """A preemption between a step's sampling and its update: the run stops before the step."""
+
+
 class Trainer:
     """Holds the run's state and runs `cfg.run.steps` steps of `cfg.rl.algorithm`.
 
@@ -58,6 +62,8 @@ class Trainer:
     DPO) and the sampling policy of offline methods (RFT, DPO: π_sft) are frozen copies of
     it. `sft_data(step) -> (prompts, completions)` feeds the 'dataset' source (SFT).
     """
+
+    _stop_check = None  # while `train` runs: done -> whether a preemption stops the run there
 
     def __init__(self, cfg: Config, *, task: Task, tokenizer: Tokenizer, params, mesh=None,
                  reward_model=None, sft_data=None, eval_examples: Sequence[Example] | None = None,
@@ -258,6 +264,8 @@ class Trainer:
         key = jax.random.fold_in(self.rng, step)
         t0 = time.perf_counter()
         batch, info = self.make_batch(step, key)
+        if self._stop_check is not None and self._stop_check(step + 1):
+            raise _StopBeforeUpdate  # the state is still that of `step` steps: the run stops there
         t1 = time.perf_counter()
         self.state, metrics = self.step_fn(self.state, self._on_mesh(self.step_fn.packed(batch)))
         metrics = {k: float(v) for k, v in metrics.items()}
@@ -274,17 +282,27 @@ class Trainer:
         stopped: calling train(20) then train(40) is the same run as train(40), which is how
         iterative GRPO swaps the reward model and reference between iterations.
 
-        A SIGTERM or SIGINT meanwhile (`grpo_jax.preemption`): the step in progress finishes
-        and is saved, then `preemption.Preempted` is raised."""
+        A SIGTERM or SIGINT meanwhile (`grpo_jax.preemption`) stops the run where it stands,
+        saved, and raises `preemption.Preempted`: a signal during a step's sampling drops that
+        batch and saves the steps done before it (the update has not touched the state; on a
+        large model the update alone outlasts a Spot VM's notice); one during the update, an
+        evaluation or a save lets that step finish and saves it."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         total = steps if steps is not None else cfg.run.steps
         bar = tqdm(total=total, initial=self.next_step, desc=self.algorithm.name,
                    disable=not (self.progress and is_main_process()), dynamic_ncols=True)
-        with preemption.watching(), contextlib.closing(bar):
+        # Asked after each step's sampling and after its update, on every process alike, with
+        # the step's number both times (jax's sync point needs the same calls, in the same
+        # order, with numbers that never go down, on every process).
+        stop_check = lambda done: preemption.stop_requested(done, self.ckpt.reached_preemption)
+        with preemption.watching(), contextlib.closing(bar), self._checking(stop_check):
             for step in range(self.next_step, total):
-                metrics = self.train_step(step)
+                try:
+                    metrics = self.train_step(step)
+                except _StopBeforeUpdate:
+                    self._stop_preempted(step, saved=step in self.ckpt.all_steps())
                 done = step + 1
                 if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm") if k in metrics):
                     self.bad_steps += 1
@@ -316,14 +334,24 @@ class Trainer:
                 if scheduled:
                     self.save(done)
                 self.next_step = done
-                # Asked at every step, on every process alike (jax's sync point needs that).
-                if preemption.stop_requested(done, self.ckpt.reached_preemption):
+                if stop_check(done):
                     self._stop_preempted(done, saved=scheduled)
         return self.history
 
+    @contextlib.contextmanager
+    def _checking(self, stop_check):
+        self._stop_check = stop_check
+        try:
+            yield
+        finally:
+            self._stop_check = None
+
     def _stop_preempted(self, step: int, *, saved: bool) -> None:
-        """Save `step` (unless its scheduled save just did) and raise `preemption.Preempted`."""
+        """Save `step` (unless it is saved already, or 0) and raise `preemption.Preempted`."""
         why = preemption.reason()
+        if step == 0:
+            log.warning("%s: stopped before the first step; nothing to save", why)
+            raise preemption.Preempted(step, self.ckpt.directory, why)
         if not saved:
             try:
                 self.save(step)

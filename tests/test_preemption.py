@@ -59,6 +59,13 @@ def _sigterm():
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def stops_at(phase: str, at: int) -> int:
+    """Where a SIGTERM during `phase` of step `at` stops the run: a step whose batch is being
+    made is dropped (its update has not touched the state), one whose update has begun is
+    finished."""
+    return at - 1 if phase == "sample" else at
+
+
 def interrupt(trainer, phase: str, at: int, *, again: bool = False) -> None:
     """SIGTERM this process during step `at` (counted from 1): while its batch is made
     ('sample': the rollout, or the SFT data), just before its update ('update'), or while
@@ -67,10 +74,9 @@ def interrupt(trainer, phase: str, at: int, *, again: bool = False) -> None:
     make_batch, on_mesh, save = trainer.make_batch, trainer._on_mesh, trainer.ckpt.save
     orbax = trainer.ckpt._mngr
     wait = orbax.wait_until_finished
-    saving = []
+    stop, saving = stops_at(phase, at), []
 
     def make_batch_hook(step, key):
-        saving.clear()
         if phase == "sample" and step + 1 == at:
             _sigterm()
         return make_batch(step, key)
@@ -85,10 +91,10 @@ def interrupt(trainer, phase: str, at: int, *, again: bool = False) -> None:
         return save(step, *args, **kw)
 
     def wait_hook():
-        if saving and saving[-1] == at:
+        if saving and saving[-1] == stop:
             for _ in range((phase == "save") + again):
                 _sigterm()
-            saving.clear()
+        saving.clear()
         return wait()
 
     trainer.make_batch, trainer._on_mesh, trainer.ckpt.save = make_batch_hook, on_mesh_hook, save_hook
@@ -118,25 +124,28 @@ def run_with_signals(cfg, tok, moments, caplog):
         interrupt(trainer, phase, at, again=again)
         caplog.clear()
         with caplog.at_level("WARNING", logger="grpo_jax"):
-            with pytest.raises(Preempted) as stop:
+            with pytest.raises(Preempted) as stopped:
                 trainer.train()
         trainer.close()
         history += trainer.history
-        where = f"SIGTERM {phase} of step {at}"
+        stop, where = stops_at(phase, at), f"SIGTERM {phase} of step {at}"
         # Caught only while training (this test process is still alive), then put back.
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers, where
-        # The step interrupted is saved, not only the scheduled save before it.
-        assert stop.value.step == at and stop.value.code == preemption.EXIT_CODE, where
-        assert trainer.history[-1]["step"] == at, where
-        assert _saved_steps(cfg.run.run_dir)[-1] == at, where
-        said = [r.getMessage() for r in caplog.records if "saved checkpoint" in r.getMessage()]
-        assert said == [f"SIGTERM: saved checkpoint step {at} in {cfg.run.run_dir}/checkpoints and stopped; "
-                        f"the same command resumes from step {at}"], where
+        assert stopped.value.step == stop and stopped.value.code == preemption.EXIT_CODE, where
+        assert [h["step"] for h in trainer.history][-1:] == ([stop] if stop else []), where
+        said = [r.getMessage() for r in caplog.records if r.name == "grpo_jax.trainer"]
+        if stop:  # the step the run stood at is saved, not only the scheduled save before it
+            assert _saved_steps(cfg.run.run_dir)[-1] == stop, where
+            assert said == [f"SIGTERM: saved checkpoint step {stop} in {cfg.run.run_dir}/checkpoints and "
+                            f"stopped; the same command resumes from step {stop}"], where
+        else:
+            assert _saved_steps(cfg.run.run_dir) == [], where
+            assert said == ["SIGTERM: stopped before the first step; nothing to save"], where
         if again:  # the second signal waited for the save
             assert any("SIGTERM again" in r.getMessage() for r in caplog.records), where
         preemption.clear()  # the next segment is a new process
     last = _trainer(cfg, tok)
-    assert last.start_step == moments[-1][1]
+    assert last.start_step == stops_at(*moments[-1][:2])
     history += last.train()
     last.close()
     return history, last
@@ -149,32 +158,24 @@ def _uninterrupted(cfg, tok):
     return history, trainer
 
 
-def _moments(rng, steps, every, phases):
-    """One moment per phase, at increasing steps: 'sample' and 'update' at a step drawn by
-    `rng` among those with no scheduled save (so only the signal can save it), 'save' at the
-    next step with a scheduled save (`steps` itself: the last step's save)."""
-    out, after = [], 0
-    for phase, again in phases:
-        if phase == "save":
-            at = next(s for s in range(after + 1, steps + 1) if s % every == 0 or s == steps)
-        else:
-            at = rng.choice([s for s in range(after + 1, after + every) if s % every])
-        out.append((phase, at, again))
-        after = at
-    return out
+def _moments(rng, plan):
+    """(phase, step, again) for each (phase, candidate steps, again) of `plan`: the step
+    drawn by `rng` (seeded: the same moments every run)."""
+    return [(phase, rng.choice(steps), again) for phase, steps, again in plan]
 
 
-@pytest.mark.parametrize("algorithm, steps, every, phases", [
-    # GRPO: a signal while sampling, then one during a scheduled save with a second signal
-    # while that save is in flight.
-    ("grpo", 6, 3, [("sample", False), ("save", True)]),
-    # SFT: a signal just before an update, a second one while that step is being saved; then
-    # one during the last step's save (saved once, and the run is complete).
-    ("sft", 4, 2, [("update", True), ("save", False)]),
+@pytest.mark.parametrize("algorithm, steps, every, plan", [
+    # GRPO: a signal while sampling step 2 or 3 (saved: 1 or 2, where no save is scheduled),
+    # then one during step 3's scheduled save, with a second signal while it is in flight.
+    ("grpo", 6, 3, [("sample", [2, 3], False), ("save", [3], True)]),
+    # SFT: a signal before the first step is done (nothing to save), one just before an update
+    # (that step is finished and saved) with a second while it is saved, one during the last
+    # step's save (saved once; the run is complete).
+    ("sft", 4, 2, [("sample", [1], False), ("update", [1, 3], True), ("save", [4], False)]),
 ])
-def test_sigterm_saves_the_interrupted_step_and_resumes_exactly(tmp_path, tok, caplog, algorithm, steps,
-                                                                every, phases):
-    moments = _moments(random.Random(63), steps, every, phases)
+def test_sigterm_saves_where_the_run_stands_and_resumes_exactly(tmp_path, tok, caplog, algorithm, steps,
+                                                                every, plan):
+    moments = _moments(random.Random(63), plan)
     over = (f"rl.algorithm={algorithm}", f"run.steps={steps}", f"run.checkpoint_every={every}")
     want, whole = _uninterrupted(_cfg(tmp_path / "whole", tok, *over), tok)
     cfg = _cfg(tmp_path / "stopped", tok, *over)
