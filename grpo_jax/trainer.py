@@ -233,7 +233,8 @@ class Trainer:
         rollout = sampler.sample_to_host(
             cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples],
             SamplingParams.from_rl(rl, stop_tokens=tok.stop_ids, pad_id=tok.pad_id),
-            key=key, group_size=g, prompts_per_call=rl.sample_prompts, mesh=self.sample_mesh)
+            key=key, group_size=g, prompts_per_call=rl.sample_prompts, mesh=self.sample_mesh,
+            between_calls=self._stop_between_calls(step))
         t_score = time.perf_counter()
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")
@@ -259,6 +260,18 @@ class Trainer:
         if batch.packing is None:
             return placed
         return placed.replace(packing=shard_batch(batch.packing, self.mesh))
+
+    def _stop_between_calls(self, step: int):
+        """While `train` runs: what the rollout of `step` calls between sampler calls, so that a
+        preemption need not wait for the whole rollout (minutes on a large model)."""
+        if self._stop_check is None:
+            return None
+
+        def check():
+            if self._stop_check(step + 1):
+                raise _StopBeforeUpdate
+
+        return check
 
     def train_step(self, step: int) -> dict:
         key = jax.random.fold_in(self.rng, step)
@@ -293,9 +306,10 @@ class Trainer:
         total = steps if steps is not None else cfg.run.steps
         bar = tqdm(total=total, initial=self.next_step, desc=self.algorithm.name,
                    disable=not (self.progress and is_main_process()), dynamic_ncols=True)
-        # Asked after each step's sampling and after its update, on every process alike, with
-        # the step's number both times (jax's sync point needs the same calls, in the same
-        # order, with numbers that never go down, on every process).
+        # Asked between the step's sampler calls, after its sampling and after its update, on
+        # every process alike and always with the step's number. jax's sync point needs the
+        # same calls in the same order on every process, with numbers that never go down; it
+        # answers True first at the first call with the agreed number, the same call everywhere.
         stop_check = lambda done: preemption.stop_requested(done, self.ckpt.reached_preemption)
         with preemption.watching(), contextlib.closing(bar), self._checking(stop_check):
             for step in range(self.next_step, total):

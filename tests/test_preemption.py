@@ -113,13 +113,17 @@ def _comparable(history):
     return [{k: v for k, v in h.items() if k not in TIMINGS} for h in history]
 
 
-def run_with_signals(cfg, tok, moments, caplog):
+def run_with_signals(cfg, tok, moments, caplog, sampler_calls=None):
     """Run `cfg` from scratch, stopped by a SIGTERM at each of `moments` ((phase, step,
     again) in step order) and started again with the same config after each stop; return
-    the metrics of every step, in order, as the segments ran them."""
+    the metrics of every step, in order, as the segments ran them. `sampler_calls`: a list
+    the sampler's calls are appended to, when the rollout takes several (rl.sample_prompts)."""
     history = []
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    per_step = cfg.data.batch_size // cfg.rl.sample_prompts if cfg.rl.sample_prompts else 1
     for phase, at, again in moments:
+        if sampler_calls is not None:
+            sampler_calls.clear()
         trainer = _trainer(cfg, tok)
         interrupt(trainer, phase, at, again=again)
         caplog.clear()
@@ -141,6 +145,9 @@ def run_with_signals(cfg, tok, moments, caplog):
         else:
             assert _saved_steps(cfg.run.run_dir) == [], where
             assert said == ["SIGTERM: stopped before the first step; nothing to save"], where
+        if sampler_calls is not None and phase == "sample":
+            # The rollout stopped after its first call: a preemption waits for one call, not all.
+            assert len(sampler_calls) == per_step * len(trainer.history) + 1, (where, sampler_calls)
         if again:  # the second signal waited for the save
             assert any("SIGTERM again" in r.getMessage() for r in caplog.records), where
         preemption.clear()  # the next segment is a new process
@@ -165,21 +172,28 @@ def _moments(rng, plan):
 
 
 @pytest.mark.parametrize("algorithm, steps, every, plan", [
-    # GRPO: a signal while sampling step 2 or 3 (saved: 1 or 2, where no save is scheduled),
-    # then one during step 3's scheduled save, with a second signal while it is in flight.
+    # GRPO, sampling its 4 questions in 2 calls: a signal while sampling step 2 or 3 (saved:
+    # 1 or 2, where no save is scheduled; the second call is not made), then one during step
+    # 3's scheduled save, with a second signal while it is in flight.
     ("grpo", 6, 3, [("sample", [2, 3], False), ("save", [3], True)]),
     # SFT: a signal before the first step is done (nothing to save), one just before an update
     # (that step is finished and saved) with a second while it is saved, one during the last
     # step's save (saved once; the run is complete).
     ("sft", 4, 2, [("sample", [1], False), ("update", [1, 3], True), ("save", [4], False)]),
 ])
-def test_sigterm_saves_where_the_run_stands_and_resumes_exactly(tmp_path, tok, caplog, algorithm, steps,
-                                                                every, plan):
+def test_sigterm_saves_where_the_run_stands_and_resumes_exactly(tmp_path, tok, caplog, monkeypatch, algorithm,
+                                                                steps, every, plan):
+    from grpo_jax.sampler import host
+
     moments = _moments(random.Random(63), plan)
     over = (f"rl.algorithm={algorithm}", f"run.steps={steps}", f"run.checkpoint_every={every}")
+    if algorithm != "sft":
+        over += ("rl.sample_prompts=2",)
     want, whole = _uninterrupted(_cfg(tmp_path / "whole", tok, *over), tok)
+    calls, sample_call = [], host._sample_call
+    monkeypatch.setattr(host, "_sample_call", lambda *a, **kw: (calls.append(1), sample_call(*a, **kw))[1])
     cfg = _cfg(tmp_path / "stopped", tok, *over)
-    got, last = run_with_signals(cfg, tok, moments, caplog)
+    got, last = run_with_signals(cfg, tok, moments, caplog, calls if algorithm != "sft" else None)
     assert [h["step"] for h in got] == list(range(1, steps + 1)), moments
     assert _comparable(got) == _comparable(want), moments  # exactly: same data, RNG and state
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), last.params, whole.params)
