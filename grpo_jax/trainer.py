@@ -191,7 +191,10 @@ class Trainer:
         meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}
         if self.base_pointer is not None:
             meta["base"] = self.base_pointer
+        t0 = time.perf_counter()
         self.ckpt.save(step, self.checkpoint_tree(), meta)
+        # How long a save takes on this storage: whether a preemption's save fits its notice.
+        log.info("saved checkpoint step %d in %.1f s", step, time.perf_counter() - t0)
 
     def reset_reference(self) -> None:
         """π_ref ← π_θ (``train_step.reset_reference``; iterative GRPO). Under LoRA that makes
