@@ -2,10 +2,12 @@
 step the run stands at, on every process, then stop", so the same command resumes with no
 step lost.
 
-While `Trainer.train` runs (`watching()`), the step in progress finishes, the trainer saves
-a checkpoint of it (the same one a scheduled save writes), logs one line and raises
-`Preempted`, which ends the process with `EXIT_CODE` where nothing catches it. Signals that
-come while it saves are logged and wait for the save: a step is never left half written.
+While `Trainer.train` runs (`watching()`), the trainer stops at its next check (between the
+rollout's sampler calls, after the rollout, after the update): a step still sampling is
+dropped, one whose update has begun is finished. It saves the step it stands at (the same
+checkpoint a scheduled save writes), logs one line and raises `Preempted`, which ends the
+process with `EXIT_CODE` where nothing catches it. Signals that come while it saves are
+logged and wait for the save: a step is never left half written.
 
 Who decides at which step to stop:
 
@@ -16,9 +18,10 @@ Who decides at which step to stop:
   coordination service does this: `jax.distributed.initialize` starts its preemption sync
   manager, which catches SIGTERM itself, shares the notice with every process and picks the
   step after the furthest one's; `multihost_utils.reached_preemption_sync_point(step)` (which
-  Orbax's `CheckpointManager.reached_preemption` wraps) is then True on every process at that
-  same step. So SIGTERM is left to jax there, and a SIGINT is passed on to it as a SIGTERM.
-  The trainer asks at every step, with steps that only grow, as that protocol requires.
+  Orbax's `CheckpointManager.reached_preemption` wraps) is then True on every process at the
+  same check. So SIGTERM is left to jax there, and a SIGINT is passed on to it as a SIGTERM.
+  The trainer asks at every check with the step's number, the same checks on every process,
+  as that protocol requires.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ def _on_signal(signum, frame) -> None:
     name = signal.Signals(signum).name
     if _received is None:
         _received = name
-        log.warning("%s: finishing the current step, then saving it and stopping", name)
+        log.warning("%s: stopping where the run stands once the sampler call or update in progress "
+                    "ends, and saving it first", name)
     else:  # the step or its save is under way; stopping now could lose it
         log.warning("%s again: stopping once the current step is saved", name)
 
