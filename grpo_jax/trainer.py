@@ -357,6 +357,8 @@ class Trainer:
 
     @contextlib.contextmanager
     def _checking(self, stop_check):
+        """`stop_check` for the checks inside a step (`train_step`, the rollout) while `train` runs;
+        a step taken outside `train` (tests, tools) is never stopped."""
         self._stop_check = stop_check
         try:
             yield

@@ -11,6 +11,9 @@ runs tests/multihost_worker.py: `grpo_jax.train_cli.train()` doing GRPO steps
 The same run in this process (1 process, 8 devices, the same mesh shape) must give the
 same metrics, and the 2-process checkpoints must restore here and resume training.
 
+A SIGTERM sent to one process of a longer run (`multihost_worker.py --preempt`) must make
+both save the same step and exit with `grpo_jax.preemption.EXIT_CODE`.
+
 These tests are marked `multihost`; `pytest -m "not multihost"` skips them.
 """
 
