@@ -1,11 +1,13 @@
-"""Preemption: a SIGTERM at any moment of a run saves the step it interrupted, and the same
-command (here: a new Trainer on the same run dir) goes on exactly as an uninterrupted run.
+"""Preemption: a SIGTERM at any moment of a run saves the step the run stands at (a step
+still sampling is dropped, one whose update has begun is finished), and the same command
+(here: a new Trainer on the same run dir) goes on exactly as an uninterrupted run.
 
 Real signals, sent by this process to itself (`os.kill`) from hooks on the Trainer, so each
 arrives at a chosen moment: while a step's batch is made, just before its update, or while a
-checkpoint is being written. Python runs the handler as soon as `os.kill` returns, so the
-tests are deterministic. The multi-process case (the signal sent to one of two processes
-forming one mesh) is in tests/test_multihost.py.
+checkpoint is being written; the steps are drawn by a seeded generator. Python runs the
+handler as soon as `os.kill` returns, so the tests are deterministic. The multi-process case
+(the signal sent to one of two processes forming one mesh) is in tests/test_multihost.py, the
+launch scripts' side in tests/launch/test_dry_run.py.
 """
 
 import json
