@@ -43,7 +43,8 @@ class DataSource:
         return group_size if self.sampled else 1
 
     def batch(self, run, step: int, key) -> tuple[Batch, dict]:
-        """The step's host batch and its info (rollout metrics) from ``run``."""
+        """The step's host batch of data.batch_size x `rows_per_question` rows, and its info
+        (rollout metrics), from ``run``."""
         raise NotImplementedError
 
 
