@@ -39,7 +39,7 @@ import time
 
 import jax
 
-from grpo_jax import (checkpointing, cli, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
+from grpo_jax import (chat_templates, checkpointing, cli, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
                       programs, sampler, train_cli)
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the chat template (gsm8k, gsm8k_synth: gsm8k; math: math; chat_arithmetic: arithmetic) "
                         "or its own text (task: arithmetic, countdown, module:Class). paper: DeepSeekMath's CoT "
                         "format (gsm8k, math)")
+    p.add_argument("--chat-format", choices=sorted(chat_templates.FORMATS), default=None,
+                   help="a model that is not a run dir: prompt it in this named chat format instead of its own "
+                        "template (for a model without a usable one; default: the model's own template)")
     p.add_argument("--chunk-rows", type=int, default=0,
                    help="sampled rows per sampler call (default 8 per local device, at least --k)")
     p.add_argument("--seed", type=int, default=None,
@@ -254,8 +257,16 @@ def main(argv=None) -> dict:
         cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
         if tokenizer is None:
             raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
+        if args.chat_format:
+            if not hasattr(tokenizer, "with_chat_format"):
+                raise ConfigError(f"--chat-format: {args.model}'s tokenizer has no chat format to replace "
+                                  "(its prompts are plain text)")
+            tokenizer = tokenizer.with_chat_format(args.chat_format)
         return score(args, shards, cfg, params, tokenizer, task, examples, out, mesh, meta, time.perf_counter() - t0) or {}
 
+    if args.chat_format:
+        raise ConfigError("--chat-format is for a model that is not a run dir; a run dir is prompted in "
+                          "its own format (its run.chat_format)")
     cfg, tokenizer, ckpt, steps, base = load_run(cfg, task, mesh)
     if args.step is not None:
         if args.step not in steps:
