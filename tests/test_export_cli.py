@@ -7,8 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import config, export_cli, pretrained, train_cli
+from grpo_jax import config, evaluate_cli, export_cli, pretrained, train_cli
+from grpo_jax import model as model_lib
 from grpo_jax.errors import CheckpointError, ConfigError
+from grpo_jax.tokenizer import encode_prompt
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def test_export_is_the_checkpoints_policy_in_sharded_safetensors(run, tmp_path):
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 1 and all((out / f).stat().st_size <= 1e6 + 1e5 for f in files)
     cfg, params, tok = pretrained.load_hf(out)
-    assert tok is None and cfg.num_layers == trainer.cfg.model.num_layers
+    assert tok.model_proto == trainer.tokenizer.model_proto and cfg.num_layers == trainer.cfg.model.num_layers
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params),
                  jax.tree.map(np.asarray, trainer.params))
     assert json.loads((out / export_cli.PROVENANCE_FILE).read_text()) == record
@@ -48,3 +50,77 @@ def test_bad_requests_are_refused_in_one_line(run, tmp_path, argv, error, match)
         export_cli.main(argv)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "x" / "config.json").exists()
+
+
+# ----------------------------------------------------------------------------- the export read back
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "hf"
+    export_cli.main([run[0], "--out", str(out)])
+    return out
+
+
+CHATS = [[{"role": "user", "content": "Q: 3+4-5=\n"}],
+         [{"role": "system", "content": "Q: 1+1=\n"}, {"role": "user", "content": "Q: 12-7=\n"}]]
+
+
+def test_transformers_encodes_the_export_as_the_run_did(run, exported):
+    """AutoTokenizer on the export gives the run's ids: BOS first, the dummy-prefix "▁" piece,
+    the same special ids, for the run's own prompts, odd text, and chat prompts through the
+    exported template."""
+    transformers = pytest.importorskip("transformers")
+    tok = run[1].tokenizer
+    ref = transformers.AutoTokenizer.from_pretrained(exported)
+    assert (ref.bos_token_id, ref.eos_token_id, ref.pad_token_id) == (tok.bos_id, tok.eos_id, tok.pad_id) == (1, 2, 0)
+    texts = [ex.prompt for ex in train_cli.make_task(run[1].cfg).examples("test", 16, 3)]
+    texts += ["Q: 3+4-5=\n", "\nQ: 1+1=", "  two  spaces \n\n", "ünïcödé ☃ Q", "", "12345678901234"]
+    for text in texts:
+        ids = encode_prompt(tok, text)
+        assert ref(text)["input_ids"] == ids, text
+    first = ref("Q: 3+4-5=\n")["input_ids"]
+    assert first[0] == 1 and ref.convert_ids_to_tokens(first[1]).startswith("▁")
+    for messages in CHATS:
+        theirs = ref.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+        assert list(theirs) == encode_prompt(tok, tok.apply_chat_template(messages))
+
+
+def _summary_and_records(out):
+    records = [json.loads(line) for f in sorted(out.glob("shard-*.jsonl")) for line in f.read_text().splitlines()]
+    return json.loads((out / "summary.json").read_text()), sorted(records, key=lambda r: r["index"])
+
+
+def test_evaluate_reads_the_export_and_reproduces_the_run(run, exported, tmp_path):
+    """grpo-evaluate on the export: the run dir's greedy and sampled completions, accuracy and
+    Pass@k on the same held-out questions (sampled text differs with any prompt id); and
+    transformers on the export: the same greedy completions and the same logits over those
+    varied texts."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    run_dir, trainer = run
+    same = ["--task", "arithmetic", "--limit", "6", "--seed", "5", "--k", "2", "--temperature", "1.0",
+            "--max-new-tokens", "8", "--decode", "shared", "--prompt", "task", "--no-progress"]
+    evaluate_cli.main(["--model", run_dir, *same, "--out", str(tmp_path / "run")])
+    evaluate_cli.main(["--model", str(exported), *same, "--out", str(tmp_path / "export")])
+    run_summary, run_records = _summary_and_records(tmp_path / "run" / "step-1")
+    summary, records = _summary_and_records(tmp_path / "export")
+    for key in ("prompt", "greedy_completion", "completions"):
+        assert [r[key] for r in records] == [r[key] for r in run_records], key
+    assert len({c for r in records for c in r["completions"]}) > 3  # varied text, not one repeated answer
+    assert (summary["greedy"], summary["pass@k"]) == (run_summary["greedy"], run_summary["pass@k"])
+
+    tok, cfg = trainer.tokenizer, trainer.cfg.model
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
+    params = pretrained.load(exported)[1]
+    for rec in records:
+        ids = encode_prompt(tok, rec["prompt"])
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_id,
+                                 eos_token_id=tok.stop_ids)
+        assert tok.decode(out[0, len(ids):].tolist()) == rec["greedy_completion"]
+        full = encode_prompt(tok, rec["prompt"] + rec["completions"][0])
+        with torch.no_grad():
+            theirs = model(torch.tensor([full])).logits[0].numpy()
+        ours = np.asarray(model_lib.forward_logits(cfg, params, np.array([full], np.int32)))[0]
+        np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
