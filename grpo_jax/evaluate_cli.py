@@ -39,7 +39,7 @@ import time
 
 import jax
 
-from grpo_jax import (chat_templates, checkpointing, cli, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
+from grpo_jax import (chat_templates, checkpointing, cli, math_verify_check, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
                       programs, sampler, train_cli)
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-format", choices=sorted(chat_templates.FORMATS), default=None,
                    help="a model that is not a run dir: prompt it in this named chat format instead of its own "
                         "template (for a model without a usable one; default: the model's own template)")
+    p.add_argument("--math-verify", action="store_true",
+                   help="also check every completion with Hugging Face's math-verify (in a worker process with a "
+                        "time limit) and write <out>/math_verify.json: its accuracy and where it disagrees with the "
+                        "task's own checker (default: off; not for countdown)")
     p.add_argument("--chunk-rows", type=int, default=0,
                    help="sampled rows per sampler call (default 8 per local device, at least --k)")
     p.add_argument("--seed", type=int, default=None,
@@ -161,7 +165,7 @@ def step_params(cfg: Config, ckpt: checkpointing.Checkpointer, step: int, mesh, 
     return lora.merged(cfg.model, base, ckpt.restore_params(abstract, step))
 
 
-def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh, meta, load_s, rl=None):
+def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh, meta, load_s, rl=None, checker=None):
     """Sample and score this process's shard (i, n) into `out`; on process 0 (no --shard)
     merge the shards and return the summary, else None. ``rl``: a run's RLConfig, whose
     rollout settings (engine, cache) the sampler takes, --decode overriding its engine."""
@@ -183,13 +187,19 @@ def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh,
         return None
     baselines = try_shortcut_baselines(task, examples)
     return report(out, {"load": load_s, "sample": times["sample"], "score": times["score"]},
-                  None if baselines is None else baselines.to_dict())
+                  None if baselines is None else baselines.to_dict(), checker)
 
 
-def report(out: str, timing: dict | None, shortcuts: dict | None = None) -> dict:
+def report(out: str, timing: dict | None, shortcuts: dict | None = None, checker=None) -> dict:
     summary = evaluate_run.merge_and_summarize(out, timing=timing, shortcuts=shortcuts)
     print(evaluate_run.format_summary(summary))
     print(f"wrote {os.path.join(out, 'summary.json')}")
+    if checker is not None:
+        second = math_verify_check.second_opinion(out, checker)
+        c = second["counts"]
+        print(f"math-verify: greedy accuracy {second['greedy_accuracy']['math_verify']:.4f} (ours "
+              f"{second['greedy_accuracy']['ours']:.4f}); over all completions only ours correct {c['ours_only']}, "
+              f"only math-verify {c['math_verify_only']}; wrote {os.path.join(out, 'math_verify.json')}")
     return summary
 
 
@@ -248,6 +258,9 @@ def main(argv=None) -> dict:
         raise ConfigError(f"--task {args.task} generates its questions, so there is no 'all' of "
                           "them: give --limit N")
     examples = task.examples(args.split, args.limit, args.seed)
+    if args.math_verify and task.name == "countdown":
+        raise ConfigError("--math-verify checks math answers; countdown's answers are expressions checked by rule")
+    checker = math_verify_check.MathVerify() if args.math_verify else None
     # Each host samples its own questions on its own devices: no collective across hosts.
     mesh = make_mesh(MeshConfig(), jax.local_devices())
     meta = {"model": args.model, "task": args.task, "split": args.split, "limit": args.limit}
@@ -262,7 +275,8 @@ def main(argv=None) -> dict:
                 raise ConfigError(f"--chat-format: {args.model}'s tokenizer has no chat format to replace "
                                   "(its prompts are plain text)")
             tokenizer = tokenizer.with_chat_format(args.chat_format)
-        return score(args, shards, cfg, params, tokenizer, task, examples, out, mesh, meta, time.perf_counter() - t0) or {}
+        return score(args, shards, cfg, params, tokenizer, task, examples, out, mesh, meta, time.perf_counter() - t0,
+                     checker=checker) or {}
 
     if args.chat_format:
         raise ConfigError("--chat-format is for a model that is not a run dir; a run dir is prompted in "
@@ -281,7 +295,7 @@ def main(argv=None) -> dict:
         params = sampler.sampling_copy(cfg.model, step_params(cfg, ckpt, step, mesh, base, pointer),
                                        cfg.rl.sample_dtype, sample_mesh)
         summary = score(args, shards, cfg.model, params, tokenizer, task, examples, os.path.join(out, f"step-{step}"),
-                        sample_mesh, {**meta, "step": step}, time.perf_counter() - t0, rl=cfg.rl)
+                        sample_mesh, {**meta, "step": step}, time.perf_counter() - t0, rl=cfg.rl, checker=checker)
         if summary is not None:
             points.append(curve_point(step, summary))
     ckpt.close()
