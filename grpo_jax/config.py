@@ -784,7 +784,7 @@ def add_config_args(parser) -> None:
     parser.add_argument("--preset", default="cpu-tiny", choices=sorted(PRESETS),
                         help="named starting configuration (default: cpu-tiny)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
-                        help="config overrides, e.g. model.num_layers=4 rl.group_size=8")
+                        help="config overrides, e.g. model.num_layers=4 rl.group_size=8 (default: none, the preset as it is)")
 
 
 def config_from_args(args) -> Config:

@@ -50,18 +50,18 @@ from grpo_jax.tasks.dataset_task import DatasetTask
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=cli.HelpFormatter)
     p.add_argument("--model", required=True,
                    help="GGUF file, HF folder, converted folder, smollm2-135m, or a training run dir")
     p.add_argument("--step", type=int, default=None, help="run dir: evaluate only this checkpoint step")
     p.add_argument("--task", default=None, help="gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth "
                    "or module:Class (default on a run dir: the run's task)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="the task's split to evaluate")
     p.add_argument("--limit", type=int, default=None,
                    help="first N questions of the split (-1: all; default: a run dir's data.eval_size, else all)")
     p.add_argument("--k", type=int, default=1, help="samples per question (Pass@K / Maj@K for K <= k; 0: greedy only)")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the k samples")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass of the k samples")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="default: the run's rl.max_new_tokens for a run dir, else 512")
     p.add_argument("--prompt", choices=evaluate_run.PROMPT_STYLES, default=None,
@@ -82,12 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="questions and samples (default: a run dir's data.seed, else 0)")
     p.add_argument("--decode", choices=DECODE_ENGINES, default=None,
                    help="decode engine (default: a run dir's rl.decode, else auto)")
-    p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math)")
-    p.add_argument("--manual-dir", default=None, help="folder with the official GSM8K/MATH files")
+    p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math; default: TFDS's own)")
+    p.add_argument("--manual-dir", default=None, help="folder with the official GSM8K/MATH files (default: <data-dir>/downloads/manual)")
     p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>)")
     p.add_argument("--shard", default="", help="i/n: score only shard i of n (default: this process of all)")
     p.add_argument("--merge-only", action="store_true", help="merge the shards in --out and print the summary")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 

@@ -38,7 +38,7 @@ _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.jso
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-export", description=__doc__.split("\n", 1)[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                formatter_class=cli.HelpFormatter,
                                 epilog=__doc__.split("\n", 1)[1])
     p.add_argument("run_dir", help="a training run dir (config.json + checkpoints/)")
     p.add_argument("--out", required=True, help="folder to write the HF model into")
