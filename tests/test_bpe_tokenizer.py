@@ -257,3 +257,24 @@ def test_smollm2_saved_tokenizer_matches(smol, tmp_path):
         assert again.encode(text) == ours.encode(text)
     msgs = [{"role": "user", "content": "hi"}]
     assert again.apply_chat_template(msgs) == ours.apply_chat_template(msgs)
+
+
+def test_a_bos_model_saved_encodes_in_transformers_as_our_prompts(tmp_path):
+    """A BPE model trained with BOS and a template that writes `{{ bos_token }}` (Llama-3's
+    way): transformers on the saved folder gives our prompt ids, with one BOS, for plain text
+    and for chat prompts."""
+    transformers = pytest.importorskip("transformers")
+    from grpo_jax.tokenizer import encode_prompt
+    template = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    ours = BPETokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.add_bos_token": True,
+                                                       "tokenizer.ggml.bos_token_id": 0,
+                                                       "tokenizer.chat_template": template}))
+    ours.save(tmp_path)
+    ref = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ["the the", "in  x 12", ""]:
+        assert ref(text)["input_ids"] == encode_prompt(ours, text) == [0, *ours.encode(text)]
+    msgs = [{"role": "user", "content": "the 12"}]
+    ids = encode_prompt(ours, ours.apply_chat_template(msgs))
+    assert ids[:2] == [0, 1] and ids.count(0) == 1
+    assert list(ref.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)) == ids
