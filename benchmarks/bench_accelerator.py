@@ -163,7 +163,7 @@ def build_config(args):
     cfg = C.get_preset(args.preset)
     if args.overrides:
         cfg = C.apply_overrides(cfg, args.overrides)
-    rl = {"max_new_tokens": args.completion}
+    rl = {"max_new_tokens": args.completion, "sample_prompts": 0}  # the update samples nothing
     if args.micro_batches:
         rl["num_micro_batches"] = args.micro_batches
     if args.group:
@@ -244,6 +244,7 @@ def part_jax_update(args) -> dict:
 
     warm, times = timed(one, args.reps)
     loss = float(jax.device_get(box["metrics"])["loss"])
+    profile = _profile(one, compiled.as_text()) if args.profile and not args.this_variant else None
     peak, source = _jax_peak_memory(), "device allocator (peak_bytes_in_use)"
     if peak is None:
         peak, source = common.peak_bytes(compiled.memory_analysis()), "compiled program (memory_analysis)"
@@ -254,7 +255,20 @@ def part_jax_update(args) -> dict:
             "peak_source": source,
             "settings": {k: getattr(m, k) for k in ("dtype", "param_dtype", "remat", "attention", "scan_layers",
                                                     "unembed_dtype") if hasattr(m, k)}
-            | {"logprob_chunk_size": cfg.rl.logprob_chunk_size, "beta": cfg.rl.beta}}
+            | {"logprob_chunk_size": cfg.rl.logprob_chunk_size, "beta": cfg.rl.beta}, "profile": profile}
+
+
+def _profile(one, hlo_text: str) -> dict:
+    """One more call of the update under jax's profiler, its kernels summed by part of the
+    model, pass and op (``profile_ops.summarize_program``). Run after the timed reps, so the
+    profiler's overhead touches no timing."""
+    import tempfile
+
+    import profile_ops
+
+    with tempfile.TemporaryDirectory(prefix="bench_accelerator_trace_") as d:
+        trace = profile_ops.trace_of(one, Path(d))
+    return profile_ops.summarize_program(trace, hlo_text)
 
 
 def probe(tiny: bool) -> dict:
@@ -493,7 +507,7 @@ def child_env(part: str, tiny: bool) -> dict:
 
 def with_variant(args, variant: str):
     """``args`` with a variant's overrides after the run's own."""
-    return argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, *variant.split()]})
+    return argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, *variant.split()], "this_variant": variant})
 
 
 def run_part(part: str, args, argv: list[str], deadline: float, variant: str = "") -> dict:
@@ -636,6 +650,10 @@ def parse_args(argv):
     ap.add_argument("--variant", action="append", default=[],
                     help="also run our update with these overrides added (space-separated; repeatable), "
                          "e.g. --variant 'model.unembed_dtype=bfloat16': one more table row each")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile one more call of our update (not the variants') and print where its kernel "
+                         "time goes: by part of the model, by pass (forward, remat's recomputation, backward), "
+                         "by op (profile_ops.summarize_program)")
     ap.add_argument("--reps", type=int, default=None, help="timed calls per part after the warm-up (3; --tiny 2)")
     ap.add_argument("--peak-flops", type=float, default=0.0, help="MFU's peak FLOP/s (default: DEVICE_PEAKS)")
     ap.add_argument("--hbm-bandwidth", type=float, default=0.0, help="the floor's bytes/s (default: DEVICE_PEAKS)")
@@ -704,6 +722,12 @@ def main(argv=None) -> int:
     print(common.markdown_table(TABLE_HEADERS, table_rows(report)))
     for k, v in report["ratios"].items():
         print(f"{k}: {v:.2f}x")
+    update = parts.get("jax_update", {})
+    if update.get("status") == "ok" and update["result"].get("profile"):
+        import profile_ops
+
+        print("\nwhere our update's kernel time goes (one more call under jax's profiler):\n")
+        print("\n".join(profile_ops.summary_tables(update["result"]["profile"])))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=common.jsonable))
         print(f"wrote {args.json}")

@@ -129,6 +129,106 @@ def part_of(op: str) -> tuple[str, str]:
     return "rest", kind
 
 
+def phase_of(op: str) -> str:
+    """Which pass of a train step an op name from `op_names` belongs to: remat's recomputation
+    of the forward inside the backward pass (jax names it ``rematted_computation``), the
+    backward pass (``transpose(jvp(...))``), the policy's forward (``jvp(...)``), or the rest
+    (the reference's forward without gradients, the optimizer, the loss)."""
+    if "rematted_computation" in op:
+        return "recomputation (remat)"
+    if "transpose(" in op:
+        return "backward"
+    if "jvp(" in op:
+        return "forward (policy)"
+    return "reference forward, optimizer, rest"
+
+
+_GEMM_KERNEL = re.compile(r"gemm|nvjet|xmma|cutlass|wgmma|matmul|cublas", re.I)
+
+
+def is_matmul(op: str, kernel: str = "") -> bool:
+    """A matmul by its JAX op (``dot_general``) or, on a GPU, by its library kernel's name
+    (cuBLAS and CUTLASS kernels carry gemm/nvjet/xmma in theirs)."""
+    return "dot_general" in op or bool(_GEMM_KERNEL.search(kernel))
+
+
+def op_of(names: dict[str, str], event: dict) -> str:
+    """The op name (`op_names`) of a kernel event. XLA's GPU runtime runs most kernels inside
+    command buffers (CUDA graphs), and the profiler then tags a kernel with the command
+    buffer's instruction instead of its own; a fusion's kernel is named after its fusion
+    instruction (``loop_add_fusion_2`` for ``%loop_add_fusion.2``), which finds it. A library
+    kernel inside a command buffer (cuBLAS) keeps the command buffer's name."""
+    op = hlo_op(event)
+    if op in names:
+        return names[op]
+    kernel = event.get("name", "")
+    return names.get(kernel) or names.get(re.sub(r"_(\d+)$", r".\1", kernel)) or op
+
+
+def module_name(hlo_text: str) -> str:
+    """The jit module's name (``jit_step``) from an HLO module's text: what the profiler tags
+    that program's events with."""
+    m = re.match(r"\s*HloModule\s+([\w.\-]+)", hlo_text)
+    if not m:
+        raise ValueError("not an HLO module's text: no 'HloModule NAME' at its start")
+    return m.group(1)
+
+
+def summarize_program(trace: dict, hlo_text: str, top: int = 30) -> dict:
+    """One compiled program's time in a profiler trace, from its optimised HLO text
+    (``compiled.as_text()``): kernel milliseconds by part of the model and kind, by pass, and
+    the ``top`` ops; JSON-ready. Kernel time is summed as wall time (overlapping events
+    share it), so the tables add up to ``kernel_ms``."""
+    module = module_name(hlo_text)
+    names = op_names(hlo_text)
+    events = module_events(trace, module)
+    if not events:  # a profiler that tags no kernel with its module: the devices' every kernel
+        devices = device_pids(trace)
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("pid") in devices]
+        module += " (untagged: every device kernel of the trace)"
+    if not events:
+        raise ValueError(f"no events of {module} in the trace (modules there: "
+                         f"{sorted({e.get('args', {}).get('hlo_module', '?') for e in trace['traceEvents']})[:12]})")
+    rows = wall_time_by_op(events, lambda e: (op_of(names, e), e["name"]))
+    sums: dict[str, dict] = {"by_part": collections.defaultdict(float), "by_phase": collections.defaultdict(float),
+                             "by_op": collections.defaultdict(lambda: [0, 0.0]),
+                             "by_kernel": collections.defaultdict(lambda: [0, 0.0])}
+    for (op, kernel), (count, wall) in rows.items():
+        kind = "matmul" if is_matmul(op, kernel) else "other"
+        sums["by_part"][f"{part_of(op)[0]} | {kind}"] += wall / 1e3
+        sums["by_phase"][f"{phase_of(op)} | {kind}"] += wall / 1e3
+        sums["by_op"][op][0] += count
+        sums["by_op"][op][1] += wall / 1e3
+        sums["by_kernel"][kernel][0] += count
+        sums["by_kernel"][kernel][1] += wall / 1e3
+    span = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3
+    ordered = lambda d: dict(sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
+    top_of = lambda d: sorted(d.items(), key=lambda kv: -kv[1][1])[:top]  # noqa: E731
+    return {"module": module, "events": len(events), "span_ms": span,
+            "kernel_ms": sum(w for _, w in rows.values()) / 1e3,
+            "matmul_ms": sum(w for (op, k), (_, w) in rows.items() if is_matmul(op, k)) / 1e3,
+            "by_part": ordered(sums["by_part"]), "by_phase": ordered(sums["by_phase"]),
+            "top_ops": [{"op": op, "calls": c, "ms": ms} for op, (c, ms) in top_of(sums["by_op"])],
+            "top_kernels": [{"kernel": k, "calls": c, "ms": ms} for k, (c, ms) in top_of(sums["by_kernel"])]}
+
+
+def summary_tables(summary: dict) -> list[str]:
+    """Markdown lines of a `summarize_program` result."""
+    total = summary["kernel_ms"] or 1.0
+    lines = [f"{summary['module']}: {summary['events']} kernels, {summary['kernel_ms']:.1f} ms of kernel time "
+             f"({100 * summary['matmul_ms'] / total:.1f}% in matmuls) over a {summary['span_ms']:.1f} ms span", ""]
+    for key, title in (("by_part", "part | kind"), ("by_phase", "pass | kind")):
+        lines += [f"| {title} | ms | share |", "|---|---|---|"]
+        lines += [f"| {k} | {ms:.1f} | {100 * ms / total:.1f}% |" for k, ms in summary[key].items()] + [""]
+    lines += ["| op (HLO result shape) | calls | ms | share |", "|---|---|---|---|"]
+    lines += [f"| {r['op'].strip() or '(no op_name)'} | {r['calls']} | {r['ms']:.1f} | {100 * r['ms'] / total:.1f}% |"
+              for r in summary["top_ops"]]
+    lines += ["", "| kernel | calls | ms | share |", "|---|---|---|---|"]
+    lines += [f"| {r['kernel'][:90]} | {r['calls']} | {r['ms']:.1f} | {100 * r['ms'] / total:.1f}% |"
+              for r in summary["top_kernels"]]
+    return lines
+
+
 def by_part(rows: dict[str, tuple[int, float]]) -> list[str]:
     """A table of wall time summed by `part_of`, largest first."""
     sums: dict[tuple[str, str], float] = collections.defaultdict(float)

@@ -28,6 +28,12 @@ import jax.numpy as jnp
 from grpo_jax.errors import ConfigError
 
 
+# Sequence lengths are padded to a multiple of this: cuDNN's training kernels with a mask (a
+# bias) refuse odd lengths (a train step's 767 = prompt + completion - 1 positions), and its
+# flash kernels work in tiles of 64 positions.
+_TILE = 64
+
+
 def require_gpu(platform: str) -> None:
     """ConfigError unless the program is compiled for a GPU (jax's cuDNN attention)."""
     if platform != "gpu":
@@ -47,6 +53,17 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, *,
     if implementation == "cudnn":
         mesh = jax.sharding.get_abstract_mesh()
         require_gpu(mesh.abstract_device.platform if not mesh.empty else jax.devices()[0].platform)
+    b, t = key_mask.shape
+    pad = -t % _TILE
+    if pad:  # cuDNN refuses an odd length with a mask; padded keys are masked, padded queries cut off
+        q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
+        segments = None if segments is None else jnp.pad(segments, ((0, 0), (0, pad)))
+        key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
+    out = _masked_causal(q, k, v, key_mask, segments, implementation)
+    return out[:, :t] if pad else out
+
+
+def _masked_causal(q, k, v, key_mask, segments, implementation):
     b, t = key_mask.shape
     allowed = key_mask.astype(bool)[:, None, None, :]
     if segments is not None:
