@@ -337,12 +337,17 @@ class BPETokenizer:
         user named) joins the contents; a tokenizer without a template refuses."""
         if self.chat_format == "plain":
             return "".join(m["content"] for m in messages)
+        formats = (f"(run.chat_format= or grpo-evaluate --chat-format: "
+                   f"{', '.join(sorted(chat_templates.FORMATS))})")
         if self.chat_format == "missing":
             raise chat_templates.ChatTemplateError(
-                "this model has no chat template: name a chat format to prompt it with "
-                f"(run.chat_format= or grpo-evaluate --chat-format: {', '.join(sorted(chat_templates.FORMATS))})")
-        return chat_templates.render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                                     special_tokens=self.special_token_strings())
+                f"this model has no chat template: name a chat format to prompt it with {formats}")
+        try:
+            return chat_templates.render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                         special_tokens=self.special_token_strings())
+        except chat_templates.ChatTemplateError as e:
+            raise chat_templates.ChatTemplateError(f"{e}; a model whose template cannot be used can be "
+                                                   f"prompted in a named chat format {formats}") from None
 
     def special_token_strings(self) -> dict[str, str | None]:
         """bos/eos/pad as the strings a template reads (`{{ bos_token }}`)."""

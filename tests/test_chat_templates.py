@@ -259,3 +259,14 @@ def test_bad_chat_formats_are_refused(overrides, match):
     from grpo_jax.errors import ConfigError
     with pytest.raises(ConfigError, match=match):
         load_config("cpu-tiny", overrides)
+
+
+def test_a_model_whose_template_fails_names_the_way_out():
+    from test_bpe_tokenizer import tiny_meta
+    tok = BPETokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.chat_template": MISTRAL}))
+    with pytest.raises(ChatTemplateError, match="the chat template raised: Conversation roles must alternate.*; "
+                       "a model whose template cannot be used can be prompted in a named chat format") as e:
+        tok.apply_chat_template(SYSTEM)
+    assert "\n" not in str(e.value)
+    # transformers' variables: the tokenizer's own bos/eos strings reach the template.
+    assert tok.apply_chat_template(ASK) == "<|im_start|>[INST] What is 7 times 8? [/INST]"
