@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the k samples")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass of the k samples")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default: the run's rl.max_new_tokens for a run dir, else 512")
+                   help="default: the run's rl.max_new_tokens for a run dir or a grpo-export of one, else 512 "
+                        "(at most half the model's max length)")
     p.add_argument("--prompt", choices=evaluate_run.PROMPT_STYLES, default=None,
                    help="default: a run dir's own prompt; else the task's training prompt, its prompt style in "
                         "the chat template (gsm8k, gsm8k_synth: gsm8k; math: math; chat_arithmetic: arithmetic) "
@@ -265,11 +266,17 @@ def main(argv=None) -> dict:
     mesh = make_mesh(MeshConfig(), jax.local_devices())
     meta = {"model": args.model, "task": args.task, "split": args.split, "limit": args.limit}
     if saved is None:
-        args.max_new_tokens = args.max_new_tokens or 512
         t0 = time.perf_counter()
         cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
         if tokenizer is None:
             raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
+        # An export samples as its run did; other models 512 tokens, within their length.
+        record = pretrained.export_record(args.model) or {}
+        args.max_new_tokens = (args.max_new_tokens or record.get("max_new_tokens")
+                               or min(512, cfg.max_seq_len // 2))
+        if args.max_new_tokens >= cfg.max_seq_len:
+            raise ConfigError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt: "
+                              f"{args.model} holds {cfg.max_seq_len} positions")
         if args.chat_format:
             if not hasattr(tokenizer, "with_chat_format"):
                 raise ConfigError(f"--chat-format: {args.model}'s tokenizer has no chat format to replace "

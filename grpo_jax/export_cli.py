@@ -76,6 +76,7 @@ def main(argv=None) -> dict:
     pretrained.export_hf(out, cfg.model, params, tokenizer, max_shard_bytes=int(args.max_shard_gb * 1e9))
     record = {"run_dir": os.path.abspath(args.run_dir), "step": step,
               "tokenizer": "bpe" if isinstance(tokenizer, BPETokenizer) else "sentencepiece",
+              "max_new_tokens": cfg.rl.max_new_tokens,
               "lora": None if base is None else {"rank": cfg.model.lora_rank, "alpha": cfg.model.lora_alpha,
                                                  "targets": cfg.model.lora_targets, "base": pointer}}
     if distributed.is_main_process():

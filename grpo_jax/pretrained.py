@@ -677,6 +677,13 @@ def _host(x: jax.Array) -> np.ndarray:
 EXPORT_RECORD = "grpo_jax_export.json"
 
 
+def export_record(path: str | os.PathLike) -> dict | None:
+    """The `EXPORT_RECORD` of a grpo-export folder (run, step, tokenizer, max_new_tokens,
+    LoRA base), or None for any other model."""
+    f = Path(path) / EXPORT_RECORD
+    return json.loads(f.read_text()) if Path(path).is_dir() and f.is_file() else None
+
+
 def export_hf(path: str | os.PathLike, cfg: ModelConfig, params: Params,
               tokenizer: Tokenizer | None = None, *, max_shard_bytes: int | None = None) -> Path:
     """Write `path/` as an HF checkpoint: config.json, float32 safetensors (sharded with an

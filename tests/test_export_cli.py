@@ -28,6 +28,7 @@ def test_export_is_the_checkpoints_policy_in_sharded_safetensors(run, tmp_path):
     out = tmp_path / "hf"
     record = export_cli.main([run_dir, "--out", str(out), "--max-shard-gb", "0.001"])
     assert record["step"] == 1 and record["lora"] is None
+    assert (record["tokenizer"], record["max_new_tokens"]) == ("sentencepiece", 8)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 1 and all((out / f).stat().st_size <= 1e6 + 1e5 for f in files)
@@ -97,7 +98,8 @@ def test_evaluate_reads_the_export_and_reproduces_the_run(run, exported, tmp_pat
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     run_dir, trainer = run
-    same = ["--task", "arithmetic", "--limit", "4", "--seed", "5", "--k", "0", "--max-new-tokens", "8",
+    # --max-new-tokens left out: the export's record holds the run's rl.max_new_tokens.
+    same = ["--task", "arithmetic", "--limit", "4", "--seed", "5", "--k", "0",
             "--decode", "shared", "--prompt", "task", "--no-progress"]
     evaluate_cli.main(["--model", run_dir, *same, "--out", str(tmp_path / "run")])
     evaluate_cli.main(["--model", str(exported), *same, "--out", str(tmp_path / "export")])
@@ -106,6 +108,7 @@ def test_evaluate_reads_the_export_and_reproduces_the_run(run, exported, tmp_pat
     for key in ("prompt", "greedy_completion", "greedy_answer"):
         assert [r[key] for r in records] == [r[key] for r in run_records], key
     assert summary["greedy"] == run_summary["greedy"]
+    assert summary["settings"]["max_new_tokens"] == run_summary["settings"]["max_new_tokens"] == 8
 
     tok, cfg = trainer.tokenizer, trainer.cfg.model
     model = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
