@@ -102,13 +102,16 @@ def test_evaluate_reads_the_export_and_reproduces_the_run(run, exported, tmp_pat
     same = ["--task", "arithmetic", "--limit", "4", "--seed", "5", "--k", "0",
             "--decode", "shared", "--prompt", "task", "--no-progress"]
     evaluate_cli.main(["--model", run_dir, *same, "--out", str(tmp_path / "run")])
-    evaluate_cli.main(["--model", str(exported), *same, "--out", str(tmp_path / "export")])
+    evaluate_cli.main(["--model", str(exported), *same, "--math-verify", "--out", str(tmp_path / "export")])
     run_summary, run_records = _summary_and_records(tmp_path / "run" / "step-1")
     summary, records = _summary_and_records(tmp_path / "export")
     for key in ("prompt", "greedy_completion", "greedy_answer"):
         assert [r[key] for r in records] == [r[key] for r in run_records], key
     assert summary["greedy"] == run_summary["greedy"]
     assert summary["settings"]["max_new_tokens"] == run_summary["settings"]["max_new_tokens"] == 8
+    second = json.loads((tmp_path / "export" / "math_verify.json").read_text())  # --math-verify's report
+    assert second["questions"] == 4 and second["greedy_accuracy"]["ours"] == summary["greedy"]["accuracy"]
+    assert sum(second["counts"].values()) == 4
 
     tok, cfg = trainer.tokenizer, trainer.cfg.model
     model = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
