@@ -17,7 +17,6 @@ import argparse
 import glob
 import json
 import os
-import re
 from fractions import Fraction
 
 from grpo_jax import cli, rewards
@@ -78,7 +77,8 @@ def math_cases():
                 (f"{name} boxed twice", f"First $\\boxed{{0}}$, then finally $\\boxed{{{final}}}$.", sol, final),
                 (f"{name} wrong", "$\\boxed{" + final + "+1}$", sol, final)]
         value = rewards.safe_eval.safe_eval(rewards.normalize_math_answer(final), latex=True)
-        if isinstance(value, Fraction) and value.denominator != 1 and re.fullmatch(r"[0-9]+/(2|4|5|8|10|20|25)", str(value)):
+        # A fraction with a short decimal: the same answer as a decimal.
+        if isinstance(value, Fraction) and value.denominator in (2, 4, 5, 8, 10, 20, 25):
             out.append((f"{name} decimal", f"$\\boxed{{{float(value)}}}$", sol, final))
     return out
 

@@ -113,7 +113,8 @@ def _environment_class():
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_chars:
-                        raise ChatTemplateError(f"the chat template repeated a value {n} times (limit {self.max_chars} items)")
+                        raise ChatTemplateError(
+                            f"the chat template repeated a value {n} times (limit {self.max_chars} items)")
             return self.bounded(super().call_binop(context, operator, left, right))
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)

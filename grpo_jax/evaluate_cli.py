@@ -39,8 +39,8 @@ import time
 
 import jax
 
-from grpo_jax import (chat_templates, checkpointing, cli, math_verify_check, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
-                      programs, sampler, train_cli)
+from grpo_jax import (chat_templates, checkpointing, cli, distributed, evaluate_run, lora, math_verify_check, model,
+                      plots, pretrained, run_files, programs, sampler, train_cli)
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
 from grpo_jax.shortcuts import try_shortcut_baselines
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", choices=DECODE_ENGINES, default=None,
                    help="decode engine (default: a run dir's rl.decode, else auto)")
     p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math; default: TFDS's own)")
-    p.add_argument("--manual-dir", default=None, help="folder with the official GSM8K/MATH files (default: <data-dir>/downloads/manual)")
+    p.add_argument("--manual-dir", default=None,
+                   help="folder with the official GSM8K/MATH files (default: <data-dir>/downloads/manual)")
     p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>)")
     p.add_argument("--shard", default="", help="i/n: score only shard i of n (default: this process of all)")
     p.add_argument("--merge-only", action="store_true", help="merge the shards in --out and print the summary")

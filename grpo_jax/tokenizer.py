@@ -144,8 +144,9 @@ class SentencePieceTokenizer:
             pre.append(pre_tokenizers.Digits(individual_digits=True))
         tok.pre_tokenizer = pre_tokenizers.Sequence(pre)
         tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+        special = (proto.SentencePiece.CONTROL, proto.SentencePiece.UNKNOWN)
         tok.add_special_tokens([AddedToken(p.piece, special=True, normalized=False)
-                                for p in pieces if p.type in (proto.SentencePiece.CONTROL, proto.SentencePiece.UNKNOWN)])
+                                for p in pieces if p.type in special])
         bos = pieces[self.bos_id].piece
         if self.add_bos:
             tok.post_processor = processors.TemplateProcessing(
