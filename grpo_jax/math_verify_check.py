@@ -23,6 +23,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import weakref
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -51,14 +52,21 @@ class MathVerify:
 
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        # stderr to a file, not a pipe: a worker logging a warning per unparsable answer would
+        # fill a pipe no one reads and block, which would look like a timeout.
+        log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen([sys.executable, "-m", "grpo_jax.math_verify_check"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, bufsize=1)
+                                stdout=subprocess.PIPE, stderr=log, env=env, text=True, bufsize=1)
+        proc.log = log
         # The worker ends with this object (or with this process: its stdin closes) even
         # when no one calls close().
         weakref.finalize(self, MathVerify._kill, proc)
         ready = self._read(proc, 60.0)
         if ready is None or not ready.get("ready"):
-            err = proc.stderr.read() if proc.poll() is not None else ""
+            proc.kill()
+            proc.wait()
+            log.seek(0)
+            err = log.read()
             self._kill(proc)
             detail = (ready or {}).get("error") or " ".join(err.split())[-300:] or "no answer"
             raise ConfigError(f"math-verify could not start ({detail}); install it with "
@@ -78,8 +86,8 @@ class MathVerify:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if not stream.closed:
+        for stream in (proc.stdin, proc.stdout, getattr(proc, "log", None)):
+            if stream is not None and not stream.closed:
                 stream.close()
 
     def is_correct(self, completion: str, reference: str) -> bool:
