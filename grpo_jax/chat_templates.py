@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import threading
 import time
 from datetime import datetime
 from typing import Any, Mapping, Sequence
@@ -96,8 +97,20 @@ def _environment_class():
     class BoundedEnvironment(ImmutableSandboxedEnvironment):
         code_generator_class = BoundedCodeGenerator
         intercepted_binops = frozenset({"+", "*", "**"})
-        max_chars = MAX_OUTPUT_CHARS
-        deadline = float("inf")
+        # The bounds of the render in progress, per thread: one compiled template (and its
+        # environment) serves every thread that renders it.
+        _bounds = threading.local()
+
+        @property
+        def max_chars(self):
+            return getattr(self._bounds, "max_chars", MAX_OUTPUT_CHARS)
+
+        @property
+        def deadline(self):
+            return getattr(self._bounds, "deadline", float("inf"))
+
+        def set_bounds(self, max_chars: int, deadline: float) -> None:
+            self._bounds.max_chars, self._bounds.deadline = max_chars, deadline
 
         def bounded(self, value):
             return _bounded_size(value, self.max_chars)
@@ -208,8 +221,7 @@ def render(template: str, messages: Sequence[Mapping[str, Any]], *, add_generati
     variables = {"messages": [dict(m) for m in messages], "add_generation_prompt": add_generation_prompt,
                  "tools": None, "documents": None,
                  **{k: v for k, v in (special_tokens or {}).items() if v is not None}, **extra}
-    env.max_chars = max_chars
-    env.deadline = time.monotonic() + time_limit_s
+    env.set_bounds(max_chars, time.monotonic() + time_limit_s)
 
     # Loops of template code that call nothing (`{% for i in range(n) %}{% endfor %}`) are
     # seen by a line trace on the template's own frames; other frames run untraced.
@@ -244,7 +256,7 @@ def render(template: str, messages: Sequence[Mapping[str, Any]], *, add_generati
     finally:
         if previous is None:
             sys.settrace(None)
-        env.deadline = float("inf")
+        env.set_bounds(MAX_OUTPUT_CHARS, float("inf"))
     return "".join(chunks)
 
 
