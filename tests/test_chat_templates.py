@@ -273,3 +273,15 @@ def test_a_model_whose_template_fails_names_the_way_out():
     assert "\n" not in str(e.value)
     # transformers' variables: the tokenizer's own bos/eos strings reach the template.
     assert tok.apply_chat_template(ASK) == "<|im_start|>[INST] What is 7 times 8? [/INST]"
+
+
+def test_grpo_evaluate_refuses_a_model_without_a_template_unless_a_format_is_named(no_template_model, tmp_path):
+    from grpo_jax import evaluate_cli
+    argv = ["--model", str(no_template_model), "--task", "chat_arithmetic", "--limit", "2", "--k", "0",
+            "--max-new-tokens", "4", "--no-progress"]
+    with pytest.raises(ChatTemplateError, match="has no chat template: name a chat format"):
+        evaluate_cli.main([*argv, "--out", str(tmp_path / "refused")])
+    evaluate_cli.main([*argv, "--chat-format", "deepseek", "--out", str(tmp_path / "named")])
+    records = [json.loads(line) for f in (tmp_path / "named").glob("shard-*.jsonl") for line in f.read_text().splitlines()]
+    assert len(records) == 2
+    assert all(r["prompt"].startswith("User: ") and r["prompt"].endswith("\n\nAssistant:") for r in records)
