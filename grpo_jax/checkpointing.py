@@ -67,6 +67,12 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return step % self.every == 0
 
+    def reached_preemption(self, step: int) -> bool:
+        """Orbax's preemption check: True on every process at the same step once one of them
+        got a preemption notice (jax's preemption sync point; always False with one process,
+        where `grpo_jax.preemption` reads the signal itself)."""
+        return self._mngr.reached_preemption(step)
+
     def save(self, step: int, state: Any, meta: dict | None = None, *, wait: bool = True) -> None:
         """Save `state` at `step`, or raise CheckpointError: for a step that already exists or
         is not newer than the latest (Orbax would skip either silently), and for a write that

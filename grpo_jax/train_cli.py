@@ -22,6 +22,9 @@ What it builds from the config:
   all processes (and every relaunch of the run) use the same one;
 * `rl.algorithm=sft` trains on the task's worked solutions; the others sample.
 
+Preemption: a SIGTERM (a Spot VM's notice) or Ctrl-C saves the step the run stands at, on
+every process, logs one line and exits 75 (`grpo_jax.preemption`; docs/tpu.md#preemption).
+
 Resume: a run whose `run.run_dir` holds checkpoints continues from the newest readable one
 (same step, optimizer state and RNG), so re-running the same command after a crash or a
 Spot-VM preemption picks up where it stopped; a finished run exits at once. Keep

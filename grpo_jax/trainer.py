@@ -16,6 +16,7 @@ at step s produces exactly the steps an uninterrupted run would have.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -25,7 +26,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, lora, pretrained, programs, run_files, sampler
+from grpo_jax import checkpointing, lora, preemption, pretrained, programs, run_files, sampler
 from grpo_jax.sampler import SamplingParams, sampling_copy
 from grpo_jax.algorithms import algorithm_of
 from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 
 # ============================================================================ the loop
 
+class _StopBeforeUpdate(Exception):
+    """A preemption between a step's sampling and its update: the run stops before the step."""
+
+
 class Trainer:
     """Holds the run's state and runs `cfg.run.steps` steps of `cfg.rl.algorithm`.
 
@@ -57,6 +62,8 @@ class Trainer:
     DPO) and the sampling policy of offline methods (RFT, DPO: π_sft) are frozen copies of
     it. `sft_data(step) -> (prompts, completions)` feeds the 'dataset' source (SFT).
     """
+
+    _stop_check = None  # while `train` runs: done -> whether a preemption stops the run there
 
     def __init__(self, cfg: Config, *, task: Task, tokenizer: Tokenizer, params, mesh=None,
                  reward_model=None, sft_data=None, eval_examples: Sequence[Example] | None = None,
@@ -184,7 +191,10 @@ class Trainer:
         meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}
         if self.base_pointer is not None:
             meta["base"] = self.base_pointer
+        t0 = time.perf_counter()
         self.ckpt.save(step, self.checkpoint_tree(), meta)
+        # How long a save takes on this storage: whether a preemption's save fits its notice.
+        log.info("saved checkpoint step %d in %.1f s", step, time.perf_counter() - t0)
 
     def reset_reference(self) -> None:
         """π_ref ← π_θ (``train_step.reset_reference``; iterative GRPO). Under LoRA that makes
@@ -226,7 +236,8 @@ class Trainer:
         rollout = sampler.sample_to_host(
             cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples],
             SamplingParams.from_rl(rl, stop_tokens=tok.stop_ids, pad_id=tok.pad_id),
-            key=key, group_size=g, prompts_per_call=rl.sample_prompts, mesh=self.sample_mesh)
+            key=key, group_size=g, prompts_per_call=rl.sample_prompts, mesh=self.sample_mesh,
+            between_calls=self._stop_between_calls(step))
         t_score = time.perf_counter()
         scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
                                process=rl.supervision == "process")
@@ -253,10 +264,24 @@ class Trainer:
             return placed
         return placed.replace(packing=shard_batch(batch.packing, self.mesh))
 
+    def _stop_between_calls(self, step: int):
+        """While `train` runs: what the rollout of `step` calls between sampler calls, so that a
+        preemption need not wait for the whole rollout (minutes on a large model)."""
+        if self._stop_check is None:
+            return None
+
+        def check():
+            if self._stop_check(step + 1):
+                raise _StopBeforeUpdate
+
+        return check
+
     def train_step(self, step: int) -> dict:
         key = jax.random.fold_in(self.rng, step)
         t0 = time.perf_counter()
         batch, info = self.make_batch(step, key)
+        if self._stop_check is not None and self._stop_check(step + 1):
+            raise _StopBeforeUpdate  # the state is still that of `step` steps: the run stops there
         t1 = time.perf_counter()
         self.state, metrics = self.step_fn(self.state, self._on_mesh(self.step_fn.packed(batch)))
         metrics = {k: float(v) for k, v in metrics.items()}
@@ -271,16 +296,30 @@ class Trainer:
     def train(self, steps: int | None = None) -> list[dict]:
         """Train up to step `steps` (default `run.steps`), continuing from where this Trainer
         stopped: calling train(20) then train(40) is the same run as train(40), which is how
-        iterative GRPO swaps the reward model and reference between iterations."""
+        iterative GRPO swaps the reward model and reference between iterations.
+
+        A SIGTERM or SIGINT meanwhile (`grpo_jax.preemption`) stops the run where it stands,
+        saved, and raises `preemption.Preempted`: a signal during a step's sampling drops that
+        batch and saves the steps done before it (the update has not touched the state; on a
+        large model the update alone outlasts a Spot VM's notice); one during the update, an
+        evaluation or a save lets that step finish and saves it."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         total = steps if steps is not None else cfg.run.steps
         bar = tqdm(total=total, initial=self.next_step, desc=self.algorithm.name,
                    disable=not (self.progress and is_main_process()), dynamic_ncols=True)
-        try:
+        # Asked between the step's sampler calls, after its sampling and after its update, on
+        # every process alike and always with the step's number. jax's sync point needs the
+        # same calls in the same order on every process, with numbers that never go down; it
+        # answers True first at the first call with the agreed number, the same call everywhere.
+        stop_check = lambda done: preemption.stop_requested(done, self.ckpt.reached_preemption)
+        with preemption.watching(), contextlib.closing(bar), self._checking(stop_check):
             for step in range(self.next_step, total):
-                metrics = self.train_step(step)
+                try:
+                    metrics = self.train_step(step)
+                except _StopBeforeUpdate:
+                    self._stop_preempted(step, saved=step in self.ckpt.all_steps())
                 done = step + 1
                 if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm") if k in metrics):
                     self.bad_steps += 1
@@ -308,12 +347,41 @@ class Trainer:
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward_mean", "eval_accuracy",
                                                                    "eval_shortcut_best", "kl", "loss")
                                  if k in metrics})
-                if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0 or done == total:
+                scheduled = bool(cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0 or done == total)
+                if scheduled:
                     self.save(done)
                 self.next_step = done
-        finally:
-            bar.close()
+                if stop_check(done):
+                    self._stop_preempted(done, saved=scheduled)
         return self.history
+
+    @contextlib.contextmanager
+    def _checking(self, stop_check):
+        """`stop_check` for the checks inside a step (`train_step`, the rollout) while `train` runs;
+        a step taken outside `train` (tests, tools) is never stopped."""
+        self._stop_check = stop_check
+        try:
+            yield
+        finally:
+            self._stop_check = None
+
+    def _stop_preempted(self, step: int, *, saved: bool) -> None:
+        """Save `step` (unless it is saved already, or 0) and raise `preemption.Preempted`."""
+        why = preemption.reason()
+        if step == 0:
+            log.warning("%s: stopped before the first step; nothing to save", why)
+            raise preemption.Preempted(step, self.ckpt.directory, why)
+        if not saved:
+            try:
+                self.save(step)
+            except CheckpointError as err:  # its message ends "... run the same command again to resume"
+                latest = self.ckpt.latest_step()
+                kept = (f" from step {latest}, the newest saved step (intact)" if latest
+                        else "; no earlier step was saved, so it starts from step 0")
+                raise CheckpointError(f"stopping on {why}: {err}{kept}") from err
+        log.warning("%s: saved checkpoint step %d in %s and stopped; the same command resumes from step %d",
+                    why, step, self.ckpt.directory, step)
+        raise preemption.Preempted(step, self.ckpt.directory, why)
 
     def close(self) -> None:
         self.ckpt.close()

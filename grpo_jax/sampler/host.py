@@ -9,7 +9,7 @@ rows and the dummy rows stripped again; the device work is one `programs.Sampler
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.struct
 import jax
@@ -108,9 +108,11 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
 
 
 def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], settings: SamplingParams, *, key,
-                   group_size: int = 1, prompts_per_call: int = 0, mesh: Mesh | None = None) -> Rollout:
+                   group_size: int = 1, prompts_per_call: int = 0, mesh: Mesh | None = None,
+                   between_calls: Callable[[], None] | None = None) -> Rollout:
     """`sample`'s Rollout as host numpy arrays (on every process), sampled
-    `prompts_per_call` prompts at a time (0 = all in one call).
+    `prompts_per_call` prompts at a time (0 = all in one call). `between_calls()` runs
+    before each call but the first (the trainer stops a preempted rollout there by raising).
 
     Each call's results go to the host before the next call starts, so the device holds
     one call's KV cache ([layers, prompts_per_call * G, ...]) instead of the whole batch's.
@@ -126,6 +128,8 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], s
     tp = bucket_length(max(len(p) for p in prompts))
     parts = []
     for start in range(0, len(prompts), per_call):
+        if start and between_calls is not None:
+            between_calls()
         chunk = prompts[start:start + per_call]
         call = sampler_call(cfg, mesh, settings, len(chunk), group_size, tp)
         rollout, _ = _sample_call(call, params, chunk, key, row_offset=start * group_size)
