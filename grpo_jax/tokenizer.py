@@ -105,7 +105,9 @@ class SentencePieceTokenizer:
         ("\n": isolated, as sentencepiece matches them first) and between digits
         (split_digits). User symbols are not added tokens: transformers would give the text
         after a leading "\n" no dummy prefix, where sentencepiece gives the whole text one.
-        Runs of unknown characters fuse into one <unk>, as sentencepiece's do."""
+        Runs of unknown characters fuse into one <unk>, as sentencepiece's do. One difference
+        remains, transformers' convention: the text "<s>" is read as the BOS token, where
+        sentencepiece never matches control symbols in text."""
         from sentencepiece import sentencepiece_model_pb2
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
