@@ -14,8 +14,9 @@ transformers' `apply_chat_template` renders. On top of the sandbox, every render
 - time: `time_limit_s` seconds, checked on every line of template code the render executes
   (a trace on the template's frames) and on every call it makes;
 - size: the output and every string or list that `~`, `+`, `*` or a call builds stay under
-  `max_chars`, and integer arguments of calls and `**` stay small, so a template cannot
-  allocate gigabytes in one operation before a check sees it.
+  `max_chars`, integer arguments of calls and `**` stay small, and products and powers stay
+  under `MAX_INT_BITS` bits, so a template cannot allocate gigabytes, or compute for minutes,
+  in one operation before a check sees it.
 
 A template that breaks a bound, fails to compile or raises stops with `ChatTemplateError`,
 one line naming what went wrong; nothing falls back to another format silently.
@@ -43,6 +44,7 @@ TIME_LIMIT_S = 2.0
 # Integer arguments above this (a width, a count, an exponent) are refused: chat templates
 # indent by a few spaces and truncate at a few thousand characters.
 MAX_INT_ARG = 100_000
+MAX_INT_BITS = 100_000  # a product or power the template computes
 _TEMPLATE_FILE = "<template>"  # the filename jinja compiles a from_string template under
 
 # The formats a user can name for a model without a usable template of its own. "plain" is
@@ -123,6 +125,14 @@ def _environment_class():
             self.check_time()
             if operator == "**":
                 _check_ints((right,), {})
+            ints = isinstance(left, int) and isinstance(right, int)
+            # Big-integer arithmetic is one C call the time check cannot interrupt: bound the
+            # size of its result before computing it.
+            if ints and operator == "**" and abs(left) > 1 and right > 0 and left.bit_length() * right > MAX_INT_BITS:
+                raise ChatTemplateError(
+                    f"the chat template raised a number to the power {right} (over {MAX_INT_BITS} bits)")
+            if ints and operator == "*" and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                raise ChatTemplateError(f"the chat template multiplied numbers of over {MAX_INT_BITS} bits")
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_chars:
