@@ -160,6 +160,8 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
     model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
     if tokenizer is None:
         raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
+    if cfg.run.chat_format:  # a model without a usable template, prompted in a named format
+        tokenizer = tokenizer.with_chat_format(cfg.run.chat_format)
     cfg = cfg.replace(model=model_cfg).validate()
     tokenizer = ChatTokenizer(tokenizer)
     if args.memory:

@@ -39,7 +39,8 @@ import time
 
 import jax
 
-from grpo_jax import cli, distributed, evaluate_run, plots, pretrained, run_files, runs
+from grpo_jax import (chat_templates, cli, distributed, evaluate_run, math_verify_check, plots, pretrained, run_files,
+                      runs)
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
 from grpo_jax.sampler import Sampler
@@ -49,37 +50,46 @@ from grpo_jax.tasks.dataset_task import DatasetTask
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=cli.HelpFormatter)
     p.add_argument("--model", required=True,
                    help="GGUF file, HF folder, converted folder, smollm2-135m, or a training run dir")
     p.add_argument("--step", type=int, default=None, help="run dir: evaluate only this checkpoint step")
     p.add_argument("--task", default=None, help="gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth "
                    "or module:Class (default on a run dir: the run's task)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="the task's split to evaluate")
     p.add_argument("--limit", type=int, default=None,
                    help="first N questions of the split (-1: all; default: a run dir's data.eval_size, else all)")
     p.add_argument("--k", type=int, default=1, help="samples per question (Pass@K / Maj@K for K <= k; 0: greedy only)")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the k samples")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass of the k samples")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default: the run's rl.max_new_tokens for a run dir, else 512")
+                   help="default: the run's rl.max_new_tokens for a run dir or a grpo-export of one, else 512 "
+                        "(at most half the model's max length)")
     p.add_argument("--prompt", choices=evaluate_run.PROMPT_STYLES, default=None,
                    help="default: a run dir's own prompt; else the task's training prompt, its prompt style in "
                         "the chat template (gsm8k, gsm8k_synth: gsm8k; math: math; chat_arithmetic: arithmetic) "
                         "or its own text (task: arithmetic, countdown, module:Class). paper: DeepSeekMath's CoT "
                         "format (gsm8k, math)")
+    p.add_argument("--chat-format", choices=sorted(chat_templates.FORMATS), default=None,
+                   help="a model that is not a run dir: prompt it in this named chat format instead of its own "
+                        "template (for a model without a usable one; default: the model's own template)")
+    p.add_argument("--math-verify", action="store_true",
+                   help="also check every completion with Hugging Face's math-verify (in a worker process with a "
+                        "time limit) and write <out>/math_verify.json: its accuracy and where it disagrees with the "
+                        "task's own checker (default: off; not for countdown)")
     p.add_argument("--chunk-rows", type=int, default=0,
                    help="sampled rows per sampler call (default 8 per local device, at least --k)")
     p.add_argument("--seed", type=int, default=None,
                    help="questions and samples (default: a run dir's data.seed, else 0)")
     p.add_argument("--decode", choices=DECODE_ENGINES, default=None,
                    help="decode engine (default: a run dir's rl.decode, else auto)")
-    p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math)")
-    p.add_argument("--manual-dir", default=None, help="folder with the official GSM8K/MATH files")
+    p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math; default: TFDS's own)")
+    p.add_argument("--manual-dir", default=None,
+                   help="folder with the official GSM8K/MATH files (default: <data-dir>/downloads/manual)")
     p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>)")
     p.add_argument("--shard", default="", help="i/n: score only shard i of n (default: this process of all)")
     p.add_argument("--merge-only", action="store_true", help="merge the shards in --out and print the summary")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
@@ -106,10 +116,11 @@ def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
     args.decode = args.decode or cfg.rl.decode
 
 
-def score(args, shards, sampler: Sampler, params, tokenizer, task, examples, out, meta, load_s):
+def score(args, shards, sampler: Sampler, params, tokenizer, task, examples, out, meta, load_s, checker=None):
     """Sample and score this process's shard (i, n) into `out` with ``sampler`` (a run's, or
     a pretrained model's with the defaults) and ``params`` in its weights form; on process 0
-    (no --shard) merge the shards and return the summary, else None."""
+    (no --shard) merge the shards and return the summary (with ``checker``'s second opinion,
+    math-verify's, when given), else None."""
     shard, num_shards = shards
     settings = evaluate_run.EvalSettings(
         num_samples=args.k, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
@@ -125,13 +136,19 @@ def score(args, shards, sampler: Sampler, params, tokenizer, task, examples, out
         return None
     baselines = try_shortcut_baselines(task, examples)
     return report(out, {"load": load_s, "sample": times["sample"], "score": times["score"]},
-                  None if baselines is None else baselines.to_dict())
+                  None if baselines is None else baselines.to_dict(), checker)
 
 
-def report(out: str, timing: dict | None, shortcuts: dict | None = None) -> dict:
+def report(out: str, timing: dict | None, shortcuts: dict | None = None, checker=None) -> dict:
     summary = evaluate_run.merge_and_summarize(out, timing=timing, shortcuts=shortcuts)
     print(evaluate_run.format_summary(summary))
     print(f"wrote {os.path.join(out, 'summary.json')}")
+    if checker is not None:
+        second = math_verify_check.second_opinion(out, checker)
+        c = second["counts"]
+        print(f"math-verify: greedy accuracy {second['greedy_accuracy']['math_verify']:.4f} (ours "
+              f"{second['greedy_accuracy']['ours']:.4f}); over all completions only ours correct {c['ours_only']}, "
+              f"only math-verify {c['math_verify_only']}; wrote {os.path.join(out, 'math_verify.json')}")
     return summary
 
 
@@ -190,6 +207,9 @@ def main(argv=None) -> dict:
         raise ConfigError(f"--task {args.task} generates its questions, so there is no 'all' of "
                           "them: give --limit N")
     examples = task.examples(args.split, args.limit, args.seed)
+    if args.math_verify and task.name == "countdown":
+        raise ConfigError("--math-verify checks math answers; countdown's answers are expressions checked by rule")
+    checker = math_verify_check.MathVerify() if args.math_verify else None
     # Each host samples its own questions on its own devices: no collective across hosts.
     mesh = make_mesh(MeshConfig(), jax.local_devices())
     meta = {"model": args.model, "task": args.task, "split": args.split, "limit": args.limit}
@@ -198,13 +218,26 @@ def main(argv=None) -> dict:
         model_cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
         if tokenizer is None:
             raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
+        # An export samples as its run did; other models 512 tokens, within their length.
+        record = pretrained.export_record(args.model) or {}
+        max_new_tokens = args.max_new_tokens or record.get("max_new_tokens") or min(512, model_cfg.max_seq_len // 2)
+        if max_new_tokens >= model_cfg.max_seq_len:
+            raise ConfigError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt: "
+                              f"{args.model} holds {model_cfg.max_seq_len} positions")
+        if args.chat_format:
+            if not hasattr(tokenizer, "with_chat_format"):
+                raise ConfigError(f"--chat-format: {args.model}'s tokenizer has no chat format to replace "
+                                  "(its prompts are plain text)")
+            tokenizer = tokenizer.with_chat_format(args.chat_format)
         # A pretrained model samples with the defaults of a run of it (rl.*), as a run would.
-        cfg = Config(model=model_cfg).replace(rl={"max_new_tokens": args.max_new_tokens or 512,
-                                                  "decode": args.decode or "auto"})
+        cfg = Config(model=model_cfg).replace(rl={"max_new_tokens": max_new_tokens, "decode": args.decode or "auto"})
         sampler = Sampler.for_run(cfg, mesh, tokenizer)
         return score(args, shards, sampler, sampler.copy(params), tokenizer, task, examples, out, meta,
-                     time.perf_counter() - t0) or {}
+                     time.perf_counter() - t0, checker) or {}
 
+    if args.chat_format:
+        raise ConfigError("--chat-format is for a model that is not a run dir; a run dir is prompted in "
+                          "its own format (its run.chat_format)")
     run = runs.open_run(cfg, task, mesh)
     if args.step is not None and args.step not in run.steps:
         raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {run.steps}")
@@ -218,7 +251,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         params = sampler.copy(run.params(step, mesh))
         summary = score(args, shards, sampler, params, run.tokenizer, task, examples, os.path.join(out, f"step-{step}"),
-                        {**meta, "step": step}, time.perf_counter() - t0)
+                        {**meta, "step": step}, time.perf_counter() - t0, checker)
         if summary is not None:
             points.append(curve_point(step, summary))
     run.close()

@@ -10,8 +10,11 @@ tokenizer.model and checkpoints/. A LoRA run's checkpoints hold adapters only: t
 merged into the run's base (its run.pretrained model, or its random init) as
 W + (α/r)·A·B, after the base is checked against the fingerprint the checkpoint recorded
 (another base is refused in one line). The folder holds config.json, float32 safetensors,
-the tokenizer (tokenizer.json for a pretrained BPE model; tokenizer.model, a sentencepiece
-model, for a run that trained its own) and grpo_jax_export.json (run, step, LoRA base).
+the tokenizer as transformers reads it, encoding as the run did (BOS, the dummy-prefix "▁",
+special ids) with the chat template the run's prompts were written in (tokenizer.json +
+tokenizer_config.json; a run that trained its own sentencepiece model also keeps its
+tokenizer.model, which grpo-evaluate reads) and grpo_jax_export.json (run, step, LoRA base).
+`grpo-evaluate --model <out>` evaluates the export.
 """
 from __future__ import annotations
 
@@ -28,14 +31,14 @@ from grpo_jax.config import MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError
 from grpo_jax.sharding import make_mesh
 
-PROVENANCE_FILE = "grpo_jax_export.json"
+PROVENANCE_FILE = pretrained.EXPORT_RECORD
 # Files whose presence means `--out` already holds an exported model.
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-export", description=__doc__.split("\n", 1)[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                formatter_class=cli.HelpFormatter,
                                 epilog=__doc__.split("\n", 1)[1])
     p.add_argument("run_dir", help="a training run dir (config.json + checkpoints/)")
     p.add_argument("--out", required=True, help="folder to write the HF model into")
@@ -69,14 +72,13 @@ def main(argv=None) -> dict:
     params = run.params(step, mesh)
     run.close()
     cfg, tokenizer, pointer = run.cfg, run.tokenizer, run.pointer
-    bpe = tokenizer if isinstance(tokenizer, BPETokenizer) else None
-    pretrained.export_hf(out, cfg.model, params, bpe, max_shard_bytes=int(args.max_shard_gb * 1e9))
+    pretrained.export_hf(out, cfg.model, params, tokenizer, max_shard_bytes=int(args.max_shard_gb * 1e9))
     record = {"run_dir": os.path.abspath(args.run_dir), "step": step,
+              "tokenizer": "bpe" if isinstance(tokenizer, BPETokenizer) else "sentencepiece",
+              "max_new_tokens": cfg.rl.max_new_tokens,
               "lora": None if pointer is None else {"rank": cfg.model.lora_rank, "alpha": cfg.model.lora_alpha,
                                                     "targets": cfg.model.lora_targets, "base": pointer}}
     if distributed.is_main_process():
-        if bpe is None:
-            tokenizer.save(out / run_files.TOKENIZER_FILE)
         (out / PROVENANCE_FILE).write_text(json.dumps(record, indent=2))
         merged = "" if pointer is None else f", LoRA adapters merged into {pointer['path'] or 'its random init'}"
         print(f"exported step {step} of {args.run_dir}{merged} to {out}")

@@ -81,6 +81,8 @@ def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: 
         model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
         if tokenizer is None:
             raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
+        if cfg.run.chat_format:
+            tokenizer = tokenizer.with_chat_format(cfg.run.chat_format)
         cfg = cfg.replace(model=model_cfg).validate()
     else:
         tokenizer = shared_tokenizer(task, cfg.run.run_dir, vocab_size=tokenizer_vocab, seed=cfg.data.seed)

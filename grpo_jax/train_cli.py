@@ -51,7 +51,7 @@ log = logging.getLogger("train")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=cli.HelpFormatter)
     config_lib.add_config_args(p)
     p.add_argument("--tokenizer-vocab", type=int, default=64,
                    help="sentencepiece vocabulary size for a randomly initialised model (default 64)")

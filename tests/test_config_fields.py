@@ -129,6 +129,7 @@ ELSEWHERE = {
     "run.max_bad_steps": "test_trainer.py::test_non_finite_updates_are_skipped_then_stop_the_run",
     "run.restart_unreadable": "test_trainer.py::test_every_checkpoint_unreadable_stops_or_starts_over",
     "run.pretrained": "test_pretrained.py",
+    "run.chat_format": "test_chat_templates.py::test_a_named_format_is_used_trained_and_exported",
 }
 
 

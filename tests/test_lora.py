@@ -285,7 +285,8 @@ def test_export_writes_the_merged_policy_and_keeps_an_export_in_place(lora_run, 
     assert record["step"] == 2 and record["lora"]["rank"] == 8
     assert record["lora"]["base"] == lora.base_pointer(cfg, trainer.state.base_params)
     got_cfg, params, hf_tok = pretrained.load_hf(out)
-    assert hf_tok is None and got_cfg.embed_dim == cfg.model.embed_dim and got_cfg.lora_rank == 0
+    assert hf_tok.model_proto == tokenizer.model_proto  # the run's own sentencepiece model
+    assert got_cfg.embed_dim == cfg.model.embed_dim and got_cfg.lora_rank == 0
     # The export merges on all 8 devices, the trainer on one: A·B is summed in another order.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-9),
                  params, trainer.params)
