@@ -26,6 +26,7 @@ class NotCounted(RuntimeError):
     """A cost twin (the program with every loop written out) that the compiler cannot fit
     in HBM: the program itself fits, but its loop trips cannot be counted."""
 
+
 def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
     """Analytic FLOPs the train step executes over the whole slice: matmuls (2 per
     multiply-add) and attention scores, forward for the reference model, forward +
@@ -40,11 +41,13 @@ def train_flops(cfg: Config, rows: int, prompt_len: int) -> float:
     passes = 3 + (1 if m.remat != "none" else 0) + (1 if algorithm_of(cfg).needs_reference(cfg) else 0)
     return float(fwd * passes)
 
+
 def matmul_params(m) -> int:
     """N of the 6N rule: the weights a token is multiplied by (every layer's projections
     and MLP, and the unembedding; not the embedding lookup)."""
     d, h, kv, hd, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
     return m.num_layers * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * f) + d * m.vocab_size
+
 
 def model_flops(cfg: Config, questions: int, prompt_len: int) -> dict:
     """The model's useful FLOPs over the whole slice for one step of ``questions`` (the
@@ -79,6 +82,7 @@ TWIN_OPTIONS = {"tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
                         "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
                         "xla_msa_enable": False}}
 
+
 def loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
     """[FLOPs, bytes accessed, collective bytes, collectives] per chip of a cost twin
     lowered for ``mesh``, compiled (collective bytes: the results of its collectives,
@@ -102,6 +106,7 @@ def loop_free_cost(name: str, lowered, mesh) -> np.ndarray:
     return np.array([float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
                      float(sum(op["bytes"] for op in ops)), float(len(ops))])
 
+
 def _bilinear(c: dict, x: float, y: float) -> np.ndarray:
     """The value at (x, y) of the function a + b·x + c·y + d·x·y through the four points
     c[(i, j)], i, j in {1, 2}."""
@@ -111,16 +116,20 @@ def _bilinear(c: dict, x: float, y: float) -> np.ndarray:
     a = c[1, 1] - b - e - d
     return a + b * x + e * y + d * x * y
 
+
 def _variant(cfg: Config, layers: int, **rl) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=layers),
                                rl=dataclasses.replace(cfg.rl, **rl))
+
 
 @contextlib.contextmanager
 def _threefry_unrolled_on_cpu():
     """Lower jax's threefry hash (the sampler's random bits) unrolled on the CPU backend too
     while the context is open: jax's CPU rule rolls its 5 rounds into a while loop, which a
     cost twin may not hold; every other backend already lowers it unrolled. Restores jax's
-    CPU rule on exit. Uses jax internals (no public switch exists in jax 0.10)."""
+    CPU rule on exit."""
+    # jax internals: no public API registers a primitive's lowering for one platform, nor
+    # reads one back (jax 0.10).
     from jax._src.interpreters import mlir
     from jax._src.random import threefry2x32 as tf
 
@@ -134,6 +143,7 @@ def _threefry_unrolled_on_cpu():
             rules.pop(tf.threefry2x32_p, None)
         else:
             rules[tf.threefry2x32_p] = saved
+
 
 def cost_twin(call: SamplerCall, steps: int, window: int | None = None) -> SamplerCall:
     """The cost twin of a sampler call: its programs traced inside ``loops.unrolled`` (every
@@ -210,6 +220,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     decode = fixed + sum(n * at(w) for n, w in zip(phase_steps(windows, tc, steps), windows))
     return {"prefill": prefill, "decode": decode, "decode_per_token": (decode - fixed) / max(steps, 1)}
 
+
 def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
     """Per-chip [FLOPs, bytes] of the train step with every loop trip counted: cost twins
     at 1 and 2 layers and a and 2a micro-batches of rows / rl.num_micro_batches rows each
@@ -231,6 +242,7 @@ def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
             cost[layers, j] = loop_free_cost("train_step", lowered, mesh)
     return _bilinear(cost, cfg.model.num_layers, micro / a)
 
+
 def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> float:
     """Bytes a decode step must move per chip at least, averaged over the
     rl.max_new_tokens - 1 steps: its shard of the sampling weights and of the KV its
@@ -249,6 +261,7 @@ def decode_bytes_analytic(cfg: Config, mesh, prompts: int, group_size: int, prom
         mean_filled = cfg.rl.max_new_tokens / 2  # (1 + ... + steps) / steps, steps = max_new_tokens - 1
         kv = kv * (1 + mean_filled / (slots_per_row * prompt_len))
     return float(size(params) + kv)
+
 
 def report(compiled, chip: ChipSpec, cost: np.ndarray | NotCounted, model_flops_per_chip: float,
            resident_bytes: int = 0) -> dict:

@@ -14,11 +14,13 @@ from grpo_jax.tpu_specs import ChipSpec
 class FitError(RuntimeError):
     """A program whose per-chip peak HBM exceeds the chip's capacity (or fails to compile)."""
 
+
 def bytes_per_chip(tree) -> int:
     """Bytes one device holds of a tree of sharded ShapeDtypeStructs (its shards only,
     without the TPU's tile padding, which matters only for tiny arrays)."""
     return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
                for x in jax.tree.leaves(tree))
+
 
 def memory(compiled) -> dict:
     """Per-chip bytes from ``memory_analysis()``; peak = arguments + temps + outputs -
@@ -30,6 +32,7 @@ def memory(compiled) -> dict:
                          - out["alias_bytes"])
     return out
 
+
 def fit(compiled, chip: ChipSpec, resident_bytes: int = 0) -> dict:
     """Per-chip memory of a compiled program (``memory``) against the chip's HBM, with
     ``resident_bytes`` of other buffers live meanwhile: fits, headroom."""
@@ -37,6 +40,7 @@ def fit(compiled, chip: ChipSpec, resident_bytes: int = 0) -> dict:
     used = mem["peak_bytes"] + resident_bytes
     return {**mem, "resident_bytes": resident_bytes, "hbm_capacity_bytes": chip.hbm_bytes,
             "fits": used <= chip.hbm_bytes, "headroom": 1 - used / chip.hbm_bytes}
+
 
 def check_fit(name: str, rep: dict) -> None:
     """Raise FitError naming the program and its numbers when it does not fit HBM."""
@@ -47,6 +51,7 @@ def check_fit(name: str, rep: dict) -> None:
             f"{rep['output_bytes'] / 1e9:.2f} - aliases {rep['alias_bytes'] / 1e9:.2f})"
             + (f" + {rep['resident_bytes'] / 1e9:.2f} GB train state held meanwhile" if rep["resident_bytes"] else "")
             + f" exceeds the chip's {rep['hbm_capacity_bytes'] / 1e9:.0f} GB")
+
 
 def compile_lowered(name: str, lowered) -> tuple[Any, float]:
     """(compiled, seconds); FitError naming the program when the compiler runs out of HBM

@@ -7,19 +7,16 @@ import numpy as np
 
 
 _COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-
 _DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1,
                 "f64": 8, "s64": 8}
-
 _SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
 
 _SCATTER_FUSION = re.compile(r"^%?all-reduce-scatter\S* .*-> (.*) \{$")
-
 # A piece of an asynchronous collective: its channel id and its fusion config's flag_start
 # (-1 on the start, a flag index on each continuation).
 _ASYNC_PIECE = re.compile(r'channel_id=(\d+),.*"async_collective_fusion_config":\{"flag_start":"(-?\d+)"')
-
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
+
 
 def _computations(hlo_text: str) -> dict:
     """{computation name: (header line, instruction lines)} of an HLO module's text
@@ -33,6 +30,7 @@ def _computations(hlo_text: str) -> dict:
         elif line.startswith("  "):
             comps[name][1].append(line)
     return comps
+
 
 def _loop_trips(comps: dict) -> dict:
     """{computation: [trip count of each while loop around it, outermost first]}. A loop's
@@ -56,6 +54,7 @@ def _loop_trips(comps: dict) -> dict:
             c = parent[c]
         out[name] = chain[::-1]
     return out
+
 
 def collective_ops(hlo_text: str) -> list[dict]:
     """Every collective instruction of the optimized HLO: {"kind", "bytes", "shapes",
@@ -97,6 +96,7 @@ def collective_ops(hlo_text: str) -> list[dict]:
                 continued.setdefault(piece.group(1), op)
     # A chain whose start is not in the text is listed once, at its first piece.
     return ops + [op for chain, op in continued.items() if chain not in started]
+
 
 def collectives(hlo_text: str) -> dict:
     """{collective: {"count", "bytes"}} over the optimized HLO (``collective_ops``; an op

@@ -32,6 +32,7 @@ def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh) -> Bat
                     step_rewards=arr((rows, 1), jnp.float32), step_end=arr((rows, 1), jnp.int32),
                     step_mask=arr((rows, 1), bool))
 
+
 def train_state(cfg: Config, mesh):
     """(TrainStep, abstract TrainState): the run's train step (``programs.train_step``) and
     its state as ShapeDtypeStructs sharded like a real run's (policy, optimizer, reference,
@@ -49,6 +50,7 @@ def train_state(cfg: Config, mesh):
         shapes = shapes.replace(value_params=vparams, value_opt_state=jax.eval_shape(step.value_tx.init, vparams))
     return step, abstract_like(shapes, step.state_shardings)
 
+
 def lower_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
     """The run's train step lowered for a batch of ``rows`` x (prompt_len +
     rl.max_new_tokens) tokens, on abstract state and batch sharded like a real run's."""
@@ -58,9 +60,11 @@ def lower_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
         batch = batch.replace(packing=packing.abstract(rows, prompt_len, cfg.rl.max_new_tokens, mesh))
     return step.lower(state, batch)
 
+
 def compile_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
     """(compiled train step, seconds); see ``lower_train_step``."""
     return compile_lowered("train_step", lower_train_step(cfg, mesh, rows, prompt_len))
+
 
 def run_sampler(cfg: Config, mesh, evaluation: bool = False) -> Sampler:
     """The sampler a run of ``cfg`` builds (``Sampler.for_run``), on the sampling ``mesh``
@@ -68,6 +72,7 @@ def run_sampler(cfg: Config, mesh, evaluation: bool = False) -> Sampler:
     greedy)."""
     sampler = dataclasses.replace(Sampler.for_run(cfg), mesh=mesh)
     return sampler.evaluation() if evaluation else sampler
+
 
 def sampler_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, *,
                   evaluation: bool = False) -> dict:
@@ -86,6 +91,7 @@ def lower_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: 
     return {name: program.lower(*args, **static)
             for name, (program, args, static) in sampler_calls(cfg, mesh, prompts, group_size, prompt_len,
                                                                **kwargs).items()}
+
 
 def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int, *,
                     evaluation: bool = False) -> dict:

@@ -19,6 +19,7 @@ def libtpu_available() -> bool:
         return False
     return True
 
+
 def topology_devices(topology: str) -> list:
     """The TPU devices of ``topology`` (e.g. ``v5p:4x4x4``), usable for AOT compiles only."""
     from jax.experimental import topologies
@@ -31,6 +32,7 @@ def topology_devices(topology: str) -> list:
     extra = {"chip_config_name": "megacore"} if topology.startswith("v4:") else {}
     return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **extra).devices)
 
+
 def topology_mesh(cfg: Config, slice_name: str) -> tuple[Any, str]:
     """(train mesh, topology name) of a slice preset (``v5p-128``) or a raw topology
     (``v5e:2x2``, whose train mesh follows ``cfg.mesh``)."""
@@ -42,6 +44,7 @@ def topology_mesh(cfg: Config, slice_name: str) -> tuple[Any, str]:
         topology = TOPOLOGIES[preset.name]
         mesh_cfg = dataclasses.replace(cfg.mesh, slice=preset.name)
     return make_mesh(mesh_cfg, topology_devices(topology)), topology
+
 
 def sample_mesh(cfg: Config, slice_name: str):
     """The sampler's mesh as the trainer builds it (``Sampler.for_run``): the slice
