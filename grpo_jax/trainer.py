@@ -95,14 +95,14 @@ class Trainer:
         self.cfg, self.task, self.tokenizer, self.progress = cfg, task, tokenizer, progress
         self.algorithm = algorithm_of(cfg)
         self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
-        self.sampler = Sampler.for_run(cfg, self.mesh, tokenizer)
-        if is_main_process():
-            log.info("decode engine: %s (rl.decode=%s, rl.kv_dtype=%s, sampling mesh %s)", self.sampler.engine.name,
-                     cfg.rl.decode, cfg.rl.kv_dtype, dict(self.sampler.mesh.shape))
         self.reward_model = _reward_model(cfg, self.algorithm, reward_model, tokenizer)
         if not self.algorithm.data_source.sampled and sft_data is None:
             raise ValueError(f"algorithm {self.algorithm.name!r} trains on a dataset: pass sft_data")
         self.sft_data = sft_data
+        self.sampler = Sampler.for_run(cfg, self.mesh, tokenizer)
+        if is_main_process():
+            log.info("decode engine: %s (rl.decode=%s, rl.kv_dtype=%s, sampling mesh %s)", self.sampler.engine.name,
+                     cfg.rl.decode, cfg.rl.kv_dtype, dict(self.sampler.mesh.shape))
         self.step_fn = programs.train_step(cfg, self.mesh)
         self.state, self.sft_params = self._initial_state(params)
         self.rng = jax.random.key(cfg.run.seed)
