@@ -22,7 +22,7 @@ them in this process, as the tests do):
   grad, completion-only logits, the clipped surrogate + β k3, sequence mean, the same
   micro-batches with gradient accumulation, clipping 1.0, AdamW (fused on CUDA); gradient
   checkpointing on when model.remat is not "none".
-* ``jax_rollout``: the trainer's sampler call (``sampler.sample_to_host`` on the
+* ``jax_rollout``: the trainer's sampler call (``Sampler.for_run``'s ``generate`` on its
   rl.sample_dtype copy, the engine rl.decode resolves to) for ``--questions`` x rl.group_size
   rows of ``--sample-prompt`` tokens, no stop token, so every row decodes ``--new-tokens``.
 * ``torch_generate``: ``generate`` (sampling at T 1, the sampling copy's dtype, sdpa attention,
@@ -297,24 +297,23 @@ def part_jax_rollout(args) -> dict:
     import numpy as np
 
     from grpo_jax import model as model_lib
-    from grpo_jax import programs, sampler, sharding
+    from grpo_jax import sampler, sharding
     from grpo_jax.sampler import cache as sampler_cache
 
     cfg = sampler_config(build_config(args), args)
     m, rl = cfg.model, cfg.rl
     mesh = sharding.mesh_from_shape((1, 1, 1))
-    copy = sampler.sampling_copy(m, model_lib.init_params(m, jax.random.key(0), mesh), rl.sample_dtype, mesh)
-    engine = programs.decode_engine(cfg, mesh)
+    run_sampler = sampler.Sampler.for_run(cfg, mesh)
+    copy = run_sampler.copy(model_lib.init_params(m, jax.random.key(0), mesh))
+    engine = run_sampler.engine.name
     q, g, tp = args.questions, rl.group_size, args.sample_prompt
     prompts = np.random.default_rng(1).integers(3, m.vocab_size, (q, tp)).tolist()
     calls = {"n": 0, "generated": {}}
 
     def run(new_tokens):
         calls["n"] += 1
-        settings = sampler.SamplingParams.from_rl(rl).replace(max_new_tokens=new_tokens, temperature=1.0,
-                                                              top_k=0, top_p=1.0)
-        r = sampler.sample_to_host(m, copy, prompts, settings, key=jax.random.key(calls["n"]), group_size=g,
-                                   mesh=mesh)
+        r = run_sampler.evaluation(1.0).with_settings(max_new_tokens=new_tokens).generate(
+            copy, prompts, key=jax.random.key(calls["n"]), group_size=g)
         calls["generated"][new_tokens] = int(np.asarray(r.mask).sum())
 
     out = _rollout_times(run, args)

@@ -22,7 +22,7 @@ checked before trusting the sampler's choice (issue #20):
   picks between by batch size: the model's two small dots per (row, kv head), and the
   scores as a summed product (`feature_major.attend_summed`, from
   `feature_major.SUMMED_SCORES_FROM` rows on). Speedup = dots / summed.
-* **prefill in row chunks**: the sampler's prefill (`sampler.programs.programs`, SmolLM2's shapes,
+* **prefill in row chunks**: the sampler's prefill (`sampler.calls.programs`, SmolLM2's shapes,
   B prompts of 64 tokens) in one pass and, as it runs on a single CPU device, in chunks
   of at most `sampler.engines.PREFILL_CHUNK_TOKENS` tokens one after the other; tok/s. Where
   one pass gets slower per token as the batch grows, the chunks keep it level.
@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import model as model_lib
-from grpo_jax.sampler import programs as sampler_programs
+from grpo_jax.sampler import calls
 from grpo_jax.sampler.engines import ENGINES, PREFILL_CHUNK_TOKENS
 from grpo_jax.config import get_preset
 from grpo_jax.sampler.feature_major import SUMMED_SCORES_FROM, attend_summed, dense
@@ -134,7 +134,7 @@ def prefill_programs(cfg, params, prompt_tokens, prompt_mask, cache_len: int,
                      chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> dict:
     """{"one_pass", "chunked"}: the sampler's prefill for these prompts, compiled with the
     row chunks off (one chunk as large as the batch) and on (chunks of chunk_tokens)."""
-    prefill, _ = sampler_programs.programs(cfg, None, ENGINES["feature_major"], "auto")
+    prefill, _ = calls.programs(cfg, None, ENGINES["feature_major"], "auto")
     return {name: prefill.lower(params, prompt_tokens, prompt_mask, None, cache_len=cache_len,
                                 chunk_tokens=chunk).compile()
             for name, chunk in (("one_pass", prompt_tokens.size), ("chunked", chunk_tokens))}

@@ -152,6 +152,19 @@ def is_matmul(op: str, kernel: str = "") -> bool:
     return "dot_general" in op or bool(_GEMM_KERNEL.search(kernel))
 
 
+def op_of(names: dict[str, str], event: dict) -> str:
+    """The op name (`op_names`) of a kernel event. XLA's GPU runtime runs most kernels inside
+    command buffers (CUDA graphs), and the profiler then tags a kernel with the command
+    buffer's instruction instead of its own; a fusion's kernel is named after its fusion
+    instruction (``loop_add_fusion_2`` for ``%loop_add_fusion.2``), which finds it. A library
+    kernel inside a command buffer (cuBLAS) keeps the command buffer's name."""
+    op = hlo_op(event)
+    if op in names:
+        return names[op]
+    kernel = event.get("name", "")
+    return names.get(kernel) or names.get(re.sub(r"_(\d+)$", r".\1", kernel)) or op
+
+
 def module_name(hlo_text: str) -> str:
     """The jit module's name (``jit_step``) from an HLO module's text: what the profiler tags
     that program's events with."""
@@ -176,8 +189,7 @@ def summarize_program(trace: dict, hlo_text: str, top: int = 30) -> dict:
     if not events:
         raise ValueError(f"no events of {module} in the trace (modules there: "
                          f"{sorted({e.get('args', {}).get('hlo_module', '?') for e in trace['traceEvents']})[:12]})")
-    label = lambda e: (names.get(hlo_op(e), hlo_op(e)), e["name"])  # noqa: E731
-    rows = wall_time_by_op(events, label)
+    rows = wall_time_by_op(events, lambda e: (op_of(names, e), e["name"]))
     sums: dict[str, dict] = {"by_part": collections.defaultdict(float), "by_phase": collections.defaultdict(float),
                              "by_op": collections.defaultdict(lambda: [0, 0.0]),
                              "by_kernel": collections.defaultdict(lambda: [0, 0.0])}

@@ -28,6 +28,7 @@ import jax
 from grpo_jax import config as config_lib
 from grpo_jax.plots import plot_runs
 from grpo_jax.evaluation import evaluate
+from grpo_jax.sampler import Sampler
 from grpo_jax.stats import format_interval, paired_verdict
 
 # The regime of docs/figure5_design.md; command-line overrides still win.
@@ -55,11 +56,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "run.eval_every=10"] + HARD_REGIME)
     root = cfg.run.run_dir
-    task = common.make_task(cfg)
+    task = common.make_task("arithmetic", cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
     eval_examples, shortcuts = common.held_out(task, cfg, "ablation")
-    start = evaluate(cfg, params, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
+    start = evaluate(Sampler.for_run(cfg, mesh, tok), params, task, tok, eval_examples,
+                     key=jax.random.key(1))["accuracy"]
     steps = [0] + list(range(cfg.run.eval_every, cfg.run.steps + 1, cfg.run.eval_every))
     curves, rewards = {}, {}
     for name in args.methods:

@@ -15,8 +15,7 @@ import jax
 from grpo_jax import checkpointing
 from grpo_jax import config as config_lib
 from grpo_jax.model import init_params
-from grpo_jax.tasks import get_task
-from grpo_jax.train_cli import arithmetic_knobs
+from grpo_jax.runs import make_task  # noqa: F401  (re-exported: every experiment builds its task with it)
 from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
 from grpo_jax.trainer import Trainer
 
@@ -72,13 +71,6 @@ def add_sft_args(parser) -> None:
 def load_cfg(args, extra_defaults=()) -> config_lib.Config:
     return config_lib.apply_overrides(config_lib.get_preset(args.preset),
                                       CPU_DEFAULTS + list(extra_defaults) + list(args.overrides))
-
-
-def make_task(cfg):
-    if cfg.data.task == "modular":
-        return get_task("modular", modulus=cfg.data.modulus, num_operands=cfg.data.num_operands,
-                        num_subtractions=cfg.data.num_subtractions, format_reward=cfg.data.format_reward)
-    return get_task("arithmetic", **arithmetic_knobs(cfg.data))
 
 
 def tokenizer_for(task, cfg, root: str, vocab: int):
@@ -137,6 +129,7 @@ def _train_until(cfg, trainer, task, tokenizer, until: float, every: int, root: 
     runs at every chunk's end, also on a resumed run, so a cached start stops where it stopped.
     Writes each check to `<root>/sft/sft_until.json` (`sft_report`)."""
     from grpo_jax.evaluation import evaluate
+    from grpo_jax.sampler import Sampler
 
     examples = task.examples("train", SFT_CHECK_QUESTIONS, SFT_CHECK_SEED)
     # A resumed start keeps the checks of the steps it already ran.
@@ -145,8 +138,8 @@ def _train_until(cfg, trainer, task, tokenizer, until: float, every: int, root: 
     while True:
         step = trainer.next_step
         if step > 0:
-            texts = evaluate(cfg, trainer.params, task, tokenizer, examples, key=jax.random.key(0),
-                             mesh=trainer.mesh, texts=True)["texts"]
+            texts = evaluate(Sampler.for_run(cfg, trainer.mesh, tokenizer), trainer.params, task, tokenizer,
+                             examples, key=jax.random.key(0), texts=True)["texts"]
             right = total = 0
             for text, ex in zip(texts, examples):
                 r, t = task.lookups_right(text, ex)

@@ -24,6 +24,7 @@ def main(argv=None) -> dict:
     from grpo_jax import checkpointing, model
     from grpo_jax import config as config_lib
     from grpo_jax.evaluation import evaluate
+    from grpo_jax.sampler import Sampler
     from grpo_jax.sharding import mesh_from_shape
     from grpo_jax.shortcuts import fit_examples
 
@@ -34,7 +35,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0, help="which seed's final checkpoints")
     args = p.parse_args(argv)
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + f5.SPARSE_REGIME)
-    task = common.make_task(cfg)
+    task = common.make_task("arithmetic", cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, args.out, args.tokenizer_vocab)
     examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     rules = task.shortcuts(fit_examples(task))
@@ -48,7 +49,7 @@ def main(argv=None) -> dict:
         ckpt.close()
         if params is None:
             continue
-        ev = evaluate(cfg, params, task, tok, examples, key=jax.random.key(1), mesh=mesh, texts=True)
+        ev = evaluate(Sampler.for_run(cfg, mesh, tok), params, task, tok, examples, key=jax.random.key(1), texts=True)
         answers = [task.extract_answer(t) for t in ev["texts"]]
         n = len(examples)
         units = sum(a is not None and int(a) % 10 == int(ex.answer) % 10 for a, ex in zip(answers, examples)) / n

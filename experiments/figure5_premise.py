@@ -98,7 +98,7 @@ def main(argv=None) -> dict:
     defaults = REGIME_DEFAULTS if args.regime == "arithmetic" else common.STUDY_REGIMES[args.regime]
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + defaults)
     root = cfg.run.run_dir
-    task = common.make_task(cfg)
+    task = common.make_task(cfg.data.task, cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
     examples = task.examples("train", args.questions, 9_000_000 + args.seed)

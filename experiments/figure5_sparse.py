@@ -156,13 +156,15 @@ def mc_check(cfg, params, task, tok, mesh, held_out_examples, held_out_path: str
 
     from grpo_jax.reward_models import read_samples
     from grpo_jax.reward_models.progress import labelling_cost, monte_carlo_step_labels, policy_completer
+    from grpo_jax.sampler import Sampler
 
     if os.path.exists(out_path):
         return read_json(out_path)
     rows = read_samples(held_out_path)[:samples]
     by_prompt = {ex.prompt: ex for ex in held_out_examples}
     examples = [by_prompt[r.prompt] for r in rows]
-    complete = policy_completer(cfg.model, params, tok, key=jax.random.key(6_000_000), mesh=mesh,
+    sampler = Sampler.for_run(cfg, mesh, tok)
+    complete = policy_completer(sampler, sampler.copy(params), tok, key=jax.random.key(6_000_000),
                                 max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature)
     t0 = time.perf_counter()
     labels = monte_carlo_step_labels(task, examples, [r.completion for r in rows], complete, n)
@@ -243,7 +245,7 @@ def main(argv=None):
     regime = SPARSE_REGIME if args.regime == "arithmetic" else common.STUDY_REGIMES[args.regime] + TESTBED_RUN
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + regime)
     root = cfg.run.run_dir
-    task = common.make_task(cfg)
+    task = common.make_task(cfg.data.task, cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
 
@@ -291,11 +293,13 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
 
     from grpo_jax.evaluation import evaluate
     from grpo_jax.plots import plot_runs
+    from grpo_jax.sampler import Sampler
     from grpo_jax.shortcuts import clears, shortcut_baselines
     from grpo_jax.stats import format_interval
 
     shortcuts = shortcut_baselines(task, eval_examples)
-    start = evaluate(cfg, params, task, tok, eval_examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
+    start = evaluate(Sampler.for_run(cfg, mesh, tok), params, task, tok, eval_examples,
+                     key=jax.random.key(1))["accuracy"]
     steps = [0] + list(range(cfg.run.eval_every, cfg.run.steps + 1, cfg.run.eval_every))
     for arm, seed in pending(root, plan):
         overrides, rm = ARMS[arm]

@@ -160,6 +160,8 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
     model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
     if tokenizer is None:
         raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
+    if cfg.run.chat_format:  # a model without a usable template, prompted in a named format
+        tokenizer = tokenizer.with_chat_format(cfg.run.chat_format)
     cfg = cfg.replace(model=model_cfg).validate()
     tokenizer = ChatTokenizer(tokenizer)
     if args.memory:
@@ -200,12 +202,14 @@ def control_accuracy(cfg, params, tokenizer, mesh, style: str, say) -> dict:
 
     from grpo_jax import prompts
     from grpo_jax.evaluation import evaluate
+    from grpo_jax.sampler import Sampler
     from grpo_jax.tasks.chat import chat_task
 
     base, _ = make_base_task(cfg)
     task = chat_task(base, tokenizer, style)
     examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
-    accuracy = evaluate(cfg, params, task, tokenizer, examples, key=jax.random.key(1), mesh=mesh)["accuracy"]
+    accuracy = evaluate(Sampler.for_run(cfg, mesh, tokenizer), params, task, tokenizer, examples,
+                        key=jax.random.key(1))["accuracy"]
     say(f"control, no RL, prompt style {style!r}: greedy accuracy {accuracy:.3f}")
     return {"style": style, "instruction": prompts.get_style(style).instruction, "accuracy": accuracy}
 
@@ -219,6 +223,7 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
     from grpo_jax.evaluation import evaluate
     from grpo_jax.plots import plot_history
     from grpo_jax.prompts import question_of
+    from grpo_jax.sampler import Sampler
     from grpo_jax.tasks.chat import chat_task
     from grpo_jax.trainer import Trainer
 
@@ -235,7 +240,8 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
 
     say(f"greedy accuracy before RL on {len(eval_examples)} problems ...")
     t0 = time.perf_counter()
-    before = evaluate(cfg, params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh, texts=True)
+    sampler = Sampler.for_run(cfg, mesh, tokenizer)
+    before = evaluate(sampler, params, task, tokenizer, eval_examples, key=jax.random.key(1), texts=True)
     eval_s = time.perf_counter() - t0
     say(f"before: {before['accuracy']:.3f} ({eval_note}; {eval_s:.0f} s)")
 
@@ -244,8 +250,7 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
     if trainer.start_step:
         say(f"resuming {cfg.run.run_dir} at step {trainer.start_step} of {cfg.run.steps}")
     history = common.train_and_close(trainer)  # every step, also those before a resume
-    after = evaluate(cfg, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh,
-                     texts=True)
+    after = evaluate(sampler, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), texts=True)
 
     phases = ("sample_time_s", "score_time_s", "update_time_s")
     step_s = [sum(h.get(k, 0.0) for k in phases) for h in history]

@@ -20,6 +20,7 @@ from grpo_jax import config as config_lib
 from grpo_jax.plots import plot_runs
 from grpo_jax.stats import format_interval
 from grpo_jax.evaluation import evaluate
+from grpo_jax.sampler import Sampler
 
 
 def main(argv=None):
@@ -32,14 +33,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "data.eval_size=64"])
     root = cfg.run.run_dir
-    task = common.make_task(cfg)
+    task = common.make_task("arithmetic", cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
     eval_examples, shortcuts = common.held_out(task, cfg, "figure7")
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= args.samples]
 
     def measure(pr):
-        return evaluate(cfg, pr, task, tok, eval_examples, key=jax.random.key(7), mesh=mesh,
+        return evaluate(Sampler.for_run(cfg, mesh, tok), pr, task, tok, eval_examples, key=jax.random.key(7),
                         num_samples=args.samples, temperature=cfg.rl.temperature, ks=ks)
 
     before = measure(params)

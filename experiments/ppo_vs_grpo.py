@@ -46,7 +46,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"])
     root = cfg.run.run_dir
-    task = common.make_task(cfg)
+    task = common.make_task("arithmetic", cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
     eval_examples, shortcuts = common.held_out(task, cfg, "ppo_vs_grpo")

@@ -39,6 +39,7 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax.evaluation import evaluate
+from grpo_jax.sampler import Sampler
 from grpo_jax.shortcuts import LEARNING_MARGIN, clears, shortcut_baselines
 from grpo_jax.plots import plot_history, plot_runs
 from grpo_jax.stats import format_interval
@@ -105,7 +106,7 @@ def run_seed(args, cfg) -> dict:
     """SFT, evaluate, GRPO, evaluate for one seed; writes its summary.json and curves.png."""
     t_start = time.perf_counter()
     root = cfg.run.run_dir
-    task = common.make_task(cfg)
+    task = common.make_task(cfg.data.task, cfg.data)
     tokenizer, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     shortcuts = shortcut_baselines(task, eval_examples)
@@ -113,7 +114,8 @@ def run_seed(args, cfg) -> dict:
           f"{shortcuts.line()}")
 
     sft_params, mesh = common.sft_start(cfg, task, tokenizer, root, args)
-    before = evaluate(cfg, sft_params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
+    before = evaluate(Sampler.for_run(cfg, mesh, tokenizer), sft_params, task, tokenizer, eval_examples,
+                      key=jax.random.key(1))
     sft = common.sft_report(root)
     sft_steps = sft["steps"] if sft else args.sft_steps
     if sft and not sft["reached"]:
@@ -126,7 +128,8 @@ def run_seed(args, cfg) -> dict:
     grpo = Trainer(cfg, task=task, tokenizer=tokenizer, params=sft_params, mesh=mesh,
                    eval_examples=eval_examples, progress=not args.no_progress)
     history = common.train_and_close(grpo)
-    after = evaluate(cfg, grpo.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
+    after = evaluate(Sampler.for_run(cfg, mesh, tokenizer), grpo.params, task, tokenizer, eval_examples,
+                     key=jax.random.key(1))
 
     summary = {
         "accuracy_before": before["accuracy"],

@@ -50,7 +50,7 @@ def held_out_set(study: str):
                           shortcuts=getattr(custom_task, "shortcuts", None))
         return task, task.examples("test", config_lib.DataConfig.eval_size, config_lib.DataConfig.seed)
     cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), common.CPU_DEFAULTS + spec)
-    task = common.make_task(cfg)
+    task = common.make_task("arithmetic", cfg.data)
     return task, task.examples("test", cfg.data.eval_size, cfg.data.seed)
 
 

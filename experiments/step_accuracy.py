@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     if not os.path.isdir(os.path.join(root, "sft")):
         p.error(f"no quickstart run in {root}: run experiments/quickstart.py --seeds {args.seed} first")
     cfg = config_lib.apply_overrides(base, [f"run.seed={args.seed}", f"run.run_dir={root}"]).validate()
-    task = common.make_task(cfg)
+    task = common.make_task("arithmetic", cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     args.no_progress = True
     sft, mesh = common.sft_start(cfg, task, tok, root, args)  # restored, not retrained

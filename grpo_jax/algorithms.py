@@ -60,6 +60,7 @@ from grpo_jax import advantages as adv_lib
 from grpo_jax import loops
 from grpo_jax import losses, packing
 from grpo_jax.config import RL_NUMBERS, RL_SWITCHES, Config, RLConfig
+from grpo_jax.data_sources import DATA_SOURCES, DATASET, POLICY, SFT_POLICY, SFT_POLICY_PAIRS, DataSource
 from grpo_jax.logprobs import sequence_logprobs, sequence_values
 
 __all__ = [
@@ -68,7 +69,6 @@ __all__ = [
     "split_micro_batches", "merge_micro_batches", "map_micro_batches",
 ]
 
-DATA_SOURCES = ("dataset", "sft_policy", "policy", "sft_policy_pairs")
 MAX_METRICS = ("logprob_mismatch_max",)
 
 Metrics = dict[str, Any]
@@ -226,7 +226,7 @@ def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
     metrics: Metrics = {}
     if entropy is not None:
         metrics["entropy"] = _token_mean_parts(entropy, mask)
-    if algo.data_source != "dataset":
+    if algo.data_source.sampled:
         gap = jnp.where(mask, jnp.abs(losses.as_float(batch.sample_logprobs) - losses.as_float(logp)), 0.0)
         metrics["logprob_mismatch_max"] = (jnp.max(gap), jnp.asarray(1.0, jnp.float32))
         metrics["logprob_mismatch_mean"] = _token_mean_parts(gap, mask)
@@ -261,10 +261,10 @@ def _policy_objective(logp, old_logp, adv, mask, batch, cfg: Config, hp: RLHPara
 class Algorithm:
     """One row of the unified paradigm table (see the module docstring).
 
-    Attributes read by the trainer: ``name``; ``data_source`` — ``'dataset'`` (q, o from
-    the SFT data), ``'sft_policy'`` (outputs sampled offline from the initial SFT policy),
-    ``'policy'`` (sampled online from the current π_θ), ``'sft_policy_pairs'`` (pairs
-    sampled offline from π_sft, row 2p chosen / 2p+1 rejected); ``reward`` — ``'none'``,
+    Attributes read by the trainer: ``name``; ``data_source`` — a
+    ``data_sources.DataSource``: what is sampled, how many rows a question takes and how
+    the step's batch is built (the SFT data, outputs sampled offline from π_sft or online
+    from π_θ, or (o+, o−) pairs from π_sft, row 2p chosen / 2p+1 rejected); ``reward`` — ``'none'``,
     ``'rule'`` or ``'model'``; ``needs_value_model``; ``needs_reference(cfg)``.
     ``micro_batch_unit``: consecutive rows that must stay in one micro-batch.
 
@@ -273,7 +273,7 @@ class Algorithm:
     """
 
     name: str = ""
-    data_source: str = "policy"
+    data_source: DataSource = POLICY
     reward: str = "none"
     needs_value_model: bool = False
     micro_batch_unit: int = 1
@@ -377,7 +377,7 @@ class SFT(Algorithm):
     """
 
     name: str = "sft"
-    data_source: str = "dataset"
+    data_source: DataSource = DATASET
     reward: str = "none"
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
@@ -406,7 +406,7 @@ class RFT(SFT):
     """
 
     name: str = "rft"
-    data_source: str = "sft_policy"
+    data_source: DataSource = SFT_POLICY
     reward: str = "rule"
 
     def extras_from_logprobs(self, batch, cfg, hp=None, *, group_size=None, old_logp=None,
@@ -428,7 +428,7 @@ class OnlineRFT(RFT):
     """
 
     name: str = "online_rft"
-    data_source: str = "policy"
+    data_source: DataSource = POLICY
 
 
 # ----------------------------------------------------------------- DPO
@@ -449,7 +449,7 @@ class DPO(Algorithm):
     """
 
     name: str = "dpo"
-    data_source: str = "sft_policy_pairs"
+    data_source: DataSource = SFT_POLICY_PAIRS
     reward: str = "rule"
     micro_batch_unit: int = 2
 
@@ -513,7 +513,7 @@ class PPO(Algorithm):
     """
 
     name: str = "ppo"
-    data_source: str = "policy"
+    data_source: DataSource = POLICY
     reward: str = "model"
     needs_value_model: bool = True
 
@@ -609,7 +609,7 @@ class GRPO(Algorithm):
     """
 
     name: str = "grpo"
-    data_source: str = "policy"
+    data_source: DataSource = POLICY
     reward: str = "model"
 
     def needs_reference(self, cfg: Config) -> bool:

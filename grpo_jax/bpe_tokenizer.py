@@ -7,14 +7,12 @@ token types, special ids, pre-tokenizer name) or from a Hugging Face folder
 (`tokenizer.json` + `tokenizer_config.json`), and saves itself as such a folder, so an
 exported model's tokenizer loads in transformers too.
 
-Chat formatting is ChatML, written directly in Python:
-
-    <|im_start|>{role}\\n{content}<|im_end|>\\n   (per message)
-    <|im_start|>assistant\\n                      (the generation prompt)
-
-plus the default system message that a template inserts when the conversation has none
-(SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), read from the template
-text. A model's Jinja template is never executed: templates are untrusted input.
+Chat formatting renders the model's own Jinja chat template (`tokenizer.chat_template` in
+GGUF metadata, `chat_template` in tokenizer_config.json or chat_template.jinja) in
+`grpo_jax.chat_templates`' bounded sandbox, as transformers renders it. A model without a
+template has none: asking it for a chat prompt stops with one line, unless the user names a
+format (`with_chat_format`: chatml, deepseek or plain), which then is the template used and
+exported.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from grpo_jax import chat_templates
 from grpo_jax.errors import PretrainedError
 
 IM_START = "<|im_start|>"
@@ -117,7 +116,7 @@ def default_system_message(chat_template: str | None) -> str | None:
 
 
 class BPETokenizer:
-    """Byte-level BPE with special tokens and ChatML formatting (see the module docstring).
+    """Byte-level BPE with special tokens and the model's chat template (see the module docstring).
 
     `encode` matches special-token strings in the text ('<|im_start|>' becomes id 1 for
     SmolLM2), as transformers does. `decode` drops special tokens unless asked not to, so
@@ -133,21 +132,30 @@ class BPETokenizer:
         self.eos_id = int(eos_id)
         self.pad_id = int(eos_id if pad_id is None else pad_id)
         self.add_bos = bool(add_bos)
-        self.chat_template = chat_template
-        # "chatml": formatted natively; "plain": no template, contents are joined;
-        # "unsupported": a template in another format (apply_chat_template raises).
-        if not chat_template:
-            self.chat_format = "plain"
-        elif IM_START in chat_template:
-            self.chat_format = "chatml"
-        else:
-            self.chat_format = "unsupported"
-        self.default_system = default_system_message(chat_template)
+        self._set_template(chat_template, "missing")
         self._extra_stop_ids = [int(i) for i in extra_stop_ids]
         spec = json.loads(backend.to_str())
         self._byte_level = _uses_byte_level(spec.get("decoder"))
         self._special_ids = {int(t["id"]) for t in spec.get("added_tokens", []) if t.get("special")}
         self._token_bytes: list[bytes] | None = None
+
+    def _set_template(self, chat_template: str | None, without: str) -> None:
+        # chat_format: "template" (rendered in the sandbox), "plain" (the user named the plain
+        # format: prompts are plain text) or "missing" (no template and no format named: a
+        # chat prompt is refused rather than guessed).
+        self.chat_template = chat_template or None
+        self.chat_format = "template" if self.chat_template else without
+        self.default_system = default_system_message(self.chat_template)
+
+    def with_chat_format(self, name: str) -> "BPETokenizer":
+        """A copy that formats conversations in the named format (chat_templates.FORMATS)
+        in place of the model's own template: what a user names for a model that has no
+        usable template. The named template is the one exported with the model."""
+        import copy
+
+        other = copy.copy(self)
+        other._set_template(chat_templates.template_of(name), "plain")
+        return other
 
     # ------------------------------------------------------------------ constructors
 
@@ -202,9 +210,12 @@ class BPETokenizer:
         eos = int(meta["tokenizer.ggml.eos_token_id"])
         bos = int(meta.get("tokenizer.ggml.bos_token_id", eos))
         pad = meta.get("tokenizer.ggml.padding_token_id")
+        # llama.cpp's end of turn (Llama-3's <|eot_id|>) ends a chat reply as eos does.
+        eot = meta.get("tokenizer.ggml.eot_token_id")
         return cls(backend, bos_id=bos, eos_id=eos, pad_id=None if pad is None else int(pad),
                    chat_template=meta.get("tokenizer.chat_template"),
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                   extra_stop_ids=() if eot is None else (int(eot),))
 
     @classmethod
     def from_hf_dir(cls, path: str | os.PathLike) -> "BPETokenizer":
@@ -255,9 +266,19 @@ class BPETokenizer:
     def save(self, path: str | os.PathLike) -> None:
         """Write tokenizer.json + tokenizer_config.json (loadable by `from_hf_dir` and by
         transformers' AutoTokenizer)."""
+        from tokenizers import Tokenizer, processors
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self._tok.save(str(path / "tokenizer.json"))
+        backend = self._tok
+        if self.add_bos:
+            # transformers adds BOS from tokenizer.json's post-processor, not from the config's
+            # add_bos_token: write it there, so `tokenizer(text)` starts as our encode_prompt does.
+            backend = Tokenizer.from_str(self._tok.to_str())
+            bos = self._tok.id_to_token(self.bos_id)
+            backend.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, self.bos_id)])
+        backend.save(str(path / "tokenizer.json"))
         conf = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": self._tok.id_to_token(self.bos_id),
@@ -274,8 +295,11 @@ class BPETokenizer:
     # ------------------------------------------------------------------ the protocol
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Ids of `text`, special-token strings matched. With `add_bos`, BOS goes first
+        unless the text already starts with it: a template that writes `{{ bos_token }}`
+        (Llama-3's, DeepSeek's) gives one BOS, as transformers' apply_chat_template does."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return [self.bos_id] + ids if add_bos else ids
+        return [self.bos_id] + ids if add_bos and ids[:1] != [self.bos_id] else ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
@@ -308,28 +332,34 @@ class BPETokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *,
                             add_generation_prompt: bool = True) -> str:
-        """ChatML text for `messages` ({"role", "content"} dicts). Without a chat template
-        the message contents are joined (as the tiny model's tokenizer does)."""
+        """The chat template rendered for `messages` ({"role", "content"} dicts), the text
+        transformers' `apply_chat_template(..., tokenize=False)` gives. "plain" (a format the
+        user named) joins the contents; a tokenizer without a template refuses."""
         if self.chat_format == "plain":
             return "".join(m["content"] for m in messages)
-        if self.chat_format == "unsupported":
-            raise TokenizerError(
-                "this tokenizer's chat_template is not ChatML (no '<|im_start|>'): only ChatML "
-                "is formatted natively, and templates are never executed")
-        parts = []
-        if self.default_system is not None and (not messages or messages[0]["role"] != "system"):
-            parts.append(f"{IM_START}system\n{self.default_system}{IM_END}\n")
-        for m in messages:
-            parts.append(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n")
-        if add_generation_prompt:
-            parts.append(f"{IM_START}assistant\n")
-        return "".join(parts)
+        formats = (f"(run.chat_format= or grpo-evaluate --chat-format: "
+                   f"{', '.join(sorted(chat_templates.FORMATS))})")
+        if self.chat_format == "missing":
+            raise chat_templates.ChatTemplateError(
+                f"this model has no chat template: name a chat format to prompt it with {formats}")
+        try:
+            return chat_templates.render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                         special_tokens=self.special_token_strings())
+        except chat_templates.ChatTemplateError as e:
+            raise chat_templates.ChatTemplateError(f"{e}; a model whose template cannot be used can be "
+                                                   f"prompted in a named chat format {formats}") from None
+
+    def special_token_strings(self) -> dict[str, str | None]:
+        """bos/eos/pad as the strings a template reads (`{{ bos_token }}`)."""
+        return {"bos_token": self._tok.id_to_token(self.bos_id), "eos_token": self._tok.id_to_token(self.eos_id),
+                "pad_token": self._tok.id_to_token(self.pad_id)}
 
     @property
     def stop_ids(self) -> list[int]:
-        """eos, ChatML's end of turn, and any extra eos ids of generation_config.json."""
+        """eos, ChatML's end of turn (when the template writes it), a GGUF's end-of-turn id
+        and any extra eos ids of generation_config.json."""
         stops = [self.eos_id]
-        if self.chat_format == "chatml":
+        if IM_END in (self.chat_template or ""):
             im_end = self._tok.token_to_id(IM_END)
             if im_end is not None:
                 stops.append(im_end)

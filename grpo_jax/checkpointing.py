@@ -23,16 +23,10 @@ from etils import epath
 
 from grpo_jax.distributed import barrier, is_main_process
 from grpo_jax.errors import CheckpointError, UnreadableCheckpointError
+from grpo_jax.shapes import abstract_like  # noqa: F401  (re-exported: where a restore lands)
 
 log = logging.getLogger(__name__)
 UNREADABLE_FOLDER = "unreadable"  # under the checkpoint folder: steps moved aside by `set_aside`
-
-
-def abstract_like(tree: Any, shardings: Any = None) -> Any:
-    """ShapeDtypeStructs (with target shardings) describing where a restore should land."""
-    if shardings is None:
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 class Checkpointer:
@@ -66,6 +60,12 @@ class Checkpointer:
 
     def should_save(self, step: int) -> bool:
         return step % self.every == 0
+
+    def reached_preemption(self, step: int) -> bool:
+        """Orbax's preemption check: True on every process at the same step once one of them
+        got a preemption notice (jax's preemption sync point; always False with one process,
+        where `grpo_jax.preemption` reads the signal itself)."""
+        return self._mngr.reached_preemption(step)
 
     def save(self, step: int, state: Any, meta: dict | None = None, *, wait: bool = True) -> None:
         """Save `state` at `step`, or raise CheckpointError: for a step that already exists or

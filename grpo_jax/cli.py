@@ -7,6 +7,8 @@ A traceback is shown only with `--debug` on the command line or GRPO_JAX_DEBUG=1
 library error's message already names the input to fix. Any other exception is a bug and
 propagates with its traceback. Command-line usage errors (argparse's, and the `parser.error`
 calls of entry points) are reported the same way, as one line without the usage block.
+On a machine without an accelerator, entry points run JAX on the CPU (JAX_PLATFORMS=cpu, as
+`make` sets it) unless JAX_PLATFORMS says otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +20,24 @@ import sys
 from typing import Callable
 
 from grpo_jax.errors import ConfigError, GrpoJaxError
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The docstring as written, and every option's default in its help: "(default: X)" is
+    appended where the help text does not already say what the default is."""
+
+    def _format_action(self, action):
+        if action.help is None and action.default is not argparse.SUPPRESS:
+            action.help = ""  # argparse prints no help line at all for None: the default must show
+        return super()._format_action(action)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default is argparse.SUPPRESS:
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+        return text
 
 
 def _usage_error(parser: argparse.ArgumentParser, message: str):
@@ -42,12 +62,42 @@ def configure_logging(fmt: str = "%(message)s", datefmt: str | None = None) -> N
     logging.basicConfig(level=logging.WARNING, handlers=[progress, warnings_])
 
 
+# Device files that mean an accelerator JAX should look for: TPU chips (/dev/accel*, or VFIO
+# groups on v5e/v6e), NVIDIA GPUs.
+_ACCELERATOR_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
+
+
+def default_jax_platform(environ=os.environ, accelerator_files=_ACCELERATOR_FILES) -> str | None:
+    """"cpu" when JAX_PLATFORMS is unset and the machine has no accelerator, else None.
+
+    With libtpu installed (requirements-tpu.txt, for the ahead-of-time TPU check), JAX
+    probes for TPU metadata on a CPU-only machine and prints libtpu's errors before the
+    run; `make` targets set JAX_PLATFORMS=cpu for that reason, and entry points do the same."""
+    import glob
+
+    if environ.get("JAX_PLATFORMS") is not None:
+        return None
+    if any(glob.glob(pattern) for pattern in accelerator_files):
+        return None
+    return "cpu"
+
+
+def _use_default_jax_platform() -> None:
+    platform = default_jax_platform()
+    if platform is None:
+        return
+    os.environ["JAX_PLATFORMS"] = platform
+    if "jax" in sys.modules:  # imported with the entry point's module: set before any backend starts
+        sys.modules["jax"].config.update("jax_platforms", platform)
+
+
 def run(main: Callable[..., object], prog: str | None = None, *, pass_argv: bool = False) -> None:
     """Call `main()` (`main(sys.argv[1:])` with ``pass_argv``) and exit with its int result
     (0 otherwise); library errors exit 2 in one line. With ``pass_argv``, `-h`/`--help`
     prints the script's docstring instead: such a `main` takes bare overrides and has no
     parser of its own to answer it."""
     prog = prog or os.path.basename(sys.argv[0])
+    _use_default_jax_platform()
     if pass_argv and {"-h", "--help"} & set(sys.argv[1:]):
         doc = (sys.modules[main.__module__].__doc__ or "").strip()
         print(f"usage: {prog} [section.field=value ...]\n\n{doc}")

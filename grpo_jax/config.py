@@ -439,8 +439,19 @@ class RunConfig:
     # from step 0, instead of stopping with an error that names them.
     restart_unreadable: bool = False
     pretrained: str = ""  # GGUF / HF folder / name; empty = random init
+    # The pretrained model's chat format: "" = its own template (refused when it has none),
+    # or a named format (grpo_jax.chat_templates.FORMATS) for a model without a usable one.
+    chat_format: str = ""
 
     def validate(self) -> None:
+        from grpo_jax.chat_templates import FORMATS
+
+        if self.chat_format and self.chat_format not in FORMATS:
+            raise ConfigError(f"run.chat_format={self.chat_format!r}: choose one of {sorted(FORMATS)} "
+                              "(or leave it empty for the model's own template)")
+        if self.chat_format and not self.pretrained:
+            raise ConfigError("run.chat_format names a pretrained model's chat format; without "
+                              "run.pretrained the model's prompts are plain text")
         _positive(self, "steps")
         _positive(self, "keep_checkpoints")
         _positive(self, "max_bad_steps")
@@ -791,7 +802,7 @@ def add_config_args(parser) -> None:
     parser.add_argument("--preset", default="cpu-tiny", choices=sorted(PRESETS),
                         help="named starting configuration (default: cpu-tiny)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
-                        help="config overrides, e.g. model.num_layers=4 rl.group_size=8")
+                        help="config overrides, e.g. model.num_layers=4 rl.group_size=8 (default: none, the preset as it is)")
 
 
 def config_from_args(args) -> Config:

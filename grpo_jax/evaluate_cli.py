@@ -39,48 +39,57 @@ import time
 
 import jax
 
-from grpo_jax import (checkpointing, cli, distributed, evaluate_run, lora, model, plots, pretrained, run_files,
-                      programs, sampler, train_cli)
+from grpo_jax import (chat_templates, cli, distributed, evaluate_run, math_verify_check, plots, pretrained, run_files,
+                      runs)
 from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
+from grpo_jax.sampler import Sampler
 from grpo_jax.shortcuts import try_shortcut_baselines
 from grpo_jax.sharding import make_mesh
-from grpo_jax.tasks import get_task, register_task
 from grpo_jax.tasks.dataset_task import DatasetTask
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=cli.HelpFormatter)
     p.add_argument("--model", required=True,
                    help="GGUF file, HF folder, converted folder, smollm2-135m, or a training run dir")
     p.add_argument("--step", type=int, default=None, help="run dir: evaluate only this checkpoint step")
     p.add_argument("--task", default=None, help="gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth "
                    "or module:Class (default on a run dir: the run's task)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="the task's split to evaluate")
     p.add_argument("--limit", type=int, default=None,
                    help="first N questions of the split (-1: all; default: a run dir's data.eval_size, else all)")
     p.add_argument("--k", type=int, default=1, help="samples per question (Pass@K / Maj@K for K <= k; 0: greedy only)")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the k samples")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass of the k samples")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default: the run's rl.max_new_tokens for a run dir, else 512")
+                   help="default: the run's rl.max_new_tokens for a run dir or a grpo-export of one, else 512 "
+                        "(at most half the model's max length)")
     p.add_argument("--prompt", choices=evaluate_run.PROMPT_STYLES, default=None,
                    help="default: a run dir's own prompt; else the task's training prompt, its prompt style in "
                         "the chat template (gsm8k, gsm8k_synth: gsm8k; math: math; chat_arithmetic: arithmetic) "
                         "or its own text (task: arithmetic, countdown, module:Class). paper: DeepSeekMath's CoT "
                         "format (gsm8k, math)")
+    p.add_argument("--chat-format", choices=sorted(chat_templates.FORMATS), default=None,
+                   help="a model that is not a run dir: prompt it in this named chat format instead of its own "
+                        "template (for a model without a usable one; default: the model's own template)")
+    p.add_argument("--math-verify", action="store_true",
+                   help="also check every completion with Hugging Face's math-verify (in a worker process with a "
+                        "time limit) and write <out>/math_verify.json: its accuracy and where it disagrees with the "
+                        "task's own checker (default: off; not for countdown)")
     p.add_argument("--chunk-rows", type=int, default=0,
                    help="sampled rows per sampler call (default 8 per local device, at least --k)")
     p.add_argument("--seed", type=int, default=None,
                    help="questions and samples (default: a run dir's data.seed, else 0)")
     p.add_argument("--decode", choices=DECODE_ENGINES, default=None,
                    help="decode engine (default: a run dir's rl.decode, else auto)")
-    p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math)")
-    p.add_argument("--manual-dir", default=None, help="folder with the official GSM8K/MATH files")
+    p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math; default: TFDS's own)")
+    p.add_argument("--manual-dir", default=None,
+                   help="folder with the official GSM8K/MATH files (default: <data-dir>/downloads/manual)")
     p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>)")
     p.add_argument("--shard", default="", help="i/n: score only shard i of n (default: this process of all)")
     p.add_argument("--merge-only", action="store_true", help="merge the shards in --out and print the summary")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
@@ -96,21 +105,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def make_task(args):
-    kwargs = {}
-    if args.task in ("gsm8k", "math"):
-        kwargs = {"data_dir": args.data_dir, "manual_dir": args.manual_dir}
-    name = args.task
-    if ":" in name:
-        register_task(name, name)
-    return get_task(name, **kwargs)
-
-
-def run_config(run_dir: str, saved: dict) -> Config:
-    # The folder may have been moved or copied since training.
-    return Config.from_dict(saved).replace(run={"run_dir": run_dir})
-
-
 def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
     """Fill the options left unset with the run's own evaluation: its lengths and decode
     engine, and when `task` is the run's task (task.json) its prompt and held-out questions."""
@@ -122,57 +116,19 @@ def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
     args.decode = args.decode or cfg.rl.decode
 
 
-def load_run(cfg: Config, task, mesh):
-    """(Config, tokenizer, Checkpointer, saved steps, LoRA base) of a training run, built the
-    way train_cli built it: config.json's model section is the model actually trained, the
-    tokenizer is the run's tokenizer.model (or the pretrained model's own), and a LoRA run's
-    base is its initial (or pretrained) params; None without LoRA."""
-    run_dir = cfg.run.run_dir
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
-    # Checkpointer creates its folder: look before, so evaluating writes nothing into the run.
-    ckpt = checkpointing.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
-    steps = ckpt.all_steps() if ckpt else []
-    if not steps:
-        raise CheckpointError(f"{run_dir} is a training run dir with no checkpoints under {ckpt_dir}")
-    if not cfg.run.pretrained and not run_files.path(run_dir, run_files.TOKENIZER_FILE).is_file():
-        # shared_tokenizer would train a new one, whose ids mean nothing to these weights.
-        raise CheckpointError(f"{run_dir} has no {run_files.TOKENIZER_FILE}: its tokenizer is lost")
-    # Without LoRA the initial (or pretrained) params are dropped: each step's come from its
-    # checkpoint. A LoRA checkpoint holds adapters only: the initial params are their base.
-    cfg, params, tokenizer = train_cli.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=cfg.model.vocab_size)
-    return cfg, tokenizer, ckpt, steps, params if lora.enabled(cfg.model) else None
-
-
-def step_params(cfg: Config, ckpt: checkpointing.Checkpointer, step: int, mesh, base=None, pointer=None):
-    """π_θ of a run's checkpoint ``step`` as full weights on ``mesh``: its policy params, or
-    for a LoRA run its adapters merged into ``base``, whose ``lora.base_pointer`` is
-    ``pointer`` (computed once per run: it hashes every base weight), or into the base a
-    reference reset saved in the run (``lora.resolve_base``); refused in one line when the
-    checkpoint was saved over another base."""
-    if base is None:
-        abstract = checkpointing.abstract_like(model.param_shapes(cfg.model), model.param_shardings(cfg.model, mesh))
-        return ckpt.restore_params(abstract, step)
-    base, _ = lora.resolve_base(ckpt.read_meta(step).get("base"), base, pointer, cfg.run.run_dir,
-                                f"checkpoint step {step} in {ckpt.directory}")
-    abstract = checkpointing.abstract_like(lora.adapter_shapes(cfg.model), lora.adapter_shardings(cfg.model, mesh))
-    return lora.merged(cfg.model, base, ckpt.restore_params(abstract, step))
-
-
-def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh, meta, load_s, rl=None):
-    """Sample and score this process's shard (i, n) into `out`; on process 0 (no --shard)
-    merge the shards and return the summary, else None. ``rl``: a run's RLConfig, whose
-    rollout settings (engine, cache) the sampler takes, --decode overriding its engine."""
+def score(args, shards, sampler: Sampler, params, tokenizer, task, examples, out, meta, load_s, checker=None):
+    """Sample and score this process's shard (i, n) into `out` with ``sampler`` (a run's, or
+    a pretrained model's with the defaults) and ``params`` in its weights form; on process 0
+    (no --shard) merge the shards and return the summary (with ``checker``'s second opinion,
+    math-verify's, when given), else None."""
     shard, num_shards = shards
-    base = sampler.SamplingParams(args.max_new_tokens) if rl is None else sampler.SamplingParams.from_rl(rl)
-    base = base.replace(stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id, engine=args.decode or "auto")
     settings = evaluate_run.EvalSettings(
-        num_samples=args.k, temperature=args.temperature, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens, seed=args.seed,
+        num_samples=args.k, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         chunk_rows=args.chunk_rows or max(args.k, 8 * jax.local_device_count()),
         prompt=args.prompt or task.prompt_style or "task")
-    times = evaluate_run.evaluate_shard(model_cfg, params, tokenizer, task, examples, out, settings,
-                                        shard=shard, num_shards=num_shards, mesh=mesh, meta=meta,
-                                        progress=not args.no_progress, sampling=base)
+    times = evaluate_run.evaluate_shard(sampler, params, tokenizer, task, examples, out, settings,
+                                        shard=shard, num_shards=num_shards, meta=meta,
+                                        progress=not args.no_progress)
     print(f"shard {shard}/{num_shards}: {times['questions']} questions; load {load_s:.1f}s, "
           f"sample {times['sample']:.1f}s, score {times['score']:.1f}s", file=sys.stderr)
     distributed.barrier("evaluate")
@@ -180,13 +136,19 @@ def score(args, shards, model_cfg, params, tokenizer, task, examples, out, mesh,
         return None
     baselines = try_shortcut_baselines(task, examples)
     return report(out, {"load": load_s, "sample": times["sample"], "score": times["score"]},
-                  None if baselines is None else baselines.to_dict())
+                  None if baselines is None else baselines.to_dict(), checker)
 
 
-def report(out: str, timing: dict | None, shortcuts: dict | None = None) -> dict:
+def report(out: str, timing: dict | None, shortcuts: dict | None = None, checker=None) -> dict:
     summary = evaluate_run.merge_and_summarize(out, timing=timing, shortcuts=shortcuts)
     print(evaluate_run.format_summary(summary))
     print(f"wrote {os.path.join(out, 'summary.json')}")
+    if checker is not None:
+        second = math_verify_check.second_opinion(out, checker)
+        c = second["counts"]
+        print(f"math-verify: greedy accuracy {second['greedy_accuracy']['math_verify']:.4f} (ours "
+              f"{second['greedy_accuracy']['ours']:.4f}); over all completions only ours correct {c['ours_only']}, "
+              f"only math-verify {c['math_verify_only']}; wrote {os.path.join(out, 'math_verify.json')}")
     return summary
 
 
@@ -216,10 +178,9 @@ def main(argv=None) -> dict:
     process that does not merge."""
     args = build_parser().parse_args(argv)
     distributed.initialize()
-    saved = run_files.read_config(args.model)
-    if saved is None and args.step is not None:
+    cfg = runs.run_config(args.model)
+    if cfg is None and args.step is not None:
         raise ConfigError(f"--step needs --model to be a training run dir; {args.model} is not one")
-    cfg = run_config(args.model, saved) if saved is not None else None
     asked = run_files.read_task(args.model, cfg) if cfg is not None else None
     args.task = args.task or (asked["task"] if asked else None)
     if args.task is None:
@@ -227,7 +188,7 @@ def main(argv=None) -> dict:
     out = args.out or os.path.join("runs", "eval", "-".join(
         os.path.basename(os.path.normpath(x)) for x in (args.model, args.task.replace(":", "."), args.split)))
     if args.merge_only:
-        if saved is None:
+        if cfg is None:
             return report(out, None)
         steps = sorted(int(d.split("-", 1)[1]) for d in os.listdir(out) if d.startswith("step-"))
         steps = [args.step] if args.step is not None else steps
@@ -236,7 +197,8 @@ def main(argv=None) -> dict:
     shards = parse_shard(args.shard)
     # The run's own task: its data.* knobs (operands, digits, ...) decide the questions.
     same_knobs = cfg is not None and cfg.data.task == args.task and args.manual_dir is None
-    task = train_cli.make_task(cfg) if same_knobs else make_task(args)
+    task = runs.make_task(args.task, cfg.data if same_knobs else None, data_dir=args.data_dir,
+                          manual_dir=args.manual_dir)
     if cfg is not None:
         apply_run_defaults(args, cfg, asked, task)
     args.limit = -1 if args.limit is None else args.limit
@@ -245,35 +207,54 @@ def main(argv=None) -> dict:
         raise ConfigError(f"--task {args.task} generates its questions, so there is no 'all' of "
                           "them: give --limit N")
     examples = task.examples(args.split, args.limit, args.seed)
+    if args.math_verify and task.name == "countdown":
+        raise ConfigError("--math-verify checks math answers; countdown's answers are expressions checked by rule")
+    checker = math_verify_check.MathVerify() if args.math_verify else None
     # Each host samples its own questions on its own devices: no collective across hosts.
     mesh = make_mesh(MeshConfig(), jax.local_devices())
     meta = {"model": args.model, "task": args.task, "split": args.split, "limit": args.limit}
-    if saved is None:
-        args.max_new_tokens = args.max_new_tokens or 512
+    if cfg is None:
         t0 = time.perf_counter()
-        cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
+        model_cfg, params, tokenizer = pretrained.load(args.model, mesh=mesh)
         if tokenizer is None:
             raise PretrainedError(f"--model {args.model}: no tokenizer found next to the weights")
-        return score(args, shards, cfg, params, tokenizer, task, examples, out, mesh, meta, time.perf_counter() - t0) or {}
+        # An export samples as its run did; other models 512 tokens, within their length.
+        record = pretrained.export_record(args.model) or {}
+        max_new_tokens = args.max_new_tokens or record.get("max_new_tokens") or min(512, model_cfg.max_seq_len // 2)
+        if max_new_tokens >= model_cfg.max_seq_len:
+            raise ConfigError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt: "
+                              f"{args.model} holds {model_cfg.max_seq_len} positions")
+        if args.chat_format:
+            if not hasattr(tokenizer, "with_chat_format"):
+                raise ConfigError(f"--chat-format: {args.model}'s tokenizer has no chat format to replace "
+                                  "(its prompts are plain text)")
+            tokenizer = tokenizer.with_chat_format(args.chat_format)
+        # A pretrained model samples with the defaults of a run of it (rl.*), as a run would.
+        cfg = Config(model=model_cfg).replace(rl={"max_new_tokens": max_new_tokens, "decode": args.decode or "auto"})
+        sampler = Sampler.for_run(cfg, mesh, tokenizer)
+        return score(args, shards, sampler, sampler.copy(params), tokenizer, task, examples, out, meta,
+                     time.perf_counter() - t0, checker) or {}
 
-    cfg, tokenizer, ckpt, steps, base = load_run(cfg, task, mesh)
-    if args.step is not None:
-        if args.step not in steps:
-            raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {steps}")
-        steps = [args.step]
-    pointer = None if base is None else lora.base_pointer(cfg, base)
-    # The run's sampling mesh over this host's devices, and its rollout's policy copy.
-    sample_mesh = programs.sample_mesh(cfg.replace(mesh={"dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1}), mesh)
+    if args.chat_format:
+        raise ConfigError("--chat-format is for a model that is not a run dir; a run dir is prompted in "
+                          "its own format (its run.chat_format)")
+    run = runs.open_run(cfg, task, mesh)
+    if args.step is not None and args.step not in run.steps:
+        raise CheckpointError(f"{args.model} has no checkpoint step {args.step}; saved steps: {run.steps}")
+    # The run's sampler over this host's devices (its rollout's engine, cache and policy
+    # copy), with --decode and --max-new-tokens when given.
+    local = run.cfg.replace(mesh={"dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1},
+                            rl={"decode": args.decode, "max_new_tokens": args.max_new_tokens})
+    sampler = Sampler.for_run(local, mesh, run.tokenizer)
     points = []
-    for step in steps:
+    for step in [args.step] if args.step is not None else run.steps:
         t0 = time.perf_counter()
-        params = sampler.sampling_copy(cfg.model, step_params(cfg, ckpt, step, mesh, base, pointer),
-                                       cfg.rl.sample_dtype, sample_mesh)
-        summary = score(args, shards, cfg.model, params, tokenizer, task, examples, os.path.join(out, f"step-{step}"),
-                        sample_mesh, {**meta, "step": step}, time.perf_counter() - t0, rl=cfg.rl)
+        params = sampler.copy(run.params(step, mesh))
+        summary = score(args, shards, sampler, params, run.tokenizer, task, examples, os.path.join(out, f"step-{step}"),
+                        {**meta, "step": step}, time.perf_counter() - t0, checker)
         if summary is not None:
             points.append(curve_point(step, summary))
-    ckpt.close()
+    run.close()
     if not points:
         return {}
     return write_curve(out, points, f"{args.model} on {args.task} ({args.split})")

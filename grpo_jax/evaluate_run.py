@@ -1,8 +1,8 @@
 """Run a benchmark: sample a model on a task's questions, score, write per-question JSONL,
 then merge the shards into the paper's metrics (greedy top-1, Pass@K, Maj@K, 95% intervals).
 
-    settings = EvalSettings(num_samples=4, temperature=0.7, max_new_tokens=256)
-    path = evaluate_shard(model_cfg, params, tokenizer, task, examples, out_dir, settings)
+    settings = EvalSettings(num_samples=4, temperature=0.7)
+    path = evaluate_shard(sampler, params, tokenizer, task, examples, out_dir, settings)
     summary = merge_and_summarize(out_dir)           # process 0, once every shard is done
 
 Layout of ``out_dir``::
@@ -23,7 +23,8 @@ therefore computed identically whether one process runs all of them, two process
 them, or a killed run resumes (a chunk is skipped only when all its questions are on disk;
 a partly written line of a killed run is dropped).
 
-Host / device boundary: `sampler.sample` is the only device work (greedy, then the
+Sampling and scoring are `evaluation.sample_and_score`, the one evaluation the trainer's
+periodic evaluation runs too: the sampler is the only device work (greedy, then the
 ``num_samples`` draws); decoding, answer extraction and scoring are host-side Python on
 untrusted model text (the task's bounded reward functions, never eval).
 """
@@ -38,11 +39,9 @@ from typing import Sequence
 
 import jax
 
-from grpo_jax import evaluation, prompts, sampler
+from grpo_jax import evaluation, prompts
 from grpo_jax.prompts import DEEPSEEK_CHAT, is_chat_tokenizer
-from grpo_jax.sharding import to_host
 from grpo_jax.tasks import Example, Task
-from grpo_jax.tokenizer import encode_prompt
 
 # task: the task's own text; paper: the task's paper_prompt; a prompts.STYLES key: the bare
 # question in the model's chat format, as chat-model training asks it (grpo_jax.tasks.chat).
@@ -51,13 +50,14 @@ PROMPT_STYLES = ("task", "paper", *prompts.STYLES)
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-    """What an evaluation samples. ``chunk_rows``: sampled rows per sampler call (the
-    mesh's batch); a chunk holds max(1, chunk_rows // num_samples) questions."""
+    """What an evaluation draws beside the greedy answer (the sampler it is given holds the
+    engine, cache and lengths): ``num_samples`` per question at ``temperature`` and
+    ``top_p``. ``chunk_rows``: sampled rows per sampler call (the mesh's batch); a chunk
+    holds max(1, chunk_rows // num_samples) questions."""
 
     num_samples: int = 1
     temperature: float = 0.7
     top_p: float = 1.0
-    max_new_tokens: int = 512
     chunk_rows: int = 8
     seed: int = 0
     prompt: str = "task"
@@ -67,21 +67,12 @@ class EvalSettings:
             raise ValueError(f"num_samples must be >= 0, got {self.num_samples}")
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {self.chunk_rows}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.prompt not in PROMPT_STYLES:
             raise ValueError(f"prompt must be one of {PROMPT_STYLES}, got {self.prompt!r}")
 
     @property
     def chunk_questions(self) -> int:
         return max(1, self.chunk_rows // max(1, self.num_samples))
-
-    def draws(self, base: sampler.SamplingParams) -> tuple[sampler.SamplingParams, sampler.SamplingParams]:
-        """(greedy, drawn): ``base``'s engine, cache, stop and pad tokens (a run's rollout
-        settings, ``SamplingParams.from_rl``) with this evaluation's length and draw
-        (``SamplingParams.evaluation``)."""
-        base = base.replace(max_new_tokens=self.max_new_tokens)
-        return base.evaluation(), base.evaluation(self.temperature, self.top_p)
 
 
 def prompt_text(task: Task, example: Example, tokenizer, style: str) -> str:
@@ -137,23 +128,19 @@ def _check_settings(out_dir: str, meta: dict) -> None:
     os.replace(tmp, path)
 
 
-def _texts(rollout, tokenizer) -> list[str]:
-    return evaluation.completion_texts(jax.tree.map(to_host, rollout), tokenizer)
-
-
-def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[Example], out_dir: str,
-                   settings: EvalSettings, *, shard: int = 0, num_shards: int = 1, mesh=None,
-                   meta: dict | None = None, progress: bool = True,
-                   sampling: sampler.SamplingParams | None = None) -> dict[str, float]:
-    """Sample and score this shard's chunks of ``examples`` [Q], appending to its JSONL.
+def evaluate_shard(sampler, params, tokenizer, task: Task, examples: Sequence[Example], out_dir: str,
+                   settings: EvalSettings, *, shard: int = 0, num_shards: int = 1, meta: dict | None = None,
+                   progress: bool = True) -> dict[str, float]:
+    """Sample and score this shard's chunks of ``examples`` [Q] with ``sampler`` (a run's
+    ``sampler.Sampler``: its engine, cache and max_new_tokens; every engine draws the same
+    samples) and ``params`` in its weights form, appending to the shard's JSONL
+    (``evaluation.sample_and_score``, one call per chunk).
 
     Resumable: chunks whose questions are all in the shard file are skipped. ``meta``
-    (model, task, split, ...) is saved with ``settings`` in settings.json. ``sampling``:
-    the rollout settings whose engine and cache the evaluation samples with (a run's,
-    ``SamplingParams.from_rl``; every engine draws the same samples), by default the
-    sampler's defaults with the tokenizer's stop and pad tokens (``EvalSettings.draws``).
-    An existing out_dir with different ones is an error. Returns the seconds spent
-    {"sample", "score"} and the number of questions done now {"questions"}.
+    (model, task, split, ...) is saved with ``settings`` and max_new_tokens in
+    settings.json; an existing out_dir with different ones is an error. Returns the seconds
+    spent {"sample", "score"} (sampling and scoring together under "sample") and the number
+    of questions done now {"questions"}.
     """
     from tqdm.auto import tqdm
 
@@ -162,7 +149,8 @@ def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[
     if not examples:
         raise ValueError("no questions to evaluate")
     os.makedirs(out_dir, exist_ok=True)
-    _check_settings(out_dir, {**dataclasses.asdict(settings), **(meta or {}), "num_questions": len(examples)})
+    _check_settings(out_dir, {**dataclasses.asdict(settings), "max_new_tokens": sampler.settings.max_new_tokens,
+                              **(meta or {}), "num_questions": len(examples)})
     path = shard_path(out_dir, shard, num_shards)
     done = {r["index"] for r in read_records(path)}
     q = settings.chunk_questions
@@ -171,37 +159,20 @@ def evaluate_shard(model_cfg, params, tokenizer, task: Task, examples: Sequence[
     todo = sum(min((c + 1) * q, len(examples)) - c * q for c in chunks)
     times = {"sample": 0.0, "score": 0.0, "questions": todo}
     base = jax.random.PRNGKey(settings.seed)
-    if sampling is None:
-        sampling = sampler.SamplingParams(settings.max_new_tokens, stop_tokens=tokenizer.stop_ids,
-                                          pad_id=tokenizer.pad_id)
-    greedy_draw, sample_draw = settings.draws(sampling)
     bar = tqdm(total=todo, desc=f"eval {task.name} shard {shard}/{num_shards}", unit="q",
                disable=not progress, dynamic_ncols=True)
     with open(path, "a", encoding="utf-8") as out:
         for c in chunks:
             idx = list(range(c * q, min((c + 1) * q, len(examples))))
-            texts = [prompt_text(task, examples[i], tokenizer, settings.prompt) for i in idx]
-            ids = [encode_prompt(tokenizer, t) for t in texts]
-            key = jax.random.fold_in(base, c)
             t0 = time.perf_counter()
-            greedy = _texts(sampler.sample(model_cfg, params, ids, greedy_draw, key=key, mesh=mesh), tokenizer)
-            drawn: list[str] = []
-            if settings.num_samples:
-                drawn = _texts(sampler.sample(model_cfg, params, ids, sample_draw, key=jax.random.fold_in(key, 1),
-                                              group_size=settings.num_samples, mesh=mesh), tokenizer)
+            records = evaluation.sample_and_score(
+                sampler, params, task, tokenizer, [examples[i] for i in idx],
+                [prompt_text(task, examples[i], tokenizer, settings.prompt) for i in idx],
+                key=jax.random.fold_in(base, c), num_samples=settings.num_samples,
+                temperature=settings.temperature, top_p=settings.top_p)
             t1 = time.perf_counter()
-            n = settings.num_samples
-            for j, i in enumerate(idx):
-                ex = examples[i]
-                g_ans = task.extract_answer(greedy[j])
-                comps = drawn[j * n:(j + 1) * n]
-                answers = [task.extract_answer(t) for t in comps]
-                rec = {"index": i, "prompt": texts[j], "reference": ex.meta.get("final_answer", ex.answer),
-                       "greedy_completion": greedy[j], "greedy_answer": g_ans,
-                       "greedy_correct": bool(task.is_correct(g_ans, ex)),
-                       "completions": comps, "answers": answers,
-                       "correct": [bool(task.is_correct(a, ex)) for a in answers]}
-                out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            for i, rec in zip(idx, records):
+                out.write(json.dumps({"index": i, **rec}, ensure_ascii=False) + "\n")
             out.flush()
             os.fsync(out.fileno())  # a chunk on disk is a chunk never sampled again
             times["sample"] += t1 - t0

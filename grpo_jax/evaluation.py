@@ -1,12 +1,13 @@
-"""Evaluation: greedy accuracy, Pass@K and Maj@K, their 95% intervals, and `evaluate`
-(sample a policy on held-out questions and score it; the trainer's periodic eval).
+"""Evaluation: greedy accuracy, Pass@K and Maj@K, their 95% intervals, `sample_and_score`
+(sample a policy on questions and score it: the one evaluation, in-run and benchmark) and
+`evaluate` (its metrics on held-out questions; the trainer's periodic eval).
 
 The metric functions are pure host-side Python over per-question lists of sampled answers
 / correctness flags (from the sampler and a task's ``extract_answer`` / ``is_correct``).
 95% intervals: Wilson score interval for the greedy accuracy (a binomial proportion over
 questions); percentile bootstrap over questions (seeded) for Pass@K and Maj@K, whose
-per-question values are not 0/1. `grpo_jax.evaluate_run` runs a whole benchmark with
-resumable per-question JSONL; writing curves to PNG/JSON is the caller's business.
+per-question values are not 0/1. `grpo_jax.evaluate_run` runs a whole benchmark through
+`sample_and_score`, chunked, with resumable per-question JSONL; writing curves to PNG/JSON is the caller's business.
 """
 from __future__ import annotations
 
@@ -237,46 +238,66 @@ def completion_texts(rollout, tokenizer) -> list[str]:
             for r in range(rollout.tokens.shape[0])]
 
 
-def evaluate(cfg, params, task, tokenizer, examples: Sequence, *, key, mesh=None,
-             num_samples: int = 0, temperature: float = 1.0, ks: Sequence[int] = (),
-             texts: bool = False) -> dict:
-    """Greedy accuracy of ``params`` on ``examples`` (``cfg.rl.max_new_tokens`` tokens); with
-    ``num_samples`` > 0 also Pass@K and Maj@K (K in ``ks``, via :func:`pass_at_k_curve` and
-    :func:`maj_at_k_curve`) from that many samples per question at ``temperature`` (the
-    paper's Figure 7 setting). Returns {"accuracy", "reward" (the task's mean greedy reward),
-    "pass@K", "maj@K"}, and with ``texts`` also "texts" (the greedy completions) and
-    "correct" (whether each is right), per example.
+def sample_and_score(sampler, params, task, tokenizer, examples: Sequence, prompts: Sequence[str], *, key,
+                     num_samples: int = 0, temperature: float = 1.0, top_p: float = 1.0) -> list[dict]:
+    """The one evaluation of a policy on questions, in-run and benchmark alike: ``params``
+    (in ``sampler``'s weights form, ``Sampler.copy``) answers ``examples`` [Q], asked as
+    ``prompts`` [Q] (texts), greedily with ``key``, then ``num_samples`` times each at
+    ``temperature`` and ``top_p`` with ``fold_in(key, 1)``, all questions in one call each
+    (``Sampler.evaluation``: the run's engine, cache and lengths, untruncated). Decoding,
+    answer extraction and scoring are host-side Python on untrusted model text.
 
-    Sampled with the rollout's engine, cache and lengths, untruncated
-    (``SamplingParams.evaluation``), on ``mesh`` (the trainer's: its sampling mesh, with
-    the rollout's policy copy), all questions in one call: the call
-    ``programs.sampler(..., evaluation=True)`` builds for the ahead-of-time check.
-    For a whole benchmark with intervals, JSONL and resume, use `grpo_jax.evaluate_run`.
-    """
+    One record per question: ``prompt``, ``reference`` (the task's canonical final answer),
+    ``greedy_completion``, ``greedy_answer``, ``greedy_correct``, and ``completions`` /
+    ``answers`` / ``correct`` (``num_samples`` each)."""
     import jax  # sampling is device-side; the metrics above stay importable without it
 
-    from grpo_jax import sampler
     from grpo_jax.sharding import to_host
     from grpo_jax.tokenizer import encode_prompt
 
-    def texts_of(ro) -> list[str]:
-        return completion_texts(jax.tree.map(to_host, ro), tokenizer)
+    def texts_of(rollout) -> list[str]:
+        return completion_texts(jax.tree.map(to_host, rollout), tokenizer)
 
-    prompts = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
-    settings = sampler.SamplingParams.from_rl(cfg.rl, stop_tokens=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
-    greedy = texts_of(sampler.sample(cfg.model, params, prompts, settings.evaluation(), key=key, mesh=mesh))
-    right = [task.is_correct(task.extract_answer(t), ex) for t, ex in zip(greedy, examples)]
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    greedy = texts_of(sampler.evaluation().sample(params, ids, key=key))
+    drawn: list[str] = []
+    if num_samples:
+        drawn = texts_of(sampler.evaluation(temperature, top_p).sample(params, ids, key=jax.random.fold_in(key, 1),
+                                                                       group_size=num_samples))
+    records = []
+    for j, ex in enumerate(examples):
+        answer = task.extract_answer(greedy[j])
+        completions = drawn[j * num_samples:(j + 1) * num_samples]
+        answers = [task.extract_answer(t) for t in completions]
+        records.append({"prompt": prompts[j], "reference": ex.meta.get("final_answer", ex.answer),
+                        "greedy_completion": greedy[j], "greedy_answer": answer,
+                        "greedy_correct": bool(task.is_correct(answer, ex)), "completions": completions,
+                        "answers": answers, "correct": [bool(task.is_correct(a, ex)) for a in answers]})
+    return records
+
+
+def evaluate(sampler, params, task, tokenizer, examples: Sequence, *, key, num_samples: int = 0,
+             temperature: float = 1.0, ks: Sequence[int] = (), texts: bool = False) -> dict:
+    """Greedy accuracy of ``params`` on ``examples`` (`sample_and_score` with ``sampler``,
+    the run's: ``Sampler.for_run``); with ``num_samples`` > 0 also Pass@K and Maj@K (K in
+    ``ks``, via :func:`pass_at_k_curve` and :func:`maj_at_k_curve`) from that many samples
+    per question at ``temperature`` (the paper's Figure 7 setting). Returns {"accuracy",
+    "reward" (the task's mean greedy reward), "pass@K", "maj@K"}, and with ``texts`` also
+    "texts" (the greedy completions) and "correct" (whether each is right), per example.
+
+    The trainer's periodic evaluation: its sampler and the rollout's policy copy, all
+    questions in one call, the call ``aot.sampler_calls(..., evaluation=True)`` lowers for
+    the ahead-of-time check. For a whole benchmark with intervals, JSONL and resume, use
+    `grpo_jax.evaluate_run`."""
+    records = sample_and_score(sampler, params, task, tokenizer, examples, [ex.prompt for ex in examples], key=key,
+                               num_samples=num_samples, temperature=temperature)
+    right = [r["greedy_correct"] for r in records]
     out = {"accuracy": greedy_accuracy(right),
-           "reward": sum(task.reward(t, ex) for t, ex in zip(greedy, examples)) / len(examples)}
+           "reward": sum(task.reward(r["greedy_completion"], ex) for r, ex in zip(records, examples)) / len(examples)}
     if texts:
-        out.update(texts=greedy, correct=right)
+        out.update(texts=[r["greedy_completion"] for r in records], correct=right)
     if num_samples > 0:
-        sampled = texts_of(sampler.sample(cfg.model, params, prompts, settings.evaluation(temperature),
-                                          key=jax.random.fold_in(key, 1), group_size=num_samples, mesh=mesh))
-        flat = [task.extract_answer(t) for t in sampled]
-        answers = [flat[i * num_samples:(i + 1) * num_samples] for i in range(len(examples))]
-        correct = [[task.is_correct(a, ex) for a in ans] for ans, ex in zip(answers, examples)]
-        out.update({f"pass@{k}": v for k, v in pass_at_k_curve(correct, ks).items()})
+        out.update({f"pass@{k}": v for k, v in pass_at_k_curve([r["correct"] for r in records], ks).items()})
         out.update({f"maj@{k}": v for k, v in maj_at_k_curve(
-            answers, lambda q, a: task.is_correct(a, examples[q]), ks).items()})
+            [r["answers"] for r in records], lambda q, a: task.is_correct(a, examples[q]), ks).items()})
     return out

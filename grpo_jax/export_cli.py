@@ -10,8 +10,11 @@ tokenizer.model and checkpoints/. A LoRA run's checkpoints hold adapters only: t
 merged into the run's base (its run.pretrained model, or its random init) as
 W + (α/r)·A·B, after the base is checked against the fingerprint the checkpoint recorded
 (another base is refused in one line). The folder holds config.json, float32 safetensors,
-the tokenizer (tokenizer.json for a pretrained BPE model; tokenizer.model, a sentencepiece
-model, for a run that trained its own) and grpo_jax_export.json (run, step, LoRA base).
+the tokenizer as transformers reads it, encoding as the run did (BOS, the dummy-prefix "▁",
+special ids) with the chat template the run's prompts were written in (tokenizer.json +
+tokenizer_config.json; a run that trained its own sentencepiece model also keeps its
+tokenizer.model, which grpo-evaluate reads) and grpo_jax_export.json (run, step, LoRA base).
+`grpo-evaluate --model <out>` evaluates the export.
 """
 from __future__ import annotations
 
@@ -22,20 +25,20 @@ from pathlib import Path
 
 import jax
 
-from grpo_jax import cli, distributed, evaluate_cli, lora, pretrained, run_files
+from grpo_jax import cli, distributed, pretrained, run_files, runs
 from grpo_jax.bpe_tokenizer import BPETokenizer
 from grpo_jax.config import MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError
 from grpo_jax.sharding import make_mesh
 
-PROVENANCE_FILE = "grpo_jax_export.json"
+PROVENANCE_FILE = pretrained.EXPORT_RECORD
 # Files whose presence means `--out` already holds an exported model.
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo-export", description=__doc__.split("\n", 1)[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                formatter_class=cli.HelpFormatter,
                                 epilog=__doc__.split("\n", 1)[1])
     p.add_argument("run_dir", help="a training run dir (config.json + checkpoints/)")
     p.add_argument("--out", required=True, help="folder to write the HF model into")
@@ -50,8 +53,8 @@ def main(argv=None) -> dict:
     """Write the export; returns its provenance record."""
     args = build_parser().parse_args(argv)
     distributed.initialize()
-    saved = run_files.read_config(args.run_dir)
-    if saved is None:
+    cfg = runs.run_config(args.run_dir)
+    if cfg is None:
         raise ConfigError(f"{args.run_dir} is not a training run dir (no {run_files.CONFIG_FILE})")
     out = Path(args.out)
     taken = [f for f in _MODEL_FILES if (out / f).exists()]
@@ -60,26 +63,24 @@ def main(argv=None) -> dict:
                           "pass --overwrite to replace it, or choose another folder")
     if args.max_shard_gb <= 0:
         raise ConfigError(f"--max-shard-gb must be > 0, got {args.max_shard_gb}")
-    cfg = evaluate_cli.run_config(args.run_dir, saved)
     mesh = make_mesh(MeshConfig(), jax.local_devices())
-    # The task only trains a tokenizer when the run has none; load_run refuses that case.
-    cfg, tokenizer, ckpt, steps, base = evaluate_cli.load_run(cfg, None, mesh)
-    step = steps[-1] if args.step is None else args.step
-    if step not in steps:
-        raise CheckpointError(f"{args.run_dir} has no checkpoint step {step}; saved steps: {steps}")
-    pointer = None if base is None else lora.base_pointer(cfg, base)
-    params = evaluate_cli.step_params(cfg, ckpt, step, mesh, base, pointer)
-    ckpt.close()
-    bpe = tokenizer if isinstance(tokenizer, BPETokenizer) else None
-    pretrained.export_hf(out, cfg.model, params, bpe, max_shard_bytes=int(args.max_shard_gb * 1e9))
+    # The task only trains a tokenizer when the run has none; open_run refuses that case.
+    run = runs.open_run(cfg, None, mesh)
+    step = run.steps[-1] if args.step is None else args.step
+    if step not in run.steps:
+        raise CheckpointError(f"{args.run_dir} has no checkpoint step {step}; saved steps: {run.steps}")
+    params = run.params(step, mesh)
+    run.close()
+    cfg, tokenizer, pointer = run.cfg, run.tokenizer, run.pointer
+    pretrained.export_hf(out, cfg.model, params, tokenizer, max_shard_bytes=int(args.max_shard_gb * 1e9))
     record = {"run_dir": os.path.abspath(args.run_dir), "step": step,
-              "lora": None if base is None else {"rank": cfg.model.lora_rank, "alpha": cfg.model.lora_alpha,
-                                                 "targets": cfg.model.lora_targets, "base": pointer}}
+              "tokenizer": "bpe" if isinstance(tokenizer, BPETokenizer) else "sentencepiece",
+              "max_new_tokens": cfg.rl.max_new_tokens,
+              "lora": None if pointer is None else {"rank": cfg.model.lora_rank, "alpha": cfg.model.lora_alpha,
+                                                    "targets": cfg.model.lora_targets, "base": pointer}}
     if distributed.is_main_process():
-        if bpe is None:
-            tokenizer.save(out / run_files.TOKENIZER_FILE)
         (out / PROVENANCE_FILE).write_text(json.dumps(record, indent=2))
-        merged = "" if base is None else f", LoRA adapters merged into {pointer['path'] or 'its random init'}"
+        merged = "" if pointer is None else f", LoRA adapters merged into {pointer['path'] or 'its random init'}"
         print(f"exported step {step} of {args.run_dir}{merged} to {out}")
     return record
 

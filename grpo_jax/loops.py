@@ -4,9 +4,10 @@ XLA's ``cost_analysis()`` counts a while loop's body once, whatever its trip cou
 program's FLOPs and bytes read off the compiled program undercount every loop. The cost
 count (``grpo_jax.aot.sampler_cost`` and ``train_cost``) therefore traces each program a
 second time inside ``unrolled()``: every ``scan`` and ``map`` below (and the model's layer scan) is then
-written out iteration by iteration, and the compiled twin holds no loop. Outside
-``unrolled()`` they are ``lax.scan`` / ``lax.map`` unchanged, so the programs a run
-executes do not depend on this module.
+written out iteration by iteration (a ``while_loop`` for the trips it is told), and the
+compiled twin holds no loop. Outside
+``unrolled()`` they are ``lax.scan`` / ``lax.map`` / ``lax.while_loop`` unchanged, so the
+programs a run executes do not depend on this module.
 
 A program traced inside ``unrolled()`` must be a fresh jit object: jax keys its trace
 cache on the function and its static arguments, not on this flag.
@@ -20,22 +21,42 @@ import contextvars
 import jax
 import jax.numpy as jnp
 
-_UNROLLED = contextvars.ContextVar("grpo_jax_loops_unrolled", default=False)
+_UNROLLED = contextvars.ContextVar("grpo_jax_loops_unrolled", default=None)
 
 
 @contextlib.contextmanager
-def unrolled():
-    """Trace every loop of this module fully unrolled while the context is open."""
-    token = _UNROLLED.set(True)
+def unrolled(while_trips: int | None = None):
+    """Trace every loop of this module fully unrolled while the context is open; a
+    `while_loop`, whose trip count is data, runs its body ``while_trips`` times. Yields the
+    list of every `while_loop`'s final carry, in trace order."""
+    finals: list = []
+    token = _UNROLLED.set((while_trips, finals))
     try:
-        yield
+        yield finals
     finally:
         _UNROLLED.reset(token)
 
 
 def unrolling() -> bool:
     """True inside ``unrolled()``."""
-    return _UNROLLED.get()
+    return _UNROLLED.get() is not None
+
+
+def while_loop(cond, body, init):
+    """``jax.lax.while_loop``; inside ``unrolled(while_trips=n)``: ``body`` written out n
+    times, ``cond`` never evaluated (the count takes the trips it is told), the final carry
+    recorded in the context's list."""
+    state = _UNROLLED.get()
+    if state is None:
+        return jax.lax.while_loop(cond, body, init)
+    trips, finals = state
+    if trips is None:
+        raise ValueError("a while_loop inside loops.unrolled() needs its while_trips")
+    carry = init
+    for _ in range(trips):
+        carry = body(carry)
+    finals.append(carry)
+    return carry
 
 
 def scan(f, init, xs=None, length=None, reverse=False):

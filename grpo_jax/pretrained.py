@@ -63,6 +63,7 @@ from grpo_jax.errors import PretrainedError  # noqa: F401  (re-exported: importa
 from grpo_jax import model as model_lib
 from grpo_jax.bpe_tokenizer import BPETokenizer
 from grpo_jax.config import ModelConfig
+from grpo_jax.tokenizer import Tokenizer
 
 Params = Any
 
@@ -536,16 +537,29 @@ def params_from_source(cfg: ModelConfig, source: _Source, mesh: Mesh | None = No
 # ============================================================================ loaders
 
 def load_hf(path: str | os.PathLike, *, mesh: Mesh | None = None,
-            overrides: Mapping[str, Any] | None = None) -> tuple[ModelConfig, Params, BPETokenizer | None]:
-    """An HF folder: config.json + one or many *.safetensors (+ tokenizer.json if present)."""
+            overrides: Mapping[str, Any] | None = None) -> tuple[ModelConfig, Params, Tokenizer | None]:
+    """An HF folder: config.json + one or many *.safetensors (+ tokenizer.json if present;
+    a grpo-export of a run with its own sentencepiece model: that tokenizer.model, the
+    run's tokenizer exactly)."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise PretrainedError(f"{path} has no config.json")
     cfg = config_from_hf(json.loads((path / "config.json").read_text()))
     cfg = apply_runtime_overrides(cfg, overrides)
     params = params_from_source(cfg, SafetensorsSource(path), mesh)
-    tokenizer = BPETokenizer.from_hf_dir(path) if (path / "tokenizer.json").exists() else None
-    return cfg, params, tokenizer
+    return cfg, params, hf_dir_tokenizer(path)
+
+
+def hf_dir_tokenizer(path: str | os.PathLike) -> Tokenizer | None:
+    """The tokenizer of an HF folder: an export's sentencepiece model (`EXPORT_RECORD` beside
+    tokenizer.model: its ids are defined by that file, tokenizer.json being its translation
+    for transformers), else tokenizer.json, else None."""
+    path = Path(path)
+    if (path / EXPORT_RECORD).exists() and (path / "tokenizer.model").exists():
+        from grpo_jax.tokenizer import SentencePieceTokenizer  # noqa: PLC0415
+
+        return SentencePieceTokenizer.load(path / "tokenizer.model")
+    return BPETokenizer.from_hf_dir(path) if (path / "tokenizer.json").exists() else None
 
 
 def read_gguf(path: str | os.PathLike):
@@ -659,10 +673,23 @@ def _host(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x), np.float32)
 
 
+# What grpo-export writes beside the weights: the run, step and LoRA base it came from.
+EXPORT_RECORD = "grpo_jax_export.json"
+
+
+def export_record(path: str | os.PathLike) -> dict | None:
+    """The `EXPORT_RECORD` of a grpo-export folder (run, step, tokenizer, max_new_tokens,
+    LoRA base), or None for any other model."""
+    f = Path(path) / EXPORT_RECORD
+    return json.loads(f.read_text()) if Path(path).is_dir() and f.is_file() else None
+
+
 def export_hf(path: str | os.PathLike, cfg: ModelConfig, params: Params,
-              tokenizer: BPETokenizer | None = None, *, max_shard_bytes: int | None = None) -> Path:
+              tokenizer: Tokenizer | None = None, *, max_shard_bytes: int | None = None) -> Path:
     """Write `path/` as an HF checkpoint: config.json, float32 safetensors (sharded with an
-    index when larger than `max_shard_bytes`), generation_config.json and the tokenizer.
+    index when larger than `max_shard_bytes`), generation_config.json and the tokenizer
+    (a BPE model's tokenizer.json; a sentencepiece model's `save_hf` files), with the chat
+    template the tokenizer formats prompts in.
     transformers' `AutoModelForCausalLM.from_pretrained(path)` loads it (LlamaForCausalLM,
     or Qwen2ForCausalLM when cfg.attention_bias). Only process 0 writes."""
     from safetensors.numpy import save_file
@@ -711,7 +738,10 @@ def export_hf(path: str | os.PathLike, cfg: ModelConfig, params: Params,
         gen = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.stop_ids,
                "pad_token_id": tokenizer.pad_id}
         (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        tokenizer.save(path)
+        if isinstance(tokenizer, BPETokenizer):
+            tokenizer.save(path)
+        else:
+            tokenizer.save_hf(path)
     return path
 
 

@@ -5,7 +5,8 @@ task's rule reward can read it.
     text = build_prompt("Natalia sold 48 clips ...", tokenizer, task="gsm8k")
     ids = encode_prompt(tokenizer, text)      # grpo_jax.tokenizer.encode_prompt
 
-With a ChatML tokenizer (SmolLM2, Qwen2) the result is
+The chat format is the model's own template (rendered in grpo_jax.chat_templates' sandbox)
+or one the user named; with a ChatML template (SmolLM2, Qwen2) the result is
 
     <|im_start|>system\\n{system or the template's default}<|im_end|>\\n
     <|im_start|>user\\n{instruction}\\n\\n{question}<|im_end|>\\n
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 
-# DeepSeek-LLM's chat format (DeepSeekMath-Instruct/RL use it; it is not ChatML, so a
-# tokenizer without a chat template gets it as plain text).
+# DeepSeek-LLM's chat format (DeepSeekMath-Instruct/RL use it): the paper protocol's prompt
+# (grpo-evaluate --prompt paper) for a plain-text model.
 DEEPSEEK_CHAT = "User: {content}\n\nAssistant:"
 
 
@@ -89,8 +90,11 @@ def build_messages(question: str, task: str = "gsm8k", *, style: PromptStyle | N
 
 
 def is_chat_tokenizer(tokenizer) -> bool:
-    """True when the tokenizer formats conversations (ChatML); False for plain-text models."""
-    return getattr(tokenizer, "chat_format", "plain") not in ("plain",)
+    """True when prompts for this tokenizer are conversations in its chat template; False for
+    plain-text models (the tiny model's sentencepiece, a model the user named "plain" for).
+    A pretrained model without a template counts as a chat model: its chat prompt is then
+    refused in one line (apply_chat_template) rather than written in a format it never saw."""
+    return getattr(tokenizer, "chat_format", "plain") != "plain"
 
 
 def build_prompt(question: str, tokenizer, task: str = "gsm8k", *, style: PromptStyle | None = None,
@@ -112,11 +116,9 @@ def question_of(example) -> str:
 
 
 def chat_prompt(question: str, tokenizer, style: str) -> str:
-    """`question` asked in prompt style `style` in the model's chat format: `build_prompt`,
-    or DeepSeek-LLM's format for a tokenizer whose template is not ChatML. What chat-model
-    training (`grpo_jax.tasks.chat`) and its evaluation (`grpo-evaluate`) both send."""
-    if getattr(tokenizer, "chat_format", "plain") == "unsupported":
-        return DEEPSEEK_CHAT.format(content=join_blocks(get_style(style).instruction, question))
+    """`question` asked in prompt style `style` in the model's chat format (`build_prompt`):
+    what chat-model training (`grpo_jax.tasks.chat`) and its evaluation (`grpo-evaluate`)
+    both send."""
     return build_prompt(question, tokenizer, task=style)
 
 

@@ -280,7 +280,7 @@ def normalize_math_answer(answer: str) -> str:
     Drops line breaks, ``\\!``, spacing commands, ``\\left``/``\\right``, degrees
     (``^\\circ``), dollars, percent, trailing units (``\\text{ cm}``, ``5\\text{cm}``);
     unwraps ``\\text{X}``; ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``x = 5`` -> ``5`` when
-    the left side has at most 2 characters; ``\\sqrt3`` -> ``\\sqrt{3}``; removes spaces;
+    the left side has at most 2 characters, ``x \\in [2,5]`` -> ``[2,5]``; ``\\sqrt3`` -> ``\\sqrt{3}``; removes spaces;
     ``\\frac12`` -> ``\\frac{1}{2}``; ``a/b`` of integers -> ``\\frac{a}{b}``; ``.5`` ->
     ``0.5``; ``1,000`` -> ``1000``; trailing ``.0`` and a final ``.`` dropped.
     """
@@ -306,6 +306,7 @@ def normalize_math_answer(answer: str) -> str:
         s = "0" + s
     if s.count("=") == 1 and len(s.split("=")[0].strip()) <= 2:
         s = s.split("=")[1]
+    s = _IN_PREFIX.sub("", s)  # "x \\in [2,5]" -> "[2,5]", as "x = 5" -> "5"
     s = _SQRT_BARE.sub(r"\\sqrt{\1}", s)
     s = "".join(s.split())
     s = _fix_fracs(s)
@@ -317,6 +318,9 @@ def normalize_math_answer(answer: str) -> str:
     if ratio:
         s = f"\\frac{{{ratio.group(1)}}}{{{ratio.group(2)}}}"
     return s
+
+
+_IN_PREFIX = re.compile(r"^\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*")
 
 
 def _split_commas(s: str) -> list[str] | None:
@@ -396,7 +400,8 @@ def math_equivalent(answer: str, reference: str) -> bool:
     """Normalised strings equal, or equal as (tuples of) bounded expressions.
 
     After :func:`normalize_math_answer`, tuples / intervals / sets are compared part by
-    part with the same brackets, and each part by the string or, failing that, by value:
+    part with the same brackets (sets and bare lists in any order, tuples and intervals in
+    theirs), and each part by the string or, failing that, by value:
     exact rationals must be equal, irrational values agree to 1e-9 (relative), and
     expressions in up to 3 variables must agree at 3 fixed rational points. All parsing
     is the whitelisted, bounded :mod:`grpo_jax.safe_eval` (no sympy, whose parsers call
@@ -413,6 +418,16 @@ def math_equivalent(answer: str, reference: str) -> bool:
     (oa, pa, ca), (ob, pb, cb) = sa, sb
     if (oa, ca) != (ob, cb) or len(pa) != len(pb):
         return False
+    if oa in ("", "\\{"):
+        # A bare list ("-1, 3": all the solutions) or a set is unordered: "3, -1" is the same
+        # answer. Tuples and intervals keep their order.
+        left = list(pb)
+        for x in pa:
+            j = next((j for j, y in enumerate(left) if x == y or _numerically_equal(x, y)), None)
+            if j is None:
+                return False
+            left.pop(j)
+        return True
     return all(x == y or _numerically_equal(x, y) for x, y in zip(pa, pb))
 
 

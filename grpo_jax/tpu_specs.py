@@ -51,23 +51,25 @@ class Efficiency:
 # Compute-bound: MaxText's published MFU for dense bf16 pre-training of the nearest model on
 # the chip (model FLOPs, so recomputation is not counted: a program with remat reaches more of
 # its own FLOPs than this, and its expected time here errs long). This project's own update
-# measured 29% MFU on one H100 (issue #57), no faster than HF + torch there; it has not run
-# on a TPU.
+# measured 31% MFU on one H200 with the presets' settings and 41% with the GPU's options
+# (cuDNN attention, bf16 unembedding operands, remat=dots; issue #66, benchmarks/NOTES.md); it
+# has not run on a TPU.
 _MAXTEXT_LLAMA2 = "https://github.com/google/maxtext/blob/main/getting_started/Run_Llama2.md"
 _MAXTEXT_GEMMA = "https://github.com/google/maxtext/blob/main/getting_started/Run_Gemma.md"
 _MAXTEXT_TIERS = "https://maxtext.readthedocs.io/en/maxtext-v0.2.0/reference/models/tiering.html"
 # Bandwidth-bound: no public TPU figure of a decode step against its HBM floor was found; the
-# project's shared-engine decode measured 0.24 of its floor on one H100 (qwen2.5-1.5b's shape,
-# 256 rows; the 7B shape 0.43, issue #57). The lower one is taken, and the interconnect is
-# given the same fraction (collectives have not been measured).
-_DECODE_H100 = ("issue #57, measured on one H100 80GB HBM3: the shared-engine decode of "
-                "qwen2.5-1.5b's shape at 256 rows read 0.24 of its HBM floor (the 7B shape 0.43)")
+# project's shared-engine decode measured 0.19 of its floor on one H200 (qwen2.5-1.5b's shape,
+# 256 rows, against the datasheet's bandwidth; the 7B shape with 8 of its layers 0.31; issue #66,
+# benchmarks/NOTES.md). The lower one is taken, and the interconnect is given the same fraction
+# (collectives have not been measured).
+_DECODE_GPU = ("issue #66, measured on one H200 (benchmarks/accelerator_session.sh): the shared-engine "
+               "decode of qwen2.5-1.5b's shape at 256 rows read 0.19 of its HBM floor (the 7B shape 0.31)")
 EFFICIENCY: dict[str, Efficiency] = {
-    "v4": Efficiency(0.57, 0.24, f"MaxText, Llama2-70B on v4-128, bf16: 57% MFU ({_MAXTEXT_LLAMA2})", _DECODE_H100),
-    "v5e": Efficiency(0.58, 0.24, f"MaxText, Gemma-7B on v5e-256, bf16: 58% MFU ({_MAXTEXT_GEMMA})", _DECODE_H100),
-    "v5p": Efficiency(0.60, 0.24, f"MaxText, Gemma-7B on v5p-128, bf16: 60% MFU ({_MAXTEXT_GEMMA})", _DECODE_H100),
-    "v6e": Efficiency(0.45, 0.24, f"MaxText, Llama 3.1 8B on v6e-256, bf16: 45.46% MFU ({_MAXTEXT_TIERS})",
-                      _DECODE_H100),
+    "v4": Efficiency(0.57, 0.19, f"MaxText, Llama2-70B on v4-128, bf16: 57% MFU ({_MAXTEXT_LLAMA2})", _DECODE_GPU),
+    "v5e": Efficiency(0.58, 0.19, f"MaxText, Gemma-7B on v5e-256, bf16: 58% MFU ({_MAXTEXT_GEMMA})", _DECODE_GPU),
+    "v5p": Efficiency(0.60, 0.19, f"MaxText, Gemma-7B on v5p-128, bf16: 60% MFU ({_MAXTEXT_GEMMA})", _DECODE_GPU),
+    "v6e": Efficiency(0.45, 0.19, f"MaxText, Llama 3.1 8B on v6e-256, bf16: 45.46% MFU ({_MAXTEXT_TIERS})",
+                      _DECODE_GPU),
 }
 
 

@@ -22,6 +22,9 @@ What it builds from the config:
   all processes (and every relaunch of the run) use the same one;
 * `rl.algorithm=sft` trains on the task's worked solutions; the others sample.
 
+Preemption: a SIGTERM (a Spot VM's notice) or Ctrl-C saves the step the run stands at, on
+every process, logs one line and exits 75 (`grpo_jax.preemption`; docs/tpu.md#preemption).
+
 Resume: a run whose `run.run_dir` holds checkpoints continues from the newest readable one
 (same step, optimizer state and RNG), so re-running the same command after a crash or a
 Spot-VM preemption picks up where it stopped; a finished run exits at once. Keep
@@ -41,16 +44,14 @@ import logging
 import os
 import time
 
-from grpo_jax import cli
+from grpo_jax import cli, runs
 from grpo_jax import config as config_lib  # no jax import: --help stays instant
-from grpo_jax.errors import PretrainedError
 
 log = logging.getLogger("train")
-TOKENIZER_CORPUS = 2000  # documents of the task's text the tokenizer is trained on
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=cli.HelpFormatter)
     config_lib.add_config_args(p)
     p.add_argument("--tokenizer-vocab", type=int, default=64,
                    help="sentencepiece vocabulary size for a randomly initialised model (default 64)")
@@ -60,74 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ============================================================================ pieces
-
-def arithmetic_knobs(d: config_lib.DataConfig) -> dict:
-    """The arithmetic task's arguments from the data section: every script that builds the
-    task from a config builds it with these."""
-    return dict(num_operands=d.num_operands, max_digits=d.max_digits, slip=d.slip,
-                format_reward=d.format_reward, min_carries=d.min_carries)
-
-
-def make_task(cfg: config_lib.Config):
-    from grpo_jax.tasks import get_task
-
-    d = cfg.data
-    if d.task == "arithmetic":
-        return get_task("arithmetic", **arithmetic_knobs(d))
-    if d.task == "modular":
-        return get_task("modular", modulus=d.modulus, num_operands=d.num_operands,
-                        num_subtractions=d.num_subtractions, format_reward=d.format_reward)
-    if d.task in ("gsm8k", "math"):
-        return get_task(d.task, manual_dir=d.data_dir or None, skip_bad_rows=d.skip_bad_rows)
-    return get_task(d.task)
-
-
-def shared_tokenizer(task, run_dir: str, *, vocab_size: int, seed: int = 0):
-    """The run's sentencepiece tokenizer, identical on every process.
-
-    Process 0 loads `<run_dir>/tokenizer.model` if it exists (a resumed run keeps its
-    vocabulary), else trains one on the task's text and saves it there; the model bytes
-    then go to every other process (`distributed.broadcast_bytes`)."""
-    from grpo_jax import distributed, run_files
-    from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
-
-    proto = None
-    if distributed.is_main_process():
-        path = run_files.path(run_dir, run_files.TOKENIZER_FILE)
-        if path.exists():
-            proto = path.read_bytes()
-            log.info("tokenizer: %s", path)
-        else:
-            tokenizer = train_sentencepiece(task.text_corpus(TOKENIZER_CORPUS, seed=seed), vocab_size=vocab_size)
-            proto = tokenizer.model_proto
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(proto)
-            log.info("tokenizer: trained %d pieces on the %s text, saved to %s",
-                     tokenizer.vocab_size, task.name, path)
-    return SentencePieceTokenizer(distributed.broadcast_bytes(proto))
-
-
-def model_and_tokenizer(cfg: config_lib.Config, task, mesh, *, tokenizer_vocab: int):
-    """(cfg, params, tokenizer): cfg with the model actually used (a pretrained model's
-    shape, or the tokenizer's vocabulary), validated again."""
-    import jax
-
-    from grpo_jax.model import init_params
-
-    if cfg.run.pretrained:
-        from grpo_jax import pretrained
-
-        runtime = {k: getattr(cfg.model, k) for k in pretrained.RUNTIME_FIELDS}
-        model_cfg, params, tokenizer = pretrained.load(cfg.run.pretrained, mesh=mesh, overrides=runtime)
-        if tokenizer is None:
-            raise PretrainedError(f"{cfg.run.pretrained} has no tokenizer (an HF folder needs tokenizer.json)")
-        cfg = cfg.replace(model=model_cfg).validate()
-    else:
-        tokenizer = shared_tokenizer(task, cfg.run.run_dir, vocab_size=tokenizer_vocab, seed=cfg.data.seed)
-        cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size}).validate()
-        params = init_params(cfg.model, jax.random.key(cfg.run.seed), mesh)
-    return cfg, params, tokenizer
-
 
 def asked_as_before(cfg: config_lib.Config, task, tokenizer):
     """`task` as the run dir's checkpoints were trained on it: a run that asked it in a chat
@@ -172,9 +105,9 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
         from grpo_jax.reward_models.scorer import RewardModel
 
         RewardModel.read_meta(cfg.rl.reward_model)
-    task = make_task(cfg) if task is None else task
+    task = runs.make_task(cfg.data.task, cfg.data) if task is None else task
     mesh = make_mesh(cfg.mesh)
-    cfg, params, tokenizer = model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
+    cfg, params, tokenizer = runs.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
     task = asked_as_before(cfg, task, tokenizer)
     sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
@@ -205,12 +138,13 @@ def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int 
 
     from grpo_jax.evaluation import evaluate
     from grpo_jax.model import init_params
+    from grpo_jax.sampler import Sampler
     from grpo_jax.sharding import make_mesh
     from grpo_jax.trainer import Trainer
 
     cfg = config_lib.load_config(preset, list(overrides))
     root = cfg.run.run_dir
-    tokenizer = shared_tokenizer(task, root, vocab_size=tokenizer_vocab, seed=cfg.data.seed)
+    tokenizer = runs.shared_tokenizer(task, root, vocab_size=tokenizer_vocab, seed=cfg.data.seed)
     cfg = config_lib.apply_overrides(cfg, [f"model.vocab_size={tokenizer.vocab_size}",
                                            f"run.run_dir={root}/rl"]).validate()
     sft_cfg = config_lib.apply_overrides(cfg, [
@@ -224,12 +158,13 @@ def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int 
                   sft_data=sft_data_fn(sft_cfg, task), eval_examples=[], progress=progress)
     sft.train()  # like rl.train(): a no-op when the run dir already holds the last step
     sft.close()
-    before = evaluate(cfg, sft.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
+    sampler = Sampler.for_run(cfg, mesh, tokenizer)
+    before = evaluate(sampler, sft.params, task, tokenizer, eval_examples, key=jax.random.key(1))
     rl = Trainer(cfg, task=task, tokenizer=tokenizer, params=sft.params, mesh=mesh, eval_examples=eval_examples,
                  progress=progress)
     rl.train()
     rl.close()
-    after = evaluate(cfg, rl.params, task, tokenizer, eval_examples, key=jax.random.key(1), mesh=mesh)
+    after = evaluate(sampler, rl.params, task, tokenizer, eval_examples, key=jax.random.key(1))
     return {"before": before, "after": after, "history": rl.history,
             "shortcuts": None if rl.shortcuts is None else rl.shortcuts.to_dict()}
 

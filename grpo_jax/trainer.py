@@ -16,6 +16,7 @@ at step s produces exactly the steps an uninterrupted run would have.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -25,11 +26,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, lora, pretrained, programs, run_files, sampler
-from grpo_jax.sampler import SamplingParams, sampling_copy
-from grpo_jax.algorithms import algorithm_of
-from grpo_jax.batching import (Batch, batch_from_rollout, completion_ids, preference_pairs, score_rollout,
-                               texts_to_batch)
+from grpo_jax import checkpointing, lora, preemption, pretrained, programs, run_files
+from grpo_jax.algorithms import Algorithm, algorithm_of
+from grpo_jax.batching import Batch, Scores, score_rollout
 from grpo_jax.config import Config, ConfigError
 from grpo_jax.errors import CheckpointError, UnreadableCheckpointError
 from grpo_jax.distributed import is_main_process
@@ -39,6 +38,7 @@ from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import updates_applied
 from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global
+from grpo_jax.sampler import Rollout, Sampler
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, encode_prompt
 from grpo_jax.train_step import init_train_state, reset_reference
@@ -46,69 +46,71 @@ from grpo_jax.train_step import init_train_state, reset_reference
 log = logging.getLogger(__name__)
 
 
+def _reward_model(cfg: Config, algorithm: Algorithm, reward_model, tokenizer: Tokenizer):
+    """The run's reward model: ``reward_model``, else the one rl.reward_model names, else
+    None. ConfigError when the algorithm's reward is the rule, which would ignore it."""
+    if reward_model is None and cfg.rl.reward_model:
+        from grpo_jax.reward_models import RewardModel
+
+        reward_model = RewardModel.load(cfg.rl.reward_model, tokenizer)
+    if reward_model is not None and algorithm.reward != "model":
+        raise ConfigError(
+            f"rl.reward_model is set but rl.algorithm={algorithm.name!r} uses "
+            f"{algorithm.reward!r} rewards (its gradient coefficient reads the rule's "
+            "correctness), so the reward model would be ignored; use ppo or grpo, or unset it")
+    return reward_model
+
+
+def _shortcuts(task: Task, examples: list[Example]):
+    """What rules that skip the skill score on the held-out set, reported beside every
+    held-out accuracy (``shortcuts.try_shortcut_baselines``); None without one."""
+    shortcuts = try_shortcut_baselines(task, examples) if examples else None
+    if shortcuts is not None:
+        log.info("held-out set: %d questions (%d distinct); %s", shortcuts.num_questions,
+                 shortcuts.distinct_questions, shortcuts.line())
+    return shortcuts
 
 
 # ============================================================================ the loop
+
+class _StopBeforeUpdate(Exception):
+    """A preemption between a step's sampling and its update: the run stops before the step."""
+
 
 class Trainer:
     """Holds the run's state and runs `cfg.run.steps` steps of `cfg.rl.algorithm`.
 
     params: the starting policy (an SFT model for RL). The reference model (when β > 0 or
     DPO) and the sampling policy of offline methods (RFT, DPO: π_sft) are frozen copies of
-    it. `sft_data(step) -> (prompts, completions)` feeds the 'dataset' source (SFT).
+    it. `sft_data(step) -> (prompts, completions)` feeds the dataset source (SFT). The
+    run's objects are built once here and handed down: the sampler (rollout and
+    evaluation), the train step, the checkpointer.
     """
+
+    _stop_check = None  # while `train` runs: done -> whether a preemption stops the run there
 
     def __init__(self, cfg: Config, *, task: Task, tokenizer: Tokenizer, params, mesh=None,
                  reward_model=None, sft_data=None, eval_examples: Sequence[Example] | None = None,
                  progress: bool = True, resume: bool = True):
-        self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
+        self.cfg, self.task, self.tokenizer, self.progress = cfg, task, tokenizer, progress
         self.algorithm = algorithm_of(cfg)
         self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
-        # mesh.slice: sample on the slice's sampling mesh (a copy of the policy per replica)
-        self.sample_mesh = programs.sample_mesh(cfg, self.mesh)
-        self.decode_engine = programs.decode_engine(cfg, self.sample_mesh)
-        if is_main_process():
-            log.info("decode engine: %s (rl.decode=%s, rl.kv_dtype=%s, sampling mesh %s)", self.decode_engine,
-                     cfg.rl.decode, cfg.rl.kv_dtype, dict(self.sample_mesh.shape))
-        if reward_model is None and cfg.rl.reward_model:
-            from grpo_jax.reward_models import RewardModel
-
-            reward_model = RewardModel.load(cfg.rl.reward_model, tokenizer)
-        if reward_model is not None and self.algorithm.reward != "model":
-            raise ConfigError(
-                f"rl.reward_model is set but rl.algorithm={self.algorithm.name!r} uses "
-                f"{self.algorithm.reward!r} rewards (its gradient coefficient reads the rule's "
-                "correctness), so the reward model would be ignored; use ppo or grpo, or unset it")
-        self.reward_model, self.sft_data, self.progress = reward_model, sft_data, progress
-        if self.algorithm.data_source == "dataset" and sft_data is None:
+        self.reward_model = _reward_model(cfg, self.algorithm, reward_model, tokenizer)
+        if not self.algorithm.data_source.sampled and sft_data is None:
             raise ValueError(f"algorithm {self.algorithm.name!r} trains on a dataset: pass sft_data")
-        params = jax.device_put(params, param_shardings(cfg.model, self.mesh))
-        tx, value_tx, self.lr_schedule = programs.optimizers(cfg)
-        value_params = None
-        if self.algorithm.needs_value_model:
-            value_params = add_value_head(cfg.model, params, jax.random.key(cfg.run.seed + 1), self.mesh)
-        # π_sft of the offline methods: a copy of the starting weights, except under LoRA,
-        # whose frozen base already is them.
-        offline = self.algorithm.data_source.startswith("sft_policy")
-        self.sft_params = params if offline and not lora.enabled(cfg.model) else None
+        self.sft_data = sft_data
+        self.sampler = Sampler.for_run(cfg, self.mesh, tokenizer)
+        if is_main_process():
+            log.info("decode engine: %s (rl.decode=%s, rl.kv_dtype=%s, sampling mesh %s)", self.sampler.engine.name,
+                     cfg.rl.decode, cfg.rl.kv_dtype, dict(self.sampler.mesh.shape))
         self.step_fn = programs.train_step(cfg, self.mesh)
-        # On the mesh from the start, so a restored checkpoint lands in the same shards.
-        self.state = jax.device_put(init_train_state(cfg, params, tx, value_params=value_params, value_tx=value_tx),
-                                    self.step_fn.state_shardings)
-        if self.sft_params is not None:
-            self.sft_params = jax.device_put(self.sft_params, self.step_fn.state_shardings.params)
+        self.state, self.sft_params = self._initial_state(params)
         self.rng = jax.random.key(cfg.run.seed)
         # A LoRA checkpoint points to its frozen base instead of holding it (lora.base_pointer).
-        self.base_pointer = None
-        if self.state.base_params is not None:
-            self.base_pointer = lora.base_pointer(cfg, self.state.base_params)
+        self.base_pointer = None if self.state.base_params is None else lora.base_pointer(cfg, self.state.base_params)
         self.eval_examples = list(eval_examples) if eval_examples is not None else \
             task.examples("test", cfg.data.eval_size, cfg.data.seed)
-        # Beside every held-out accuracy: what rules that skip the skill score on the same set.
-        self.shortcuts = try_shortcut_baselines(task, self.eval_examples) if self.eval_examples else None
-        if self.shortcuts is not None:
-            log.info("held-out set: %d questions (%d distinct); %s", self.shortcuts.num_questions,
-                     self.shortcuts.distinct_questions, self.shortcuts.line())
+        self.shortcuts = _shortcuts(task, self.eval_examples)
         self.history: list[dict] = []
         self.bad_steps = 0
         self.start_step = 0  # the step this Trainer resumed from (0 for a fresh run)
@@ -126,6 +128,24 @@ class Trainer:
             self.writer.truncate_after(restored)
             if restored:
                 log.info("resumed from step %d in %s", self.start_step, cfg.run.run_dir)
+
+    def _initial_state(self, params):
+        """(TrainState on the mesh, π_sft or None): the state from the starting ``params``
+        (a value model when the algorithm needs one), placed in its shards from the start so
+        a restored checkpoint lands in the same ones; π_sft, the offline sources' sampling
+        policy, is a copy of the starting weights, except under LoRA, whose frozen base
+        already is them."""
+        cfg = self.cfg
+        params = jax.device_put(params, param_shardings(cfg.model, self.mesh))
+        tx, value_tx, self.lr_schedule = programs.optimizers(cfg)
+        value_params = None
+        if self.algorithm.needs_value_model:
+            value_params = add_value_head(cfg.model, params, jax.random.key(cfg.run.seed + 1), self.mesh)
+        state = jax.device_put(init_train_state(cfg, params, tx, value_params=value_params, value_tx=value_tx),
+                               self.step_fn.state_shardings)
+        if not self.algorithm.data_source.offline or lora.enabled(cfg.model):
+            return state, None
+        return state, jax.device_put(params, self.step_fn.state_shardings.params)
 
     # ------------------------------------------------------------------ helpers
     def applied_lr(self, train_steps: int) -> float:
@@ -184,7 +204,10 @@ class Trainer:
         meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}
         if self.base_pointer is not None:
             meta["base"] = self.base_pointer
+        t0 = time.perf_counter()
         self.ckpt.save(step, self.checkpoint_tree(), meta)
+        # How long a save takes on this storage: whether a preemption's save fits its notice.
+        log.info("saved checkpoint step %d in %.1f s", step, time.perf_counter() - t0)
 
     def reset_reference(self) -> None:
         """π_ref ← π_θ (``train_step.reset_reference``; iterative GRPO). Under LoRA that makes
@@ -209,41 +232,31 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def make_batch(self, step: int, key) -> tuple[Batch, dict]:
-        cfg, rl, tok = self.cfg, self.cfg.rl, self.tokenizer
-        source = self.algorithm.data_source
-        if source == "dataset":
-            prompts, completions = self.sft_data(step)
-            return texts_to_batch(tok, prompts, completions, max_new_tokens=rl.max_new_tokens), {}
-        examples = self.questions(step)
-        if source == "policy":
+        """The step's host batch and its info, built by the algorithm's data source
+        (``data_sources``) from this run."""
+        return self.algorithm.data_source.batch(self, step, key)
+
+    def rollout(self, step: int, examples: Sequence[Example], key, offline: bool) -> tuple[Rollout, Scores, dict]:
+        """Step ``step``'s G completions of each of ``examples`` drawn from π_θ, or with
+        ``offline`` from π_sft, gathered to the host (rl.sample_prompts questions a call), and
+        their scores (the task's rules or the reward model, on decoded text), with the
+        rollout's metrics."""
+        rl = self.cfg.rl
+        if not offline:
             policy = self.params
         else:
             policy = self.state.base_params if self.sft_params is None else self.sft_params
-        g = rl.group_size
-        # The rl.sample_dtype copy on the sampling mesh, made once per step; the rollout
-        # comes back to the host (gathered from every process), rl.sample_prompts questions per call.
-        copy = sampling_copy(cfg.model, policy, rl.sample_dtype, self.sample_mesh)
-        rollout = sampler.sample_to_host(
-            cfg.model, copy, [encode_prompt(tok, ex.prompt) for ex in examples],
-            SamplingParams.from_rl(rl, stop_tokens=tok.stop_ids, pad_id=tok.pad_id),
-            key=key, group_size=g, prompts_per_call=rl.sample_prompts, mesh=self.sample_mesh)
+        prompts = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
+        rollout = self.sampler.generate(self.sampler.copy(policy), prompts, key=key, group_size=rl.group_size,
+                                        prompts_per_call=rl.sample_prompts,
+                                        between_calls=self._stop_between_calls(step))
         t_score = time.perf_counter()
-        scores = score_rollout(self.task, tok, examples, rollout, g, reward_model=self.reward_model,
-                               process=rl.supervision == "process")
+        scores = score_rollout(self.task, self.tokenizer, examples, rollout, rl.group_size,
+                               reward_model=self.reward_model, process=rl.supervision == "process")
         info = {"reward_mean": float(scores.rewards.mean()), "accuracy_train": float(scores.correct.mean()),
                 "completion_length": float(np.asarray(rollout.lengths).mean()),
                 "score_time_s": time.perf_counter() - t_score}
-        if source == "sft_policy_pairs":
-            rows, valid = preference_pairs(rollout, scores, g, cfg.data.batch_size)
-            pick = lambda x: np.asarray(x)[rows]
-            sub = jax.tree.map(pick, rollout)
-            sub = sub.replace(mask=np.asarray(sub.mask) & valid[:, None])
-            batch = batch_from_rollout(sub, pick(scores.rewards), pick(scores.correct))
-            info["pairs_fraction"] = float(valid.mean())
-            return batch, info
-        batch = batch_from_rollout(rollout, scores.rewards, scores.correct, scores.step_rewards,
-                                   scores.step_end, scores.step_mask)
-        return batch, info
+        return rollout, scores, info
 
     def _on_mesh(self, batch):
         """The host batch as global arrays on the train mesh; a packing's rows (rl.pack) are
@@ -253,10 +266,24 @@ class Trainer:
             return placed
         return placed.replace(packing=shard_batch(batch.packing, self.mesh))
 
+    def _stop_between_calls(self, step: int):
+        """While `train` runs: what the rollout of `step` calls between sampler calls, so that a
+        preemption need not wait for the whole rollout (minutes on a large model)."""
+        if self._stop_check is None:
+            return None
+
+        def check():
+            if self._stop_check(step + 1):
+                raise _StopBeforeUpdate
+
+        return check
+
     def train_step(self, step: int) -> dict:
         key = jax.random.fold_in(self.rng, step)
         t0 = time.perf_counter()
         batch, info = self.make_batch(step, key)
+        if self._stop_check is not None and self._stop_check(step + 1):
+            raise _StopBeforeUpdate  # the state is still that of `step` steps: the run stops there
         t1 = time.perf_counter()
         self.state, metrics = self.step_fn(self.state, self._on_mesh(self.step_fn.packed(batch)))
         metrics = {k: float(v) for k, v in metrics.items()}
@@ -271,16 +298,30 @@ class Trainer:
     def train(self, steps: int | None = None) -> list[dict]:
         """Train up to step `steps` (default `run.steps`), continuing from where this Trainer
         stopped: calling train(20) then train(40) is the same run as train(40), which is how
-        iterative GRPO swaps the reward model and reference between iterations."""
+        iterative GRPO swaps the reward model and reference between iterations.
+
+        A SIGTERM or SIGINT meanwhile (`grpo_jax.preemption`) stops the run where it stands,
+        saved, and raises `preemption.Preempted`: a signal during a step's sampling drops that
+        batch and saves the steps done before it (the update has not touched the state; on a
+        large model the update alone outlasts a Spot VM's notice); one during the update, an
+        evaluation or a save lets that step finish and saves it."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         total = steps if steps is not None else cfg.run.steps
         bar = tqdm(total=total, initial=self.next_step, desc=self.algorithm.name,
                    disable=not (self.progress and is_main_process()), dynamic_ncols=True)
-        try:
+        # Asked between the step's sampler calls, after its sampling and after its update, on
+        # every process alike and always with the step's number. jax's sync point needs the
+        # same calls in the same order on every process, with numbers that never go down; it
+        # answers True first at the first call with the agreed number, the same call everywhere.
+        stop_check = lambda done: preemption.stop_requested(done, self.ckpt.reached_preemption)
+        with preemption.watching(), contextlib.closing(bar), self._checking(stop_check):
             for step in range(self.next_step, total):
-                metrics = self.train_step(step)
+                try:
+                    metrics = self.train_step(step)
+                except _StopBeforeUpdate:
+                    self._stop_preempted(step, saved=step in self.ckpt.all_steps())
                 done = step + 1
                 if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm") if k in metrics):
                     self.bad_steps += 1
@@ -289,10 +330,9 @@ class Trainer:
                 else:
                     self.bad_steps = 0
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
-                    # The rollout's policy copy, mesh and programs (``programs.sampler``).
-                    policy = sampling_copy(cfg.model, self.params, cfg.rl.sample_dtype, self.sample_mesh)
-                    ev = evaluate(cfg, policy, self.task, self.tokenizer, self.eval_examples,
-                                  key=jax.random.fold_in(self.rng, 10**9 + done), mesh=self.sample_mesh)
+                    # The rollout's sampler and policy copy.
+                    ev = evaluate(self.sampler, self.sampler.copy(self.params), self.task, self.tokenizer,
+                                  self.eval_examples, key=jax.random.fold_in(self.rng, 10**9 + done))
                     metrics.update({f"eval_{k}": v for k, v in ev.items()})
                     if self.shortcuts is not None:
                         metrics["eval_shortcut_best"] = self.shortcuts.best[1]
@@ -308,12 +348,41 @@ class Trainer:
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward_mean", "eval_accuracy",
                                                                    "eval_shortcut_best", "kl", "loss")
                                  if k in metrics})
-                if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0 or done == total:
+                scheduled = bool(cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0 or done == total)
+                if scheduled:
                     self.save(done)
                 self.next_step = done
-        finally:
-            bar.close()
+                if stop_check(done):
+                    self._stop_preempted(done, saved=scheduled)
         return self.history
+
+    @contextlib.contextmanager
+    def _checking(self, stop_check):
+        """`stop_check` for the checks inside a step (`train_step`, the rollout) while `train` runs;
+        a step taken outside `train` (tests, tools) is never stopped."""
+        self._stop_check = stop_check
+        try:
+            yield
+        finally:
+            self._stop_check = None
+
+    def _stop_preempted(self, step: int, *, saved: bool) -> None:
+        """Save `step` (unless it is saved already, or 0) and raise `preemption.Preempted`."""
+        why = preemption.reason()
+        if step == 0:
+            log.warning("%s: stopped before the first step; nothing to save", why)
+            raise preemption.Preempted(step, self.ckpt.directory, why)
+        if not saved:
+            try:
+                self.save(step)
+            except CheckpointError as err:  # its message ends "... run the same command again to resume"
+                latest = self.ckpt.latest_step()
+                kept = (f" from step {latest}, the newest saved step (intact)" if latest
+                        else "; no earlier step was saved, so it starts from step 0")
+                raise CheckpointError(f"stopping on {why}: {err}{kept}") from err
+        log.warning("%s: saved checkpoint step %d in %s and stopped; the same command resumes from step %d",
+                    why, step, self.ckpt.directory, step)
+        raise preemption.Preempted(step, self.ckpt.directory, why)
 
     def close(self) -> None:
         self.ckpt.close()

@@ -5,8 +5,8 @@ Every builder returns an argv list, never a shell string: the runner hands it to
 what is printed is exactly what would run (and can be pasted into a terminal). The only
 shell involved is the remote one that `gcloud ... ssh --command` starts on each worker.
 
-Only the standard library and `grpo_jax.slices` (which has no jax import) are used, so
-the scripts work on a laptop that has gcloud but not jax.
+Only the standard library, `grpo_jax.slices` and `grpo_jax.preemption`'s exit code (neither
+imports jax) are used, so the scripts work on a laptop that has gcloud but not jax.
 """
 from __future__ import annotations
 
@@ -22,11 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, TextIO
 
+from grpo_jax.preemption import EXIT_CODE
 from grpo_jax.slices import default_runtime_version, get_slice
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REMOTE_DIR = "grpo_jax"  # the repo's folder in the home directory of every worker
 RUN_DIR_KEY = "run.run_dir"  # config override the trainer resumes from
+# What a run exits with once it has saved the step a SIGTERM/SIGINT stopped it at (EX_TEMPFAIL);
+# the same command resumes it.
+PREEMPTED_EXIT_CODE = EXIT_CODE
 SLICE_KEY = "mesh.slice"  # config override that picks the preset's training mesh
 DEFAULT_TARBALL = os.path.join(tempfile.gettempdir(), "grpo_jax-src.tar.gz")
 # jax 0.10 needs Python >= 3.11; the TPU VM images ship Ubuntu 22.04's Python 3.10, so by
@@ -232,11 +236,16 @@ def start_remote_command(job: Job) -> str:
     `setsid` makes the job its own process group (so --stop can kill python and its
     children with one signal) and detaches it from the ssh session, so closing the laptop
     does not stop training. Its exit code lands in logs/NAME.exit for the follower.
+
+    A preemption (or --stop) sends SIGTERM to the whole group: the shell traps it, so it
+    outlives python, which saves its step and exits PREEMPTED_EXIT_CODE, and records that
+    code (an untrapped shell would die first and leave no exit code). Python starts with the
+    default handlers: a trap set to a command is not inherited, unlike an ignored signal.
     """
     log, pid, code = job.path("log"), job.path("pid"), job.path("exit")
     python = shlex.join(["env", "PYTHONUNBUFFERED=1", ".venv/bin/python", job.script,
                          *job.args])
-    body = f"{python}; echo $? > {code}"
+    body = f"trap : TERM INT; {python}; echo $? > {code}"
     return (f"cd {REMOTE_DIR} && mkdir -p logs && "
             f"if [ -f {pid} ] && kill -0 $(cat {pid}) 2>/dev/null; "
             f"then echo {dquote(f'run {job.run_name} is already running')}; "
@@ -252,11 +261,14 @@ def follow_remote_command(job: Job) -> str:
 
 
 def stop_remote_command(job: Job, grace_seconds: int) -> str:
-    """SIGTERM the job's process group, give it time to checkpoint, then SIGKILL it
-    (a half-dead process would keep the TPU busy for the next run)."""
+    """SIGTERM the job's process group, give it up to `grace_seconds` to save the step it is
+    in (it exits PREEMPTED_EXIT_CODE once saved), then SIGKILL what is left (a half-dead
+    process would keep the TPU busy for the next run)."""
     pid = job.path("pid")
     return (f"cd {REMOTE_DIR} && if [ -f {pid} ]; then p=$(cat {pid}); "
-            f"kill -TERM -- -$p 2>/dev/null && sleep {int(grace_seconds)}; "
+            f"if kill -TERM -- -$p 2>/dev/null; then i=0; "
+            f"while [ $i -lt {int(grace_seconds)} ] && kill -0 -- -$p 2>/dev/null; "
+            f"do sleep 1; i=$((i+1)); done; fi; "
             f"kill -KILL -- -$p 2>/dev/null; fi; true")
 
 

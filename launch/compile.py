@@ -5,7 +5,8 @@
 
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
 sampler decode, train step -- which holds the reference log-prob pass --, and the in-run
-evaluation's prefill and decode; the same programs the trainer runs, from grpo_jax.programs)
+evaluation's prefill and decode; the same programs the trainer runs: its Sampler's calls and
+grpo_jax.programs' train step)
 it prints per-chip peak HBM against the chip's capacity, FLOPs and bytes with every loop
 trip counted, a roofline time (a bound: no program runs faster) and an expected time (the
 bound over the fraction of it measured programs reach on that chip,
@@ -46,7 +47,7 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     calls = -(-questions // per_call)
     results = {}
     smesh = aot.sample_mesh(cfg, slice_name)
-    engine = programs.decode_engine(cfg, smesh)
+    engine = aot.run_sampler(cfg, smesh).engine.name
     compiled, state_bytes = fitted_sampler(cfg, slice_name, prompt_len, lambda b: log(
         f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
         f"policy, decode engine {engine}, mesh {dict(smesh.shape)}, {b / 1e9:.2f} GB/chip of "
@@ -103,7 +104,7 @@ def fitted_sampler(cfg, slice_name: str, prompt_len: int, announce=lambda state_
 
 def fitted_evaluation(cfg, slice_name: str, prompt_len: int, state_bytes: int, log=print) -> dict:
     """{"eval_prefill" | "eval_decode": fit report} of the in-run evaluation's sampler call
-    (``programs.sampler(..., evaluation=True)``: data.eval_size questions, one greedy row
+    (``aot.run_sampler(..., evaluation=True)``: data.eval_size questions, one greedy row
     each, on the sampling mesh), beside the train state; aot.FitError when it does not fit.
     Its loop trips are not counted: it runs every run.eval_every steps, outside the step."""
     chip = chip_of(aot.topology_mesh(cfg, slice_name)[1])

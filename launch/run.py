@@ -14,11 +14,13 @@ does not stop the run; re-invoking the same command re-attaches instead of start
 second copy.
 
 Preemption: with --bucket (or --run-dir gs://...) the run's checkpoints live in GCS via
-the `run.run_dir=` override, and the trainer resumes from the latest one. With
---max-restarts N, when the run dies because the Spot/preemptible TPU was preempted,
-run.py deletes and re-creates the TPU (same flags as create.py), re-runs setup and
-starts the run again, up to N times. Without it, just invoke run.py again after
-re-creating the TPU yourself.
+the `run.run_dir=` override, and the trainer resumes from the latest one. The SIGTERM a
+Spot/preemptible VM gets makes the trainer save the step it is in (on every worker) and
+exit 75. With --max-restarts N, when the run stops because the TPU was preempted, run.py
+deletes and re-creates the TPU (same flags as create.py), re-runs setup and starts the
+same command again, which resumes at that step, up to N times. Without it, just invoke
+run.py again after re-creating the TPU yourself. `--stop` sends the same SIGTERM (the
+run saves its step; it is not restarted).
 
 Arguments after the experiment name go to the experiment; put `--` before them if any
 starts with a dash (e.g. `-- --preset deepseekmath-rl-7b`).
@@ -65,11 +67,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(launch/compile.py; needs libtpu) and refuse to launch if one does "
                         "not fit HBM")
     g.add_argument("--grace", type=int, default=30,
-                   help="--stop: seconds between SIGTERM and SIGKILL (default %(default)s)")
+                   help="--stop: seconds the run has to save its step between SIGTERM and SIGKILL "
+                        "(default %(default)s)")
     g.add_argument("--max-restarts", type=int, default=0,
                    help="re-create the TPU and resume up to N times after a preemption")
     g.add_argument("--retry-delay", type=float, default=10.0,
                    help="seconds to wait before re-attaching after a dropped ssh connection")
+    g.add_argument("--notice-wait", type=float, default=60.0,
+                   help="after the run exits %d (it saved its step on a SIGTERM) on a TPU that "
+                        "still looks healthy: seconds to wait for its state to show the preemption "
+                        "before deciding it was stopped by hand (default %%(default)s)"
+                        % common.PREEMPTED_EXIT_CODE)
     common.add_tpu_arguments(parser)
     common.add_source_arguments(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -148,10 +156,15 @@ def recreate(runner: Runner, s: common.TpuSettings, src: common.SourceSettings) 
 
 
 def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceSettings,
-                      job: Job, max_restarts: int, retry_delay: float) -> int:
+                      job: Job, max_restarts: int, retry_delay: float, notice_wait: float = 60.0) -> int:
     """Start + follow; on failure, tell preemption (TPU not healthy) from a real error
     (TPU fine, job exited non-zero: stop and show the code) and from a dropped ssh
-    connection (exit 255 with a healthy TPU: re-attach)."""
+    connection (exit 255 with a healthy TPU: re-attach).
+
+    Exit PREEMPTED_EXIT_CODE: the run caught a SIGTERM and saved the step it was in. A Spot
+    VM's notice comes about 30 s before it is stopped, so its state can still read healthy
+    when the run has exited: the state is read again after `notice_wait` seconds, and a TPU
+    still healthy then was stopped by hand (`--stop`), which is not restarted."""
     restarts = 0
     while True:
         code = start_and_follow(runner, s, job, follow=True)
@@ -161,6 +174,15 @@ def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceS
                      + shlex.join(common.state_command(s)))
             return code
         state = runner.query(common.state_command(s), dry_run_answer="")
+        if state == common.healthy_state(s) and code == common.PREEMPTED_EXIT_CODE:
+            note(f"run {job.run_name} saved its step and stopped on a signal; reading the TPU's "
+                 f"state again in {notice_wait:g} s")
+            time.sleep(notice_wait)
+            state = runner.query(common.state_command(s), dry_run_answer="")
+            if state == common.healthy_state(s):
+                note(f"run {job.run_name} was stopped by a signal on a healthy TPU (run.py --stop, or "
+                     "by hand), so not restarting; the same command resumes it")
+                return code
         if state == common.healthy_state(s) and code != 255:
             note(f"run {job.run_name} exited with code {code}; the TPU is fine, so not "
                  f"restarting (log: ~/{common.REMOTE_DIR}/{job.path('log')} on the workers)")
@@ -217,7 +239,7 @@ def main(argv=None) -> int:
     if args.detach:
         return start_and_follow(runner, settings, job, follow=False)
     return run_with_restarts(runner, settings, common.source_from_args(args), job,
-                             args.max_restarts, args.retry_delay)
+                             args.max_restarts, args.retry_delay, args.notice_wait)
 
 
 if __name__ == "__main__":

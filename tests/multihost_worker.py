@@ -1,7 +1,7 @@
 """One process of the multi-process test (tests/test_multihost.py).
 
     GRPO_JAX_COORDINATOR=localhost:PORT GRPO_JAX_NUM_PROCESSES=2 GRPO_JAX_PROCESS_ID=i \\
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/multihost_worker.py RUN_DIR
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/multihost_worker.py RUN_DIR [--preempt]
 
 Every process runs the same program, as on the workers of a TPU pod slice: it joins the
 multi-process runtime (`grpo_jax.distributed.initialize`, configured by the environment)
@@ -31,6 +31,10 @@ OVERRIDES = [
     "optimizer.peak_lr=1e-2", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
     f"run.steps={STEPS}", f"run.eval_every={STEPS}", "run.checkpoint_every=2", "run.keep_checkpoints=3",
 ]
+# `--preempt`: a run far longer than the test waits, with no save or evaluation on the way,
+# which the test stops with a SIGTERM to one process (test_multihost.py).
+PREEMPT_STEPS = 1000
+PREEMPT_OVERRIDES = ["run.eval_every=0", f"run.checkpoint_every={PREEMPT_STEPS}"]
 TOKENIZER_VOCAB = 40
 # Compared between runs (timings are not).
 METRICS = ("loss", "pg_loss", "kl", "grad_norm", "entropy", "tokens", "reward_mean", "adv_std",
@@ -48,17 +52,17 @@ def make_task():
     return task
 
 
-def make_config(run_dir: str, steps: int = STEPS):
+def make_config(run_dir: str, steps: int = STEPS, extra=()):
     from grpo_jax import config as config_lib
 
-    return config_lib.load_config("cpu-tiny", OVERRIDES + [f"run.run_dir={run_dir}", f"run.steps={steps}"])
+    return config_lib.load_config("cpu-tiny", OVERRIDES + [f"run.run_dir={run_dir}", f"run.steps={steps}", *extra])
 
 
-def run(run_dir: str, steps: int = STEPS):
+def run(run_dir: str, steps: int = STEPS, extra=()):
     """Train (or resume) the test's GRPO run in RUN_DIR; returns the (closed) Trainer."""
     from grpo_jax import train_cli
 
-    return train_cli.train(make_config(run_dir, steps), task=make_task(),
+    return train_cli.train(make_config(run_dir, steps, extra), task=make_task(),
                              tokenizer_vocab=TOKENIZER_VOCAB, progress=False)
 
 
@@ -77,7 +81,7 @@ def param_arrays(params) -> dict:
 
 
 def main(argv=None) -> None:
-    (run_dir,) = sys.argv[1:] if argv is None else argv
+    run_dir, *mode = sys.argv[1:] if argv is None else argv
     from grpo_jax import distributed
 
     if not distributed.initialize():
@@ -86,6 +90,16 @@ def main(argv=None) -> None:
     import jax
     import numpy as np
 
+    if mode == ["--preempt"]:
+        from grpo_jax.preemption import Preempted
+
+        try:
+            run(run_dir, PREEMPT_STEPS, PREEMPT_OVERRIDES)
+        except Preempted as stop:  # the step this process saved; the exception sets the exit code
+            with open(os.path.join(run_dir, f"result_{jax.process_index()}.json"), "w") as f:
+                json.dump({"process_index": jax.process_index(), "preempted_at": stop.step}, f)
+            raise
+        raise SystemExit("multihost_worker --preempt: the run was not stopped")
     trainer = run(run_dir)
     arrays = param_arrays(trainer.params)
     if jax.process_index() == 0:

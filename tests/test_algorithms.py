@@ -42,10 +42,10 @@ def test_registry_and_table_rows():
     with pytest.raises(ValueError, match="known algorithms.*grpo"):
         alg.get_algorithm("reinforce")
     # data sources: offline vs online is the only difference between RFT and Online RFT
-    assert alg.get_algorithm("rft").data_source == "sft_policy"
-    assert alg.get_algorithm("online_rft").data_source == "policy"
-    assert alg.get_algorithm("dpo").data_source == "sft_policy_pairs"
-    assert alg.get_algorithm("sft").data_source == "dataset"
+    assert alg.get_algorithm("rft").data_source.name == "sft_policy"
+    assert alg.get_algorithm("online_rft").data_source.name == "policy"
+    assert alg.get_algorithm("dpo").data_source.name == "sft_policy_pairs"
+    assert alg.get_algorithm("sft").data_source.name == "dataset"
     assert [n for n, a in alg.ALGORITHMS.items() if a.needs_value_model] == ["ppo"]
 
 

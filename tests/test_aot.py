@@ -155,8 +155,7 @@ def test_sampler_cost_counts_every_layer_and_token(checked):
     mesh = aot.sample_mesh(cfg, "v5e:2x2")
     prompts, g = cfg.data.batch_size, cfg.rl.group_size
     decode = results["sample_decode"]
-    program, args, kwargs = aot.sampler_calls(cfg, mesh, prompts, g, CHECK_PROMPT, unrolled=True,
-                                              cost_steps=cfg.rl.max_new_tokens - 1)["decode"]
+    program, args, kwargs = aot.twin_calls(cfg, mesh, prompts, g, CHECK_PROMPT, cfg.rl.max_new_tokens - 1)["decode"]
     whole = aot.loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
     np.testing.assert_allclose(decode["flops_per_chip"], whole[0], rtol=0.01)
     np.testing.assert_allclose(decode["bytes_per_chip"], whole[1], rtol=0.10)
@@ -188,8 +187,7 @@ def test_decode_twin_counts_each_weight_once_and_every_collective(tensor):
     for layers in (1, 2):
         for steps in (1, 2):
             variant = apply_overrides(cfg, [f"model.num_layers={layers}"])
-            program, args, kwargs = aot.sampler_calls(variant, mesh, 4, 8, PROMPT, unrolled=True,
-                                                      cost_steps=steps)["decode"]
+            program, args, kwargs = aot.twin_calls(variant, mesh, 4, 8, PROMPT, steps)["decode"]
             count[layers, steps] = aot.loop_free_cost("sample_decode", program.lower(*args, **kwargs), mesh)
     _, hbm, ici, collectives = count[2, 2] - count[2, 1] - count[1, 2] + count[1, 1]
     m = cfg.model

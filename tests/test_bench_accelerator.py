@@ -149,7 +149,7 @@ def test_peak_flops_override_and_a_variant_row(bench, tmp_path):
     path = tmp_path / "r.json"
     with contextlib.redirect_stdout(io.StringIO()) as out:
         code = bench.main(["--tiny", "--in-process", "--parts", "jax_update", "--variant", "model.remat=full",
-                           "--peak-flops", "1e12", "--reps", "1", "--threads", "1", "--json", str(path)])
+                           "--peak-flops", "1e12", "--reps", "1", "--threads", "1", "--profile", "--json", str(path)])
     assert code == 0, out.getvalue()
     report = json.loads(path.read_text())
     assert report["peaks"]["peak_flops"] == 1e12 and "--peak-flops" in report["peaks"]["source"]
@@ -158,3 +158,11 @@ def test_peak_flops_override_and_a_variant_row(bench, tmp_path):
     for r in (base, variant):
         assert r["mfu"] == pytest.approx(r["flops"] / r["seconds"]["median"] / 1e12)
     assert "| update | ours, model.remat=full |" in out.getvalue()
+    # --profile: the base update's (not the variant's) kernels, every table adding up to their time
+    profile = base["profile"]
+    assert variant["profile"] is None and profile["module"] == "jit_step"
+    assert 0 < profile["matmul_ms"] < profile["kernel_ms"]
+    for table in ("by_part", "by_phase"):
+        assert sum(profile[table].values()) == pytest.approx(profile["kernel_ms"])
+    assert any("layers/mlp" in r["op"] and "dot_general" in r["op"] for r in profile["top_ops"])
+    assert "where our update's kernel time goes" in out.getvalue()

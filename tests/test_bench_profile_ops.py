@@ -72,3 +72,61 @@ def test_on_an_accelerator_the_devices_kernels_are_counted_by_their_hlo_op(profi
     assert [e["name"] for e in events] == ["sm90_xmma_gemm_bf16"]
     assert profile_ops.hlo_op(events[0]) == "fusion.3"
     assert profile_ops.hlo_op({"name": "fusion.9", "args": {}}) == "fusion.9"  # a CPU thunk
+
+
+GPU_HLO = """HloModule jit_step, entry_computation_layout={()->()}
+  %loop_multiply_fusion.2 = bf16[8,767,8960]{2,1,0} fusion(%a), kind=kLoop, calls=%f2, metadata={op_name="jit(step)/transpose(jvp(Transformer))/while/body/closed_call/checkpoint/layers/mlp/mul"}
+  %cublas-gemm.7 = bf16[6136,8960]{1,0} custom-call(%b, %c), custom_call_target="__cublas$gemm", metadata={op_name="jit(step)/transpose(jvp(Transformer))/while/body/closed_call/checkpoint/rematted_computation/layers/mlp/dot_general"}
+  %fusion.9 = f32[8,64,151936]{2,1,0} fusion(%d), kind=kLoop, calls=%f9, metadata={op_name="jit(step)/logprobs/exp"}
+  %command_buffer.3 = (bf16[8]) call(%e), to_apply=%cb3
+"""
+
+
+def test_phases_of_a_train_step(profile_ops):
+    assert profile_ops.phase_of("transpose(jvp(Transformer))/checkpoint/rematted_computation/layers/mlp/dot_general") \
+        == "recomputation (remat)"
+    assert profile_ops.phase_of("transpose(jvp(Transformer))/layers/mlp/mul") == "backward"
+    assert profile_ops.phase_of("jvp(Transformer)/layers/attn/exp") == "forward (policy)"
+    assert profile_ops.phase_of("layers/attn/exp") == "reference forward, optimizer, rest"
+    assert profile_ops.is_matmul("x/mul", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT")
+    assert profile_ops.is_matmul("x/dot_general f32[2]", "")
+    assert not profile_ops.is_matmul("x/mul", "loop_multiply_fusion_2")
+
+
+def test_a_gpu_programs_kernels_are_summed_by_part_pass_and_op(profile_ops):
+    """Kernels tagged with their own op, and kernels inside a command buffer (tagged with the
+    buffer) found by their fusion's name; a library kernel in a buffer keeps the buffer's name,
+    and counts as a matmul by its kernel name. Each table adds up to the kernel time."""
+    dev = {"hlo_module": "jit_step"}
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 7, "name": "nvjet_sm90_gemm", "ts": 0, "dur": 6000, "args": {**dev, "hlo_op": "cublas-gemm.7"}},
+        {"ph": "X", "pid": 7, "name": "loop_multiply_fusion_2", "ts": 6000, "dur": 2000,
+         "args": {**dev, "hlo_op": "command_buffer.3"}},
+        {"ph": "X", "pid": 7, "name": "sm90_xmma_gemm_f32f32_tf32f32", "ts": 8000, "dur": 1000,
+         "args": {**dev, "hlo_op": "command_buffer.3"}},
+        {"ph": "X", "pid": 7, "name": "fusion_9", "ts": 9000, "dur": 1000, "args": {**dev, "hlo_op": "fusion.9"}},
+        {"ph": "X", "pid": 7, "name": "other_module_kernel", "ts": 0, "dur": 500, "args": {"hlo_module": "jit_x"}}]}
+    s = profile_ops.summarize_program(trace, GPU_HLO, top=10)
+    assert s["module"] == "jit_step" and s["events"] == 4
+    assert s["kernel_ms"] == pytest.approx(10.0) and s["matmul_ms"] == pytest.approx(7.0)
+    assert s["by_part"] == {"MLP | matmul": pytest.approx(6.0), "MLP | other": pytest.approx(2.0),
+                            "rest | matmul": pytest.approx(1.0),
+                            "log-probs over the vocabulary | other": pytest.approx(1.0)}
+    assert s["by_phase"]["recomputation (remat) | matmul"] == pytest.approx(6.0)
+    assert s["by_phase"]["backward | other"] == pytest.approx(2.0)
+    assert s["by_phase"]["reference forward, optimizer, rest | matmul"] == pytest.approx(1.0)
+    assert sum(s["by_phase"].values()) == pytest.approx(s["kernel_ms"]) == pytest.approx(sum(s["by_part"].values()))
+    assert [r["op"] for r in s["top_ops"]][:2] == [
+        "transpose(jvp(Transformer))/checkpoint/rematted_computation/layers/mlp/dot_general bf16[6136,8960]{1,0}",
+        "transpose(jvp(Transformer))/checkpoint/layers/mlp/mul bf16[8,767,8960]{2,1,0}"]
+    lines = profile_ops.summary_tables(s)
+    assert lines[0].startswith("jit_step: 4 kernels, 10.0 ms of kernel time (70.0% in matmuls)")
+
+
+def test_a_trace_without_the_programs_events_says_which_modules_it_has(profile_ops):
+    trace = {"traceEvents": [{"ph": "X", "name": "k", "ts": 0, "dur": 1, "args": {"hlo_module": "jit_other"}}]}
+    with pytest.raises(ValueError, match="no events of jit_step.*jit_other"):
+        profile_ops.summarize_program(trace, GPU_HLO)
+    with pytest.raises(ValueError, match="HloModule"):
+        profile_ops.module_name("ENTRY %main {}")

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from grpo_jax import pretrained
+from grpo_jax.chat_templates import ChatTemplateError
 from grpo_jax.bpe_tokenizer import BPETokenizer, TokenizerError, byte_alphabet, default_system_message
 from grpo_jax.tokenizer import Tokenizer, char_to_token_index
 
@@ -105,7 +106,7 @@ def test_token_end_offsets_match_decode_on_random_ids(tiny):
 
 def test_chat_template(tiny):
     user = [{"role": "user", "content": "hi"}]
-    assert tiny.chat_format == "chatml"
+    assert tiny.chat_format == "template"
     assert tiny.apply_chat_template(user) == (
         "<|im_start|>system\nYou are a tiny test model<|im_end|>\n"
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
@@ -115,15 +116,22 @@ def test_chat_template(tiny):
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n")
 
 
-def test_templates_other_than_chatml():
+def test_templates_other_than_chatml_render_and_no_template_refuses():
+    """A Llama-3-style template renders in the sandbox (no fallback to another format); a
+    model with none refuses a chat prompt in one line unless a format is named."""
     none = BPETokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.chat_template": None}))
-    assert none.chat_format == "plain"
-    assert none.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == "ab"
+    assert none.chat_format == "missing"
+    with pytest.raises(ChatTemplateError, match="no chat template: name a chat format") as e:
+        none.apply_chat_template([{"role": "user", "content": "a"}])
+    assert "\n" not in str(e.value)
+    plain = none.with_chat_format("plain")
+    assert plain.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == "ab"
+    assert none.with_chat_format("deepseek").apply_chat_template([{"role": "user", "content": "a"}]) == (
+        "User: a\n\nAssistant:")
     llama3 = BPETokenizer.from_gguf_metadata(tiny_meta(**{
         "tokenizer.chat_template": "{% for m in messages %}<|start_header_id|>{{ m['role'] }}{% endfor %}"}))
     assert llama3.encode("the") == none.encode("the")  # still usable for text
-    with pytest.raises(TokenizerError, match="not ChatML"):
-        llama3.apply_chat_template([{"role": "user", "content": "a"}])
+    assert llama3.apply_chat_template([{"role": "user", "content": "a"}]) == "<|start_header_id|>user"
 
 
 def test_default_system_message():
@@ -249,3 +257,24 @@ def test_smollm2_saved_tokenizer_matches(smol, tmp_path):
         assert again.encode(text) == ours.encode(text)
     msgs = [{"role": "user", "content": "hi"}]
     assert again.apply_chat_template(msgs) == ours.apply_chat_template(msgs)
+
+
+def test_a_bos_model_saved_encodes_in_transformers_as_our_prompts(tmp_path):
+    """A BPE model trained with BOS and a template that writes `{{ bos_token }}` (Llama-3's
+    way): transformers on the saved folder gives our prompt ids, with one BOS, for plain text
+    and for chat prompts."""
+    transformers = pytest.importorskip("transformers")
+    from grpo_jax.tokenizer import encode_prompt
+    template = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    ours = BPETokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.add_bos_token": True,
+                                                       "tokenizer.ggml.bos_token_id": 0,
+                                                       "tokenizer.chat_template": template}))
+    ours.save(tmp_path)
+    ref = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ["the the", "in  x 12", ""]:
+        assert ref(text)["input_ids"] == encode_prompt(ours, text) == [0, *ours.encode(text)]
+    msgs = [{"role": "user", "content": "the 12"}]
+    ids = encode_prompt(ours, ours.apply_chat_template(msgs))
+    assert ids[:2] == [0, 1] and ids.count(0) == 1
+    assert list(ref.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)) == ids

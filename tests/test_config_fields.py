@@ -131,6 +131,7 @@ ELSEWHERE = {
     "run.max_bad_steps": "test_trainer.py::test_non_finite_updates_are_skipped_then_stop_the_run",
     "run.restart_unreadable": "test_trainer.py::test_every_checkpoint_unreadable_stops_or_starts_over",
     "run.pretrained": "test_pretrained.py",
+    "run.chat_format": "test_chat_templates.py::test_a_named_format_is_used_trained_and_exported",
 }
 
 
@@ -229,9 +230,9 @@ def _mesh_probe(cfg, field):
 
 
 def _data_probe(cfg, field):
-    from grpo_jax.train_cli import make_task
+    from grpo_jax.runs import make_task
 
-    task = make_task(cfg)
+    task = make_task(cfg.data.task, cfg.data)
     d = cfg.data
     train = [ex.prompt for ex in task.examples("train", d.batch_size, d.seed)]
     test = [ex.prompt for ex in task.examples("test", d.eval_size, d.seed)]

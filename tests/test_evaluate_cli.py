@@ -11,10 +11,11 @@ from pathlib import Path
 import jax
 import pytest
 
-from grpo_jax import checkpointing, config, evaluate_cli, evaluation, pretrained, prompts, sampler, train_cli
+from grpo_jax import checkpointing, config, evaluate_cli, evaluation, pretrained, prompts, runs, sampler, train_cli
 from grpo_jax.bpe_tokenizer import BPETokenizer
 from grpo_jax.errors import CheckpointError
 from grpo_jax.model import init_params
+from grpo_jax.sampler import Sampler
 from grpo_jax.sharding import make_mesh
 from grpo_jax.tasks import get_task
 from grpo_jax.tasks.chat import chat_task
@@ -56,9 +57,9 @@ def test_run_dir_curve_has_one_point_per_step_equal_to_evaluate(run, tmp_path):
     for point in curve["points"]:
         step, tree, _ = ckpt.restore(checkpointing.abstract_like(trainer.checkpoint_tree()), step=point["step"])
         # The CLI's key for question chunk 0: fold_in(PRNGKey(seed), 0); evaluate samples with fold_in(key, 1) too.
-        want = evaluation.evaluate(cfg, tree["state"].params, task, trainer.tokenizer, examples, mesh=mesh,
-                                   key=jax.random.fold_in(jax.random.PRNGKey(0), 0), num_samples=K,
-                                   temperature=0.7, ks=[K], texts=True)
+        want = evaluation.evaluate(Sampler.for_run(cfg, mesh, trainer.tokenizer), tree["state"].params, task,
+                                   trainer.tokenizer, examples, key=jax.random.fold_in(jax.random.PRNGKey(0), 0),
+                                   num_samples=K, temperature=0.7, ks=[K], texts=True)
         assert point["greedy"] == want["accuracy"]
         assert point[f"pass@{K}"] == pytest.approx(want[f"pass@{K}"])
         summary = json.loads((out / f"step-{step}" / "summary.json").read_text())
@@ -82,7 +83,7 @@ def test_step_option_and_missing_checkpoints(run, tmp_path, monkeypatch):
     common = ["--task", "arithmetic", "--limit", "2", "--k", "0", "--no-progress"]
     engines = []
     sample = sampler.sample
-    monkeypatch.setattr(sampler, "sample", lambda *a, **kw: engines.append(a[3].engine) or sample(*a, **kw))
+    monkeypatch.setattr(sampler.host, "sample", lambda *a, **kw: engines.append(a[3].engine) or sample(*a, **kw))
     curve = evaluate_cli.main(["--model", run_dir, "--step", "2", "--out", str(tmp_path / "one"), *common])
     evaluate_cli.main(["--model", run_dir, "--step", "2", "--out", str(tmp_path / "two"), "--decode", "scan", *common])
     assert engines == ["shared", "scan"]
@@ -118,7 +119,7 @@ def greedy_calls(monkeypatch) -> list[dict]:
                           "max_new_tokens": settings.max_new_tokens})
         return sample(model_cfg, params, prompt_ids, settings, **kw)
 
-    monkeypatch.setattr(sampler, "sample", spy)
+    monkeypatch.setattr(sampler.host, "sample", spy)
     return calls
 
 
@@ -145,7 +146,7 @@ def test_quickstart_run_dir_gives_the_accuracy_the_demo_printed(tmp_path, monkey
     records = records_of(out / "step-1")
     assert [r["greedy_completion"] for r in records] == run_evals[-1]["texts"]
     cfg = config.Config.from_dict(json.loads((run_dir / "config.json").read_text()))
-    task = train_cli.make_task(cfg)  # the testbed's knobs (modulus, operands), the quickstart's questions
+    task = runs.make_task(cfg.data.task, cfg.data)  # the testbed's knobs (modulus, operands), the quickstart's questions
     assert task.name == "modular" and summary["best_shortcut"] == summary["shortcuts"]["best_score"]
     assert summary["sft_until"]["steps"] == 2 and not summary["sft_until"]["reached"]  # stopped at its cap
     assert [r["prompt"] for r in records] == [ex.prompt for ex in task.examples("test", 8, cfg.data.seed)]
@@ -185,8 +186,8 @@ def test_chat_run_dir_asks_as_the_run_did(chat_model, tmp_path, monkeypatch):
                       params=params, mesh=mesh, progress=False)
     # The run's own evaluation: what `Trainer.train` computes every run.eval_every steps (a
     # train step first would change the params, not what is asked), then the checkpoint.
-    accuracy = evaluation.evaluate(cfg, trainer.params, trainer.task, tokenizer, trainer.eval_examples,
-                                   key=jax.random.key(0), mesh=trainer.mesh)["accuracy"]
+    accuracy = evaluation.evaluate(trainer.sampler, trainer.params, trainer.task, tokenizer, trainer.eval_examples,
+                                   key=jax.random.key(0))["accuracy"]
     trainer.save(1)
     trainer.close()
     curve = evaluate_cli.main(["--model", cfg.run.run_dir, "--k", "0", "--no-progress", "--out", str(tmp_path / "ev")])

@@ -10,6 +10,8 @@ import sys
 import pytest
 
 from grpo_jax import evaluate_run, evaluation, pretrained
+from grpo_jax.config import Config
+from grpo_jax.sampler import Sampler
 from grpo_jax.tasks import get_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,14 +80,18 @@ def bench(request, tmp_path_factory):
     return task, task.examples("test", -1, 0)
 
 
-SETTINGS = evaluate_run.EvalSettings(num_samples=2, temperature=1.0, max_new_tokens=4, chunk_rows=2,
-                                     prompt="paper")
+SETTINGS = evaluate_run.EvalSettings(num_samples=2, temperature=1.0, chunk_rows=2, prompt="paper")
+
+
+def sampler_of(model_cfg, tok, max_new_tokens: int = 4) -> Sampler:
+    """The sampler a run of the pretrained model would build, with max_new_tokens."""
+    return Sampler.for_run(Config(model=model_cfg).replace(rl={"max_new_tokens": max_new_tokens}), None, tok)
 
 
 def run(smollm2, bench, out, **kw):
     cfg, params, tok = smollm2
     task, examples = bench
-    return evaluate_run.evaluate_shard(cfg, params, tok, task, examples, str(out), SETTINGS,
+    return evaluate_run.evaluate_shard(sampler_of(cfg, tok), params, tok, task, examples, str(out), SETTINGS,
                                        progress=False, **kw)
 
 
@@ -163,9 +169,10 @@ def test_two_shards_give_the_same_summary_as_one(smollm2, bench, whole, tmp_path
 def test_other_settings_in_the_same_folder_are_an_error(smollm2, bench, whole):
     cfg, params, tok = smollm2
     task, examples = bench
-    other = evaluate_run.EvalSettings(num_samples=3, max_new_tokens=8, chunk_rows=2, prompt="paper")
+    other = evaluate_run.EvalSettings(num_samples=3, chunk_rows=2, prompt="paper")
     with pytest.raises(ValueError, match="other settings.*num_samples"):
-        evaluate_run.evaluate_shard(cfg, params, tok, task, examples, str(whole[0]), other, progress=False)
+        evaluate_run.evaluate_shard(sampler_of(cfg, tok, 8), params, tok, task, examples, str(whole[0]), other,
+                                    progress=False)
 
 
 def test_cli_help():

@@ -11,6 +11,7 @@ import pytest
 
 from grpo_jax import fused_attention, model, programs
 from grpo_jax.config import ConfigError, apply_overrides, get_preset
+from grpo_jax.sampler import Sampler
 from grpo_jax.sharding import mesh_from_shape
 
 B, T, H, K, D = 2, 48, 4, 2, 16
@@ -85,7 +86,7 @@ def test_the_model_with_cudnn_attention_computes_the_models_logits(monkeypatch):
     np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), atol=0.05 * float(np.abs(want).max()))
     # The sampler runs over a KV cache, where attention is the model's own: shared programs.
     cfg = apply_overrides(get_preset("cpu-tiny"), ["model.dtype=bfloat16"])
-    fused, plain = (programs.sampler(c, None, 2, 4, 16) for c in (cfg.replace(model={"attention": "cudnn"}), cfg))
+    fused, plain = (Sampler.for_run(c).call(2, 4, 16) for c in (cfg.replace(model={"attention": "cudnn"}), cfg))
     assert (fused.prefill, fused.decode) == (plain.prefill, plain.decode)
 
 

@@ -179,7 +179,7 @@ def _lora_trainer(cfg, tokenizer, seed=0, mesh_shape=(1, 1, 1)):
 
 def _small_lora_run(run_dir, rank: int):
     """(cfg, tokenizer) of a two-step GRPO run of a 1-layer LoRA policy in ``run_dir``."""
-    from grpo_jax.train_cli import shared_tokenizer
+    from grpo_jax.runs import shared_tokenizer
 
     cfg = load_config("cpu-tiny", [
         f"model.lora_rank={rank}", "model.embed_dim=32", "model.num_layers=1", "model.num_heads=2",
@@ -254,22 +254,20 @@ def test_evaluation_reads_a_lora_run_as_its_merged_policy(lora_run):
     """grpo-evaluate on a LoRA run dir: each step's weights are the checkpoint's adapters
     merged into the run's base (the policy the Trainer sampled with), and a checkpoint over
     another base is refused in one line."""
-    from grpo_jax import evaluate_cli
+    from grpo_jax import runs
     from grpo_jax.errors import CheckpointError
-    from grpo_jax.run_files import read_config
 
     cfg, tokenizer, trainer = lora_run
-    run = evaluate_cli.run_config(cfg.run.run_dir, read_config(cfg.run.run_dir))
     mesh = mesh_from_shape((1, 1, 1))
-    got_cfg, _, ckpt, steps, base = evaluate_cli.load_run(run, _DigitShare(), mesh)
-    assert steps == [2] and got_cfg.model == cfg.model
-    got = evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, base, lora.base_pointer(got_cfg, base))
+    run = runs.open_run(runs.run_config(cfg.run.run_dir), _DigitShare(), mesh)
+    assert run.steps == [2] and run.cfg.model == cfg.model
+    got = run.params(2, mesh)
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got), jax.tree.map(np.asarray, trainer.params))
     other = model.init_params(cfg.model, jax.random.key(1), mesh)
     with pytest.raises(CheckpointError, match="holds LoRA adapters of another base") as e:
-        evaluate_cli.step_params(got_cfg, ckpt, 2, mesh, other, lora.base_pointer(got_cfg, other))
+        dataclasses.replace(run, base=other, pointer=lora.base_pointer(run.cfg, other)).params(2, mesh)
     assert "\n" not in str(e.value)
-    ckpt.close()
+    run.close()
 
 
 def test_export_writes_the_merged_policy_and_keeps_an_export_in_place(lora_run, tmp_path):
@@ -287,7 +285,8 @@ def test_export_writes_the_merged_policy_and_keeps_an_export_in_place(lora_run, 
     assert record["step"] == 2 and record["lora"]["rank"] == 8
     assert record["lora"]["base"] == lora.base_pointer(cfg, trainer.state.base_params)
     got_cfg, params, hf_tok = pretrained.load_hf(out)
-    assert hf_tok is None and got_cfg.embed_dim == cfg.model.embed_dim and got_cfg.lora_rank == 0
+    assert hf_tok.model_proto == tokenizer.model_proto  # the run's own sentencepiece model
+    assert got_cfg.embed_dim == cfg.model.embed_dim and got_cfg.lora_rank == 0
     # The export merges on all 8 devices, the trainer on one: A·B is summed in another order.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-9),
                  params, trainer.params)
@@ -325,8 +324,8 @@ def test_a_reset_lora_run_saves_its_new_base_and_resumes_and_evaluates_over_it(t
     """Trainer.reset_reference under LoRA saves the merged base into the run (bases/step-N);
     the checkpoints after it point there, so a resumed Trainer and grpo-evaluate read the
     policy the run trained, not the adapters over the original base."""
-    from grpo_jax import evaluate_cli
-    from grpo_jax.run_files import read_config
+    from grpo_jax import runs
+
     cfg, tokenizer = _small_lora_run(tmp_path, rank=4)
     trainer = _lora_trainer(cfg, tokenizer)
     original = lora.base_pointer(cfg, trainer.state.base_params)
@@ -341,9 +340,8 @@ def test_a_reset_lora_run_saves_its_new_base_and_resumes_and_evaluates_over_it(t
     assert resumed.start_step == 2 and resumed.base_pointer == trainer.base_pointer
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, resumed.params), want)
     resumed.close()
-    run = evaluate_cli.run_config(str(tmp_path), read_config(str(tmp_path)))
     mesh = mesh_from_shape((1, 1, 1))
-    got_cfg, _, ckpt, steps, base = evaluate_cli.load_run(run, _DigitShare(), mesh)
-    got = evaluate_cli.step_params(got_cfg, ckpt, steps[-1], mesh, base, lora.base_pointer(got_cfg, base))
+    run = runs.open_run(runs.run_config(str(tmp_path)), _DigitShare(), mesh)
+    got = run.params(run.steps[-1], mesh)
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got), want)
-    ckpt.close()
+    run.close()

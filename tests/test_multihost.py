@@ -11,6 +11,9 @@ runs tests/multihost_worker.py: `grpo_jax.train_cli.train()` doing GRPO steps
 The same run in this process (1 process, 8 devices, the same mesh shape) must give the
 same metrics, and the 2-process checkpoints must restore here and resume training.
 
+A SIGTERM sent to one process of a longer run (`multihost_worker.py --preempt`) must make
+both save the same step and exit with `grpo_jax.preemption.EXIT_CODE`.
+
 These tests are marked `multihost`; `pytest -m "not multihost"` skips them.
 """
 
@@ -20,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -64,16 +68,26 @@ def _worker_env(process_id: int, port: int) -> dict:
     return env
 
 
-def launch_workers(run_dir: str, log_dir: str) -> None:
-    """Start the workers, wait (bounded), and fail with every worker's output if one fails."""
+def start_workers(run_dir: str, log_dir: str, *args: str) -> tuple[list, list[str]]:
+    """(processes, their log files): one worker per process id, `args` after RUN_DIR."""
     port = _free_port()
     logs = [os.path.join(log_dir, f"worker{i}.log") for i in range(NUM_PROCESSES)]
     procs = []
     for i, path in enumerate(logs):
         with open(path, "w") as out:
-            procs.append(subprocess.Popen([sys.executable, WORKER, run_dir], cwd=ROOT,
+            procs.append(subprocess.Popen([sys.executable, WORKER, run_dir, *args], cwd=ROOT,
                                           env=_worker_env(i, port), stdout=out,
                                           stderr=subprocess.STDOUT))
+    return procs, logs
+
+
+def launch_workers(run_dir: str, log_dir: str) -> None:
+    """Start the workers, wait (bounded), and fail with every worker's output if one fails."""
+    wait_workers(*start_workers(run_dir, log_dir))
+
+
+def wait_workers(procs, logs, expected: int = 0) -> None:
+    """Wait (bounded) for the workers; fail with every worker's output unless all exit `expected`."""
     deadline = time.monotonic() + TIMEOUT_S
     timed_out = False
     for p in procs:
@@ -87,7 +101,7 @@ def launch_workers(run_dir: str, log_dir: str) -> None:
             p.kill()
             p.wait()
     codes = [p.returncode for p in procs]
-    if timed_out or any(codes):
+    if timed_out or any(c != expected for c in codes):
         report = []
         for i, path in enumerate(logs):
             with open(path) as f:
@@ -203,6 +217,39 @@ def test_preempted_two_process_run_resumes_in_one_process(two_process_run, tmp_p
         assert [json.loads(line)["step"] for line in f] == [1, 2, 3]
     # Launched again with nothing left to do: returns without training.
     assert worker.run(resumed_dir).history == []
+
+
+@pytest.mark.multihost
+def test_sigterm_to_one_process_saves_the_same_step_on_both(tmp_path):
+    """Spot VMs are stopped one by one: the signal reaches one process, yet both must save the
+    same step (a save is a collective) and stop. jax's preemption sync point agrees on it."""
+    from grpo_jax.preemption import EXIT_CODE
+
+    run_dir = str(tmp_path / "run")
+    procs, logs = start_workers(run_dir, str(tmp_path), "--preempt")
+    metrics, seen = os.path.join(run_dir, "metrics.jsonl"), 0
+    deadline = time.monotonic() + TIMEOUT_S
+    while not seen and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.1)  # until process 0 has logged a step: training is under way on both
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                seen = sum(1 for line in f if line.strip())
+    if seen:
+        procs[1].send_signal(signal.SIGTERM)  # not the coordinator: the notice has to travel
+    wait_workers(procs, logs, expected=EXIT_CODE)
+    saved = []
+    for i in range(NUM_PROCESSES):
+        with open(os.path.join(run_dir, f"result_{i}.json")) as f:
+            saved.append(json.load(f)["preempted_at"])
+    step = saved[0]
+    assert saved == [step] * NUM_PROCESSES, saved
+    assert seen <= step < worker.PREEMPT_STEPS, (seen, step)  # the step under way or just after it
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == [str(step)]  # no scheduled save
+    with open(metrics) as f:
+        assert [json.loads(line)["step"] for line in f] == list(range(1, step + 1))
+    for path in logs:
+        with open(path) as f:
+            assert f"saved checkpoint step {step} in {run_dir}/checkpoints and stopped" in f.read(), path
 
 
 # ============================================================================ fast checks (no subprocess)

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import pytest
 from test_trainer import SevensTask, tok  # noqa: F401  (tok: the fixture)
 
-from grpo_jax import aot, programs, sampler
-from grpo_jax.sampler.programs import OnMesh
+from grpo_jax import aot, sampler
+from grpo_jax.sampler.calls import OnMesh
 from grpo_jax import config as config_lib
 from grpo_jax.model import init_params
 from grpo_jax.sharding import make_mesh
@@ -59,16 +59,16 @@ def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatc
     trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
                       progress=False, resume=False)
     assert trainer.mesh.size == 8
-    assert trainer.decode_engine == ("shared" if "rl.decode=shared" in overrides else "unrolled")
+    assert trainer.sampler.engine.name == ("shared" if "rl.decode=shared" in overrides else "unrolled")
     trainer.train(1)
     trainer.close()
     prompt_len = seen["prefill"][1][1].shape[1]
     assert seen["decode"][1][1].k.dtype == jnp.float32 and seen["decode"][1][1].k_scale is None
-    lowered = aot.lower_sampler(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
+    lowered = aot.lower_sampler(cfg, trainer.sampler.mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
     for name in ("prefill", "decode"):
         assert lowered[name].as_text() == seen[name][0], name
     eval_len = seen["eval_prefill"][1][1].shape[1]
-    lowered = aot.lower_sampler(cfg, trainer.sample_mesh, cfg.data.eval_size, 1, eval_len, evaluation=True)
+    lowered = aot.lower_sampler(cfg, trainer.sampler.mesh, cfg.data.eval_size, 1, eval_len, evaluation=True)
     for name in ("prefill", "decode"):
         assert lowered[name].as_text() == seen[f"eval_{name}"][0], name
     assert seen["eval_decode"][1][3].row_ids.shape != seen["decode"][1][3].row_ids.shape
@@ -90,19 +90,19 @@ def test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases(tmp_path, monkey
         asked.update(dataclasses.asdict(settings))
         raise Sampled
 
-    monkeypatch.setattr(sampler, "sample_to_host", sample_to_host)
+    monkeypatch.setattr(sampler.host, "sample_to_host", sample_to_host)
     trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
                       progress=False, resume=False)
     with pytest.raises(Sampled):
         trainer.train(1)
     trainer.close()
-    assert asked["kv_dtype"] == "int8" and trainer.decode_engine == "unrolled"
+    assert asked["kv_dtype"] == "int8" and trainer.sampler.engine.name == "unrolled"
     assert asked["decode_phases"] == 2
-    cache = aot.sampler_calls(cfg, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, 16)["decode"][1][1]
+    cache = aot.sampler_calls(cfg, trainer.sampler.mesh, cfg.data.batch_size, cfg.rl.group_size, 16)["decode"][1][1]
     assert cache.k.dtype == cache.v.dtype == jnp.int8 and cache.k_scale.shape == cache.k.shape[:3] + (16 + 16,)
     for phases, windows in ((2, (64, 128)), (4, (32, 64, 96, 128))):
         shared = cfg.replace(rl={"decode": "shared", "max_new_tokens": 128, "decode_phases": phases})
-        calls = aot.sampler_calls(shared, trainer.sample_mesh, cfg.data.batch_size, cfg.rl.group_size, 16)
+        calls = aot.sampler_calls(shared, trainer.sampler.mesh, cfg.data.batch_size, cfg.rl.group_size, 16)
         assert calls["decode"][2]["windows"] == windows
 
 
@@ -121,7 +121,8 @@ def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monk
     trainer.close()
     tpu_mesh, _ = aot.topology_mesh(cfg, "v5e:2x2")
     auto = config_lib.apply_overrides(cfg, ["rl.decode=auto"])
-    assert programs.decode_engine(auto, tpu_mesh) == "shared" and programs.decode_engine(auto, trainer.mesh) == "unrolled"
+    assert aot.run_sampler(auto, tpu_mesh).engine.name == "shared"
+    assert aot.run_sampler(auto, trainer.mesh).engine.name == "unrolled"
     prompt_len = seen["prefill"][1][1].shape[1]
     calls = aot.sampler_calls(cfg, tpu_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
     for name in ("prefill", "decode"):
@@ -135,3 +136,36 @@ def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monk
         assert [spec(x) for x in ran] == [spec(x) for x in built], name
     lowered = aot.lower_sampler(cfg, tpu_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
     assert "while" in lowered["decode"].as_text()
+
+
+def test_grpo_evaluate_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok):
+    """grpo-evaluate on a run dir samples its questions in chunks (--chunk-rows) on this
+    host's mesh: each chunk's greedy call and its --k draws (other rows than the run's
+    calls: 2 questions, then the last 1) lower to the HLO `aot` lowers for the run's
+    evaluation sampler on that mesh."""
+    from grpo_jax import evaluate_cli
+    from grpo_jax.config import MeshConfig
+
+    cfg = _cfg(tmp_path, tok.vocab_size)
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      progress=False, resume=False)
+    trainer.save(1)
+    trainer.close()
+    seen, real_call = [], OnMesh.__call__
+
+    def call(self, *args, **kwargs):
+        seen.append(("prefill" if "cache_len" in kwargs else "decode", self.lower(*args, **kwargs).as_text(), args))
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(OnMesh, "__call__", call)
+    evaluate_cli.main(["--model", str(tmp_path), "--task", "test_trainer:SevensTask", "--limit", "3", "--k", "2",
+                       "--chunk-rows", "4", "--temperature", "1.0", "--no-progress", "--out", str(tmp_path / "eval")])
+    mesh = make_mesh(MeshConfig(), jax.local_devices())
+    prompt_len = seen[0][2][1].shape[1]
+    # (questions, rows per question) of each call: chunk [0, 1] greedy, drawn; chunk [2] greedy, drawn.
+    shapes = [(2, 1), (2, 2), (1, 1), (1, 2)]
+    assert [name for name, _, _ in seen] == ["prefill", "decode"] * len(shapes)
+    for (prompts, group), pair in zip(shapes, zip(seen[::2], seen[1::2])):
+        lowered = aot.lower_sampler(cfg, mesh, prompts, group, prompt_len, evaluation=True)
+        for name, text, _ in pair:
+            assert lowered[name].as_text() == text, (name, prompts, group)

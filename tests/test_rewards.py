@@ -124,6 +124,10 @@ def boxed(s):
         ("(1)+(2)", "3"),
         (r"\{1,2\}", r"\{1, 2\}"),
         (r"(1,\frac{1}{2})", "(1,0.5)"),
+        # Where math-verify showed the reward wrong (experiments/math_verify_report.py):
+        ("3, -1", "-1, 3"),  # all the solutions, in another order
+        (r"\{2, 1\}", r"\{1,2\}"),  # a set
+        (r"x \in [2,5]", "[2,5]"),
     ],
 )
 def test_math_equivalent_answers(answer, reference):
@@ -136,7 +140,9 @@ def test_math_equivalent_answers(answer, reference):
         ("6", "5"),
         ("0.33", r"\frac{1}{3}"),
         (r"\sqrt{2}", "1.41"),
-        ("(1,2)", "(2,1)"),
+        ("(1,2)", "(2,1)"),  # an ordered pair keeps its order
+        ("1, 1, 2", "1, 2, 2"),  # a list in another order, not another multiset
+        (r"x \in (2,5)", "[2,5]"),
         ("(1,2)", "[1,2]"),
         ("(1,2)", "(1,2,3)"),
         ("x^2", "x^3"),

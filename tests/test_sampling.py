@@ -15,8 +15,7 @@ import pytest
 from scipy import stats
 
 from grpo_jax import model, sampler, shapes
-from grpo_jax.sampler import cache, draw, engines, layouts
-from grpo_jax.sampler import programs as sampler_programs
+from grpo_jax.sampler import cache, calls, draw, engines, layouts
 from grpo_jax.sampler.prefill import TRACE_COUNTS
 from grpo_jax.config import cpu_tiny
 from jax.sharding import PartitionSpec as P
@@ -41,7 +40,7 @@ def flat(fn, cfg, params, prompts, **kw):
 
 def _programs(mesh, engine, kv_dtype="auto"):
     """(prefill, decode) of an engine for CFG."""
-    return sampler_programs.programs(CFG, mesh, engines.ENGINES[engine], kv_dtype)
+    return calls.programs(CFG, mesh, engines.ENGINES[engine], kv_dtype)
 
 
 def _host(prompts, group_size, mesh, engine="scan", bucket=16):

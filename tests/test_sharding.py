@@ -143,7 +143,7 @@ def test_residual_stream_is_constrained_at_the_block_boundary(reference, shape, 
 
 def test_sampler_is_traced_on_its_mesh(reference):
     from grpo_jax import sampler
-    from grpo_jax.sampler import engines, programs
+    from grpo_jax.sampler import calls, engines
 
     params, _, _, _ = reference
     mesh = sharding.mesh_from_shape((2, 2, 2))
@@ -155,7 +155,7 @@ def test_sampler_is_traced_on_its_mesh(reference):
                          sampler.SamplingParams(max_new_tokens=4, temperature=0.0),
                          key=jax.random.key(0), group_size=2)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-    prefill, _ = programs.programs(CFG, mesh, engines.ENGINES["unrolled"], "auto")
+    prefill, _ = calls.programs(CFG, mesh, engines.ENGINES["unrolled"], "auto")
     assert "sdy.sharding_constraint" in prefill.lower(
         sharded, *[sharding.shard_batch(x, mesh) for x in (np.ones((8, 4), np.int32), np.ones((8, 4), bool))],
         None, cache_len=8).as_text()

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from grpo_jax import aot, model, programs, splash
 from grpo_jax.config import ConfigError, apply_overrides, get_preset
+from grpo_jax.sampler import Sampler
 from grpo_jax.sharding import mesh_from_shape, on_mesh
 
 B, T, H, K, D = 2, 100, 4, 2, 32  # T: not a multiple of 128, so the kernel pads the end
@@ -105,8 +106,8 @@ def test_splash_off_tpu_is_refused():
         apply_overrides(cfg, ["model.attention=flash"]).validate()
     # The sampler runs over a KV cache, where attention is the model's own: shared programs.
     xla = dataclasses.replace(cfg.model, attention="xla")
-    splash_call = programs.sampler(cfg, None, 2, 2, 16)
-    xla_call = programs.sampler(dataclasses.replace(cfg, model=xla), None, 2, 2, 16)
+    splash_call = Sampler.for_run(cfg).call(2, 2, 16)
+    xla_call = Sampler.for_run(dataclasses.replace(cfg, model=xla)).call(2, 2, 16)
     assert splash_call.prefill is xla_call.prefill and splash_call.decode is xla_call.decode
 
 

@@ -300,14 +300,14 @@ def test_a_rare_carry_count_still_fills_the_small_splits():
 
 def test_format_reward_from_the_config_is_the_wrong_answers_reward():
     from grpo_jax.config import ConfigError, load_config
-    from grpo_jax.train_cli import make_task
+    from grpo_jax.runs import make_task
 
-    task = make_task(load_config("cpu-tiny", ["data.format_reward=0", "data.num_operands=2"]))
+    task = make_task("arithmetic", load_config("cpu-tiny", ["data.format_reward=0", "data.num_operands=2"]).data)
     ex = task.examples("train", 1, 0)[0]
     right = task.sft_text(ex)
     wrong = right.replace(f"A: {ex.answer}", f"A: {int(ex.answer) + 1}")
     assert (task.reward(right, ex), task.reward(wrong, ex)) == (1.0, 0.0)
-    assert make_task(load_config("cpu-tiny", ["data.num_operands=2"])).reward(wrong, ex) == 0.1
+    assert make_task("arithmetic", load_config("cpu-tiny", ["data.num_operands=2"]).data).reward(wrong, ex) == 0.1
     with pytest.raises(ConfigError, match="data.format_reward must be in"):
         load_config("cpu-tiny", ["data.format_reward=1"])
     with pytest.raises(ConfigError, match="data.min_carries must be in"):

@@ -104,7 +104,7 @@ def test_every_shipped_study_regime_has_a_best_shortcut_under_ten_percent():
     common = script("common")
     for name, regime in common.STUDY_REGIMES.items():
         cfg = apply_overrides(get_preset("cpu-tiny"), common.CPU_DEFAULTS + regime).validate()
-        task = common.make_task(cfg)
+        task = common.make_task(cfg.data.task, cfg.data)
         held_out = task.examples("test", cfg.data.eval_size, cfg.data.seed)
         baselines = shortcut_baselines(task, held_out)
         assert baselines.distinct_questions >= 512, name

@@ -3,6 +3,8 @@
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grpo_jax.tokenizer import SentencePieceTokenizer, Tokenizer, char_to_token_index, train_sentencepiece
 
@@ -52,3 +54,35 @@ def test_save_load(tok, tmp_path):
 def test_empty_corpus_is_an_error():
     with pytest.raises(ValueError, match="empty"):
         train_sentencepiece(["", "  "], vocab_size=32)
+
+
+# The characters of the corpus, plus what a prompt may carry that the corpus never had.
+_ALPHABET = list("Q: 0123456789+-*=?\nA") + ["  ", "\n\n", "x", "é", "☃"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.lists(st.sampled_from(_ALPHABET), max_size=40).map("".join))
+def test_hf_backend_encodes_as_sentencepiece(tok, text):
+    """The tokenizer.json an export writes (`hf_backend`) gives sentencepiece's ids on any
+    text over the corpus' characters, odd spacing, unknown characters and leading newlines."""
+    assert _backend(tok).encode(text, add_special_tokens=False).ids == tok.encode(text)
+
+
+def _backend(tok, cache={}):
+    if id(tok) not in cache:
+        cache[id(tok)] = tok.hf_backend()
+    return cache[id(tok)]
+
+
+def test_hf_backend_reads_special_token_text_as_transformers_does(tok):
+    """The one known difference: "<s>" written in the text is the BOS id for transformers
+    (its special tokens are matched in text), pieces for sentencepiece (never matched)."""
+    assert _backend(tok).encode("<s>Q", add_special_tokens=False).ids[0] == tok.bos_id
+    assert tok.encode("<s>Q")[0] != tok.bos_id
+
+
+def test_hf_backend_adds_bos_and_refuses_what_it_cannot_repeat(tok):
+    assert tok.hf_backend().encode("Q: 1").ids == tok.encode("Q: 1", add_bos=True)
+    unigram = train_sentencepiece(["Q: 1+2=3\nA: 3\n"] * 50, vocab_size=20, model_type="unigram")
+    with pytest.raises(ValueError, match="only sentencepiece BPE models convert to tokenizer.json; this one is UNIGRAM"):
+        unigram.hf_backend()

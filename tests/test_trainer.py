@@ -177,7 +177,7 @@ def test_bfloat16_sampling_copy_reaches_the_sampler(tmp_path, tok, monkeypatch):
         seen.append(({str(x.dtype) for x in jax.tree.leaves(params)}, dict(mesh_of(params).shape)))
         return sample_to_host(cfg, params, *args, **kw)
 
-    monkeypatch.setattr(sampler, "sample_to_host", spy)
+    monkeypatch.setattr(sampler.host, "sample_to_host", spy)
     mismatch = {}
     for dtype in ("float32", "bfloat16"):
         trainer = _trainer(_cfg(tmp_path / dtype, tok, f"rl.sample_dtype={dtype}", "mesh.slice=v5litepod-8"), tok)

@@ -93,37 +93,38 @@ def labelling_cost(labels: Sequence[ProgressLabels], n: int) -> dict:
             "prefixes_continued": prefixes, "continuations": prefixes * n}
 
 
-def policy_completer(cfg, params, tokenizer, *, key, max_new_tokens: int, temperature: float = 1.0,
-                     mesh=None, chunk: int = 64) -> Complete:
-    """A `Complete` that samples the policy ``params`` (model config ``cfg``): each prompt +
-    prefix is encoded as one prompt and continued ``n`` times (at most ``max_new_tokens``,
-    and what ``cfg.max_seq_len`` leaves), ``chunk`` prefixes a call."""
+def policy_completer(sampler, params, tokenizer, *, key, max_new_tokens: int, temperature: float = 1.0,
+                     chunk: int = 64) -> Complete:
+    """A `Complete` that samples the policy ``params`` (in ``sampler``'s weights form,
+    ``Sampler.copy``) with the run's ``sampler`` (its engine, cache and mesh), untruncated
+    at ``temperature``: each prompt + prefix is encoded as one prompt and continued ``n``
+    times (at most ``max_new_tokens``, and what the model's max_seq_len leaves), ``chunk``
+    prefixes a call."""
     import jax
 
-    from grpo_jax import sampler
     from grpo_jax.batching import completion_ids
     from grpo_jax.sharding import to_host
     from grpo_jax.tokenizer import encode_prompt
 
+    max_seq_len = sampler.cfg.max_seq_len
+    drawing = sampler.evaluation(temperature)
     calls = [0]
 
     def complete(prompts: Sequence[str], prefixes: Sequence[str], n: int) -> list[list[str]]:
         ids = [encode_prompt(tokenizer, p + x) for p, x in zip(prompts, prefixes)]
         # Prefixes of similar length share a call, so each call's token budget (what the
-        # longest of them leaves of cfg.max_seq_len) cuts none of them short.
+        # longest of them leaves of max_seq_len) cuts none of them short.
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: list[list[str] | None] = [None] * len(ids)
         for lo in range(0, len(order), chunk):
             rows = order[lo:lo + chunk]
-            budget = min(max_new_tokens, cfg.max_seq_len - max(len(ids[i]) for i in rows))
+            budget = min(max_new_tokens, max_seq_len - max(len(ids[i]) for i in rows))
             if budget < 1:
                 raise ValueError(f"a prompt + step prefix of {max(len(ids[i]) for i in rows)} tokens leaves no "
-                                 f"room to continue within model.max_seq_len={cfg.max_seq_len}")
+                                 f"room to continue within model.max_seq_len={max_seq_len}")
             calls[0] += 1
-            settings = sampler.SamplingParams(budget, temperature, stop_tokens=tokenizer.stop_ids,
-                                              pad_id=tokenizer.pad_id)
-            ro = sampler.sample(cfg, params, [ids[i] for i in rows], settings, key=jax.random.fold_in(key, calls[0]),
-                                group_size=n, mesh=mesh)
+            ro = drawing.with_settings(max_new_tokens=budget).sample(
+                params, [ids[i] for i in rows], key=jax.random.fold_in(key, calls[0]), group_size=n)
             ro = jax.tree.map(to_host, ro)
             texts = [tokenizer.decode(completion_ids(ro, r, tokenizer.stop_ids)) for r in range(len(rows) * n)]
             for k, i in enumerate(rows):

@@ -175,6 +175,37 @@ def _check_samples(samples: Sequence[LabelledSample], kind: str, where: str) -> 
                 raise ValueError(f"{where}[{i}]: step labels must be in [0, 1], got {s.step_labels}")
 
 
+def _checked_loss(kind: str, loss: str | None, steps: int, batch_size: int) -> str:
+    """The loss ``train_reward_model`` trains ``kind`` with (``loss``, or the kind's
+    default); ValueError for a kind, loss, step count or batch size it cannot train."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    loss = loss or ("pairwise" if kind == "outcome" else "pointwise")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if kind == "process" and loss != "pointwise":
+        raise ValueError("a process reward model is trained with the per-step BCE: loss='pointwise'")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if batch_size < (2 if loss == "pairwise" else 1):
+        raise ValueError(f"batch_size must be >= {2 if loss == 'pairwise' else 1}, got {batch_size}")
+    return loss
+
+
+def _initial_params(cfg_model: ModelConfig, init_params: Any, seed: int):
+    """The params training starts from (``train_reward_model``'s ``init_params``): a random
+    trunk and value head, or a copy (the update donates it) of a policy's params with a
+    fresh value head, or of a reward model's."""
+    if isinstance(init_params, RewardModel):
+        init_params = init_params.params
+    if init_params is None:
+        return model_lib.init_params(cfg_model, jax.random.key(seed), value_head=True)
+    params = jax.tree.map(jnp.array, dict(init_params))
+    if "value_head" not in params:
+        params = model_lib.add_value_head(cfg_model, params, jax.random.key(seed))
+    return params
+
+
 def train_reward_model(
     cfg_model: ModelConfig,
     tokenizer: Tokenizer,
@@ -213,21 +244,11 @@ def train_reward_model(
       for pairwise margin (mean r⁺ − r⁻) and same_prompt_pairs (fraction of the new pairs
       whose two completions answer the same prompt).
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    loss = loss or ("pairwise" if kind == "outcome" else "pointwise")
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    if kind == "process" and loss != "pointwise":
-        raise ValueError("a process reward model is trained with the per-step BCE: loss='pointwise'")
+    loss = _checked_loss(kind, loss, steps, batch_size)
     samples = list(samples)
+    history = replay.samples if isinstance(replay, ReplayBuffer) else list(replay or [])
     if not samples:
         raise ValueError("train_reward_model: no samples to train on")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    if batch_size < (2 if loss == "pairwise" else 1):
-        raise ValueError(f"batch_size must be >= {2 if loss == 'pairwise' else 1}, got {batch_size}")
-    history = replay.samples if isinstance(replay, ReplayBuffer) else list(replay or [])
     _check_samples(samples, kind, "samples")
     _check_samples(history, kind, "replay")
     if tokenizer.vocab_size > cfg_model.vocab_size:
@@ -239,28 +260,31 @@ def train_reward_model(
 
     # Device side: params, AdamW, one jitted update.
     prior_steps = init_params.trained_steps if isinstance(init_params, RewardModel) else 0
-    if isinstance(init_params, RewardModel):
-        init_params = init_params.params
-    if init_params is None:
-        params = model_lib.init_params(cfg_model, jax.random.key(seed), value_head=True)
-    else:
-        params = jax.tree.map(jnp.array, dict(init_params))  # a copy: the update donates it
-        if "value_head" not in params:
-            params = model_lib.add_value_head(cfg_model, params, jax.random.key(seed))
+    params = _initial_params(cfg_model, init_params, seed)
     opt_cfg = optimizer or OptimizerConfig(peak_lr=lr, warmup_steps=min(10, steps // 10))
     train_step, tx, schedule = _train_step_fn(cfg_model, kind, loss, opt_cfg, steps)
-    opt_state = tx.init(params)
     lrs = np.asarray(jax.vmap(schedule)(jnp.arange(steps)))
 
+    params, history_out = _fit(train_step, params, tx.init(params), source, lrs, progress=progress,
+                               desc=f"{kind} reward model")
+    rm = RewardModel(cfg_model, params, tokenizer, kind, loss=loss, process_reduce=process_reduce,
+                     trained_steps=prior_steps + steps)
+    return rm, history_out
+
+
+def _fit(train_step, params, opt_state, source: "BatchSource", lrs: np.ndarray, *, progress: bool,
+         desc: str) -> tuple[Any, list[dict[str, float]]]:
+    """``len(lrs)`` jitted updates of ``params`` on ``source``'s batches -> (params, the
+    metrics of every step); FloatingPointError at a non-finite loss."""
     history_out: list[dict[str, float]] = []
-    bar = progress_bar(progress, steps, f"{kind} reward model")
+    bar = progress_bar(progress, len(lrs), desc)
     try:
-        for step in range(steps):
+        for step in range(len(lrs)):
             batch, from_history = source.next()
             params, opt_state, metrics = train_step(params, opt_state, batch)
             row = {"step": step, **{k: float(v) for k, v in jax.device_get(metrics).items()},
                    "lr": float(lrs[step]), "replay_items": from_history}
-            if loss == "pairwise":
+            if source.loss == "pairwise":
                 row["same_prompt_pairs"] = source.same_prompt_fraction
             if not np.isfinite(row["loss"]):
                 raise FloatingPointError(f"reward-model loss is {row['loss']} at step {step}")
@@ -271,9 +295,7 @@ def train_reward_model(
     finally:
         if bar is not None:
             bar.close()
-    rm = RewardModel(cfg_model, params, tokenizer, kind, loss=loss, process_reduce=process_reduce,
-                     trained_steps=prior_steps + steps)
-    return rm, history_out
+    return params, history_out
 
 
 def progress_bar(enabled: bool, total: int, desc: str):

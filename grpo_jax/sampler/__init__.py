@@ -6,9 +6,10 @@ returns a `Rollout` whose row ``prompt_index * G + g`` is the g-th completion of
 
 =================  =======================================================================
 ``settings``       `SamplingParams`: the one frozen set of settings (``from_rl``)
-``host``           host side: prompts in, rows out, a batch a few prompts per call
+``host``           host side: prompts in, rows out, a batch a few prompts per call;
+                   `Sampler`, the run's sampler, built once (``Sampler.for_run``)
 ``layouts``        host side: each engine's prompt layout, the padded host batch
-``programs``       `sampler_call`: the programs, their arguments, shardings and donation
+``calls``          `sampler_call`: the programs, their arguments, shardings and donation
 ``prefill``        device: the prompts once through the model, the cache to their rows
 ``loop``           device: the generic decode loop (``lax.while_loop``), one token a step
 ``engines``        `DecodeEngine` and its four engines; `resolve` for ``rl.decode``
@@ -79,11 +80,11 @@ code reads them through `sharding.to_host`.
 """
 
 from grpo_jax.sampler.engines import DecodeEngine, resolve
-from grpo_jax.sampler.host import Rollout, SampleInfo, sample, sample_to_host, sample_with_info
-from grpo_jax.sampler.programs import SamplerCall, sampler_call, sampling_mesh
+from grpo_jax.sampler.host import Rollout, SampleInfo, Sampler, sample, sample_to_host, sample_with_info
+from grpo_jax.sampler.calls import SamplerCall, sampler_call, sampling_mesh
 from grpo_jax.sampler.settings import SamplingParams
 from grpo_jax.sampler.weights import abstract_sampling_copy, sampling_copy
 
-__all__ = ["DecodeEngine", "Rollout", "SampleInfo", "SamplerCall", "SamplingParams", "abstract_sampling_copy",
-           "resolve", "sample", "sample_to_host", "sample_with_info", "sampler_call", "sampling_copy",
-           "sampling_mesh"]
+__all__ = ["DecodeEngine", "Rollout", "SampleInfo", "Sampler", "SamplerCall", "SamplingParams",
+           "abstract_sampling_copy", "resolve", "sample", "sample_to_host", "sample_with_info", "sampler_call",
+           "sampling_copy", "sampling_mesh"]

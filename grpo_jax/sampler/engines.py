@@ -86,10 +86,14 @@ class DecodeEngine:
         """The carried cache at the start of the phase of ``window`` slots."""
         return cache
 
-    def finish(self, cache: model_lib.KVCache, keep: bool) -> model_lib.KVCache | None:
-        """The decode's output cache from the carried one; ``keep`` (the cost twin): even
-        where the loop would drop it."""
+    def cache_out(self, cache: model_lib.KVCache) -> model_lib.KVCache:
+        """The carried cache in the form this engine hands a cache out: stacked
+        [layers, ...] where it carries one per layer over the model's stacked layout."""
         return cache
+
+    def finish(self, cache: model_lib.KVCache) -> model_lib.KVCache | None:
+        """The decode's output cache from the carried one (None: the decode returns none)."""
+        return self.cache_out(cache)
 
 
 def _forward_step(cfg: ModelConfig, params, step_params, unroll: bool, prefix=None):
@@ -123,7 +127,7 @@ class Unrolled(DecodeEngine):
         step = _forward_step(cfg, params, per_layer_params(params, cfg.num_layers), unroll=True)
         return _per_layer_step(step), cache_lib.per_layer(cache), logits0
 
-    def finish(self, cache, keep):
+    def cache_out(self, cache):
         return cache_lib.stacked(cache)
 
 
@@ -155,8 +159,11 @@ class Shared(DecodeEngine):
         # that a step reads, at every step.
         return cache_lib.resize_slots(cache, window)
 
-    def finish(self, cache, keep):
-        return cache_lib.stacked(cache) if keep else None
+    def cache_out(self, cache):
+        return cache_lib.stacked(cache)
+
+    def finish(self, cache):
+        return None
 
 
 # Prefill chunk size of the feature-major engine (one CPU device): XLA's CPU backend ran a
@@ -211,8 +218,8 @@ class FeatureMajor(DecodeEngine):
     def grow(self, cache, window):
         return cache_lib.resize_slots(cache, window)
 
-    def finish(self, cache, keep):
-        return cache if keep else None
+    def finish(self, cache):
+        return None
 
 
 ENGINES: dict[str, DecodeEngine] = {e.name: e for e in (Scan(), Unrolled(), FeatureMajor(), Shared())}

@@ -1,15 +1,17 @@
-"""The sampler's host-side entry: prompts in, rows out (`sample`, `sample_with_info`), and
-`sample_to_host`, which samples a batch a few prompts at a time.
+"""The sampler's host-side entry: prompts in, rows out (`sample`, `sample_with_info`),
+`sample_to_host`, which samples a batch a few prompts at a time, and `Sampler`, the run's
+sampler built once (model, sampling mesh, settings, the weights' form) that every path that
+samples asks.
 
 Plain Python and numpy, never traced: the arguments are checked, the static shapes
 bucketed, the prompts left-padded and laid out by the engine, the batch padded with dummy
-rows and the dummy rows stripped again; the device work is one `programs.SamplerCall`.
+rows and the dummy rows stripped again; the device work is one `calls.SamplerCall`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.struct
 import jax
@@ -17,11 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from grpo_jax.config import ModelConfig
-from grpo_jax.sampler.programs import SamplerCall, sampler_call, sampling_mesh
+from grpo_jax.config import Config, ModelConfig
+from grpo_jax.sampler.engines import DecodeEngine, resolve
+from grpo_jax.sampler.calls import SamplerCall, sampler_call, sampling_mesh
 from grpo_jax.sampler.settings import SamplingParams
+from grpo_jax.sampler.weights import abstract_sampling_copy, sampling_copy
 from grpo_jax.shapes import bucket_length
-from grpo_jax.sharding import batch_sharding, mesh_of, to_global, to_host
+from grpo_jax.sharding import batch_sharding, make_sample_mesh, mesh_of, to_global, to_host
 
 
 @flax.struct.dataclass
@@ -108,9 +112,11 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
 
 
 def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], settings: SamplingParams, *, key,
-                   group_size: int = 1, prompts_per_call: int = 0, mesh: Mesh | None = None) -> Rollout:
+                   group_size: int = 1, prompts_per_call: int = 0, mesh: Mesh | None = None,
+                   between_calls: Callable[[], None] | None = None) -> Rollout:
     """`sample`'s Rollout as host numpy arrays (on every process), sampled
-    `prompts_per_call` prompts at a time (0 = all in one call).
+    `prompts_per_call` prompts at a time (0 = all in one call). `between_calls()` runs
+    before each call but the first (the trainer stops a preempted rollout there by raising).
 
     Each call's results go to the host before the next call starts, so the device holds
     one call's KV cache ([layers, prompts_per_call * G, ...]) instead of the whole batch's.
@@ -126,6 +132,8 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], s
     tp = bucket_length(max(len(p) for p in prompts))
     parts = []
     for start in range(0, len(prompts), per_call):
+        if start and between_calls is not None:
+            between_calls()
         chunk = prompts[start:start + per_call]
         call = sampler_call(cfg, mesh, settings, len(chunk), group_size, tp)
         rollout, _ = _sample_call(call, params, chunk, key, row_offset=start * group_size)
@@ -157,3 +165,75 @@ def _sample_call(call: SamplerCall, params, prompts: list[list[int]], key,
                       completion_bucket=call.num_cols, prompt_rows=host.prompt_tokens.shape[0],
                       sample_rows=host.src_rows.shape[0], decode_steps=int(steps))
     return rollout, info
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """A run's sampler: the model ``cfg``, the sampling ``mesh`` (None: where the params
+    live), one `SamplingParams` and the form of the weights it reads (``weights_dtype``,
+    ``rl.sample_dtype``: `copy`). Built once per run (`for_run`) and handed to every path
+    that samples: the rollout (`generate`), evaluation (`evaluation`, a derived sampler),
+    the reward models' Monte-Carlo completer, and the ahead-of-time check (`call`,
+    `abstract_call`), so they all draw with the run's engine, cache and lengths."""
+
+    cfg: ModelConfig
+    mesh: Mesh | None
+    settings: SamplingParams
+    weights_dtype: str = "float32"
+
+    @classmethod
+    def for_run(cls, cfg: Config, train_mesh: Mesh | None = None, tokenizer=None) -> "Sampler":
+        """The sampler of a run of ``cfg`` whose train mesh is ``train_mesh``: rl's settings
+        (``SamplingParams.from_rl``) with the ``tokenizer``'s stop tokens and pad id (values
+        the programs trace: the ahead-of-time check leaves them at their defaults), on the
+        sampling mesh (``sharding.make_sample_mesh``: replicas x tensor when ``mesh.slice``
+        or ``mesh.sample_tensor`` is set, else the train mesh itself)."""
+        mesh = train_mesh
+        if train_mesh is not None and (cfg.mesh.slice or cfg.mesh.sample_tensor):
+            mesh = make_sample_mesh(cfg.mesh, list(train_mesh.devices.flat))
+        tokens = {} if tokenizer is None else {"stop_tokens": tokenizer.stop_ids, "pad_id": tokenizer.pad_id}
+        return cls(cfg.model, mesh, SamplingParams.from_rl(cfg.rl, **tokens), cfg.rl.sample_dtype)
+
+    def with_settings(self, **changes) -> "Sampler":
+        """This sampler with some settings replaced (``SamplingParams.replace``)."""
+        return dataclasses.replace(self, settings=self.settings.replace(**changes))
+
+    def evaluation(self, temperature: float = 0.0, top_p: float = 1.0) -> "Sampler":
+        """The sampler evaluation draws with: this one's engine, cache, lengths and weights,
+        untruncated at ``temperature`` (0: greedy) and ``top_p``
+        (``SamplingParams.evaluation``)."""
+        return dataclasses.replace(self, settings=self.settings.evaluation(temperature, top_p))
+
+    @property
+    def engine(self) -> DecodeEngine:
+        """The decode engine ``settings.engine`` resolves to on this mesh (``engines.resolve``)."""
+        return resolve(self.settings.engine, sampling_mesh(self.mesh), self.settings.kv_dtype)
+
+    def copy(self, params):
+        """The policy ``params`` in the form this sampler reads (``weights.sampling_copy``:
+        ``weights_dtype`` on the sampling mesh); make it once per policy and sample it many
+        times."""
+        return sampling_copy(self.cfg, params, self.weights_dtype, self.mesh)
+
+    def sample(self, weights, prompts: Sequence[Sequence[int]], *, key, group_size: int = 1) -> Rollout:
+        """`sample` of ``weights`` (`copy`'s) on this sampler's mesh: a device Rollout of
+        [P * group_size] rows."""
+        return sample(self.cfg, weights, prompts, self.settings, key=key, group_size=group_size, mesh=self.mesh)
+
+    def generate(self, weights, prompts: Sequence[Sequence[int]], *, key, group_size: int = 1,
+                 prompts_per_call: int = 0, between_calls: Callable[[], None] | None = None) -> Rollout:
+        """The rollout: `sample_to_host` of ``weights`` (`copy`'s), ``prompts_per_call``
+        prompts a call (0: all in one), as host arrays of [P * group_size] rows;
+        ``between_calls()`` runs between two calls."""
+        return sample_to_host(self.cfg, weights, prompts, self.settings, key=key, group_size=group_size,
+                              prompts_per_call=prompts_per_call, mesh=self.mesh, between_calls=between_calls)
+
+    def call(self, num_prompts: int, group_size: int, prompt_len: int) -> SamplerCall:
+        """The call this sampler makes for ``num_prompts`` x ``group_size`` rows, prompts in
+        a bucket of ``prompt_len`` (``calls.sampler_call``)."""
+        return sampler_call(self.cfg, self.mesh, self.settings, num_prompts, group_size, prompt_len)
+
+    def abstract_weights(self, call: SamplerCall):
+        """The abstract sampling copy of the weights (``weights.abstract_sampling_copy``) on
+        ``call``'s mesh: what the ahead-of-time check lowers ``call.abstract`` over."""
+        return abstract_sampling_copy(self.cfg, self.weights_dtype, call.mesh)

@@ -11,6 +11,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import loops
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
 from grpo_jax.sampler import cache as cache_lib
@@ -44,19 +45,18 @@ class DecodeState:
 
 
 def decode(cfg: ModelConfig, engine: DecodeEngine, params, cache, logits0, rows: Rows, key, drawing: Drawing, *,
-           num_cols: int, windows: tuple[int, ...] | None = None, cost_steps: int | None = None):
+           num_cols: int, windows: tuple[int, ...] | None = None):
     """Sample up to drawing.max_new_tokens (<= num_cols) tokens per row; stop when all rows
     are done. The first token is drawn from the prefill's logits0, each next one by a step
     of the ``engine`` over its cache, with ``params`` in its weights form
     (``DecodeEngine.weights``).
 
     `windows` (``DecodeEngine.cache_plan``): the cache slots of each decode phase; None: one
-    phase over the cache as it comes. `cost_steps` (static; the cost count of
-    ``grpo_jax.aot`` only): run exactly that many steps, written out, in place of the loop.
+    phase over the cache as it comes. Each phase is a ``loops.while_loop`` (written out by
+    the cost count of ``grpo_jax.aot``).
 
     Returns (tokens, mask, logprobs [Bp,num_cols], finished [Bp], steps, cache): the cache
-    ``DecodeEngine.finish`` gives. The cost twin returns it for every engine: a dead cache
-    would let XLA fuse its last steps' writes away, which the loop, carrying it, does not.
+    ``DecodeEngine.finish`` gives.
     """
     TRACE_COUNTS["decode"] += 1
     bsz = rows.row_ids.shape[0]
@@ -101,12 +101,7 @@ def decode(cfg: ModelConfig, engine: DecodeEngine, params, cache, logits0, rows:
         logits, c = step_fn(s.cache, s.last, s.last_real, positions, rope_cs)
         return emit(s.replace(cache=c), logits)
 
-    if cost_steps is not None:
-        for _ in range(cost_steps):
-            state = body(state)
-    else:
-        for window in windows:
-            state = state.replace(cache=engine.grow(state.cache, window))
-            state = jax.lax.while_loop(functools.partial(cond, window), body, state)
-    cache = engine.finish(state.cache, keep=cost_steps is not None)
-    return state.tokens, state.mask, state.logps, state.finished, state.step, cache
+    for window in windows:
+        state = state.replace(cache=engine.grow(state.cache, window))
+        state = loops.while_loop(functools.partial(cond, window), body, state)
+    return state.tokens, state.mask, state.logps, state.finished, state.step, engine.finish(state.cache)

@@ -1,5 +1,6 @@
-"""The sampling settings, one frozen object (`SamplingParams`) that the trainer, evaluation
-and the ahead-of-time check pass to the sampler, built from ``RLConfig`` by `from_rl`.
+"""The sampling settings, one frozen object (`SamplingParams`), built from ``RLConfig`` by
+`from_rl` once per run, for the run's ``Sampler`` (``Sampler.for_run``), which the trainer,
+evaluation and the ahead-of-time check ask.
 
 Which of them the compiled programs depend on (`engine`, `kv_dtype`, `decode_phases`, and
 whether top-k / top-p filter at all, `filtered`) and which are traced (temperature, the

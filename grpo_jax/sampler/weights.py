@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 
 from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
+from grpo_jax.shapes import abstract_like
 from grpo_jax.sharding import mesh_of
 
 
@@ -101,5 +102,4 @@ def abstract_sampling_copy(cfg: ModelConfig, dtype: str, mesh: Mesh | None):
     params = jax.eval_shape(lambda p: sampling_copy(cfg, p, dtype), model_lib.param_shapes(cfg))
     if mesh is None:
         return params
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        params, model_lib.param_shardings(cfg, mesh))
+    return abstract_like(params, model_lib.param_shardings(cfg, mesh))

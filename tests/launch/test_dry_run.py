@@ -60,7 +60,7 @@ def ssh(name, where, worker, remote):
 def start(run, python_args):
     return (f"cd grpo_jax && mkdir -p logs && if [ -f logs/{run}.pid ] && kill -0 $(cat "
             f"logs/{run}.pid) 2>/dev/null; then echo \"run {run} is already running\"; else "
-            f"rm -f logs/{run}.exit; setsid nohup sh -c \"env PYTHONUNBUFFERED=1 .venv/bin/python "
+            f"rm -f logs/{run}.exit; setsid nohup sh -c \"trap : TERM INT; env PYTHONUNBUFFERED=1 .venv/bin/python "
             f"{python_args}; echo \\$? > logs/{run}.exit\" > logs/{run}.log 2>&1 < /dev/null & "
             f"echo $! > logs/{run}.pid; fi")
 
@@ -176,7 +176,8 @@ def test_run_logs_and_stop():
     assert dry("run", "grpo_gsm8k", *V4, "--stop", "--grace", "60") == [
         ssh("pod", WHERE_V4, "all",
             "cd grpo_jax && if [ -f logs/grpo_gsm8k.pid ]; then p=$(cat logs/grpo_gsm8k.pid); "
-            "kill -TERM -- -$p 2>/dev/null && sleep 60; kill -KILL -- -$p 2>/dev/null; fi; true")]
+            "if kill -TERM -- -$p 2>/dev/null; then i=0; while [ $i -lt 60 ] && kill -0 -- -$p 2>/dev/null; "
+            "do sleep 1; i=$((i+1)); done; fi; kill -KILL -- -$p 2>/dev/null; fi; true")]
 
 
 # ----------------------------------------------------------------------------- clear errors
@@ -205,13 +206,16 @@ def test_bad_settings_fail_before_any_command(args, message):
 FAKE_GCLOUD = """\
 #!{python}
 # Logs each call. The first follow (ssh --worker=0) exits {first}, later ones {later}
-# (255 is what ssh returns when the VM disappears under it).
+# (255 is what ssh returns when the VM disappears under it). The n-th describe answers the
+# n-th state (the last one from then on).
 import pathlib, sys
 log = pathlib.Path({log!r})
 with log.open("a") as f:
     f.write(" ".join(sys.argv[1:5]) + "\\n")
 if sys.argv[4] == "describe":
-    print({state!r})
+    states = {states!r}
+    asked = sum(1 for c in log.read_text().splitlines() if c.endswith("describe"))
+    print(states[min(asked, len(states)) - 1])
 elif sys.argv[4] == "ssh" and "--worker=0" in sys.argv:
     follows = sum(1 for c in log.read_text().splitlines() if c.endswith("ssh")) // 2
     sys.exit({first} if follows <= 1 else {later})
@@ -219,11 +223,13 @@ elif sys.argv[4] == "ssh" and "--worker=0" in sys.argv:
 
 
 def fake_gcloud(tmp_path, state, first, later=0):
-    """A `gcloud` on PATH that reports ``state`` and returns the given follow codes."""
+    """A `gcloud` on PATH that reports ``state`` (or one state of a list per describe, in
+    order) and returns the given follow codes."""
     log = tmp_path / "calls.txt"
     gcloud = tmp_path / "bin" / "gcloud"
     gcloud.parent.mkdir(parents=True)
-    gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable, log=str(log), state=state,
+    states = [state] if isinstance(state, str) else list(state)
+    gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable, log=str(log), states=states,
                                          first=first, later=later))
     gcloud.chmod(0o755)
     return str(gcloud.parent), log
@@ -269,6 +275,34 @@ def test_a_failing_run_on_a_healthy_tpu_is_not_restarted(tmp_path):
     assert "not restarting" in done.stderr
 
 
+PREEMPTED = 75  # grpo_jax.preemption.EXIT_CODE: the run saved its step on a SIGTERM
+
+
+def test_a_run_that_saved_on_sigterm_is_resumed_once_the_tpu_shows_the_preemption(tmp_path):
+    # The VM's notice comes before it stops: the state reads READY at first.
+    path, log = fake_gcloud(tmp_path, state=["READY", "PREEMPTED"], first=PREEMPTED)
+    done = launch("run", "quickstart", *V4, "--slice", "v4-32", "--spot", "--bucket", "b",
+                  "--max-restarts", "1", "--notice-wait", "0", "--repo-url", "https://example.com/g.git",
+                  path=path)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == [
+        SSH, SSH,                        # start, follow: exit 75
+        DESCRIBE, DESCRIBE,              # READY, then (after --notice-wait) PREEMPTED
+        "compute tpus tpu-vm delete", "compute tpus tpu-vm create", SSH, SSH,
+        SSH, SSH,                        # the same command again, resuming the saved step
+    ]
+    assert "re-creating it and resuming (1/1)" in done.stderr
+
+
+def test_a_run_stopped_by_hand_on_a_healthy_tpu_is_not_restarted(tmp_path):
+    path, log = fake_gcloud(tmp_path, state="READY", first=PREEMPTED)
+    done = launch("run", "quickstart", *V5E, "--slice", "v5litepod-8", "--bucket", "b",
+                  "--max-restarts", "3", "--notice-wait", "0", path=path)
+    assert done.returncode == PREEMPTED
+    assert log.read_text().splitlines() == [SSH, SSH, DESCRIBE, DESCRIBE]
+    assert "stopped by a signal on a healthy TPU" in done.stderr and "not restarting" in done.stderr
+
+
 # ----------------------------------------------------------------------------- remote shell
 
 def test_remote_start_follow_stop_work_in_bash(tmp_path):
@@ -303,3 +337,29 @@ def test_remote_start_follow_stop_work_in_bash(tmp_path):
     # may reap them, on a TPU VM init does).
     alive = bash(f"sleep 0.3; ps -eo pgid=,stat= | awk '$1 == {pid} && $2 !~ /^Z/'")
     assert alive.stdout.strip() == "", "job survived --stop"
+
+
+def test_stop_lets_the_run_save_and_records_its_exit_code(tmp_path):
+    """--stop SIGTERMs the whole process group, the shell that starts python included: the
+    shell must outlive python, which saves and exits 75, to record that code for the follower."""
+    common = load_launch_common()
+    fake = tmp_path / "grpo_jax" / ".venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    # A run that needs a moment to save on SIGTERM, then exits as the trainer does.
+    fake.write_text('#!/bin/bash\ntrap \'sleep 0.5; echo saved; exit 75\' TERM\n'
+                    'echo started; sleep 30 & wait\n')
+    fake.chmod(0o755)
+
+    def bash(command):
+        return subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
+
+    job = common.Job("experiments/q.py", (), "q")
+    assert bash(common.start_remote_command(job)).returncode == 0
+    logs = tmp_path / "grpo_jax" / "logs"
+    assert bash(f"for i in $(seq 100); do grep -q started {logs}/q.log && exit 0; sleep 0.1; done; "
+                "exit 1").returncode == 0
+    assert bash(common.stop_remote_command(job, grace_seconds=20)).returncode == 0
+    followed = bash(common.follow_remote_command(job))
+    assert followed.returncode == PREEMPTED and "saved" in followed.stdout
+    assert (logs / "q.exit").read_text().strip() == str(PREEMPTED)

@@ -1,22 +1,19 @@
 """The sampler's two programs (prefill, decode) and one call of them (`SamplerCall`): the
 programs together with their arguments, shardings, static arguments and donation, built by
 one function (`sampler_call`) that the rollout, evaluation and the ahead-of-time check
-(``grpo_jax.aot``, through ``grpo_jax.programs``) all use, so the check lowers the calls the
+(``grpo_jax.aot``, through the run's ``Sampler``) all use, so the check lowers the calls the
 run makes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from grpo_jax import loops
 from grpo_jax.config import ModelConfig
 from grpo_jax.sampler import cache as cache_lib
 from grpo_jax.sampler.draw import Drawing
@@ -26,56 +23,53 @@ from grpo_jax.sampler.loop import Rows, decode
 from grpo_jax.sampler.prefill import prefill
 from grpo_jax.sampler.settings import SamplingParams
 from grpo_jax.sharding import batch_degree, batch_sharding, on_mesh, replicated, to_global
-from grpo_jax.shapes import bucket_length
+from grpo_jax.shapes import abstract_like, bucket_length
 
 
 class OnMesh:
-    """A jitted program that is traced, lowered and run on its mesh (``sharding.on_mesh``), so
-    its activation constraints apply (``sharding.constrain``, the model's and the sampler's);
-    the mesh is entered outside the trace, as jax requires. ``unrolled``: traced inside
-    ``loops.unrolled()`` (the cost twin of ``aot``)."""
+    """A program: ``fn`` jitted with its static arguments and donation, traced, lowered and
+    run on its mesh (``sharding.on_mesh``), so its activation constraints apply
+    (``sharding.constrain``, the model's and the sampler's); the mesh is entered outside the
+    trace, as jax requires."""
 
-    def __init__(self, jitted: Any, mesh: Mesh | None, unrolled: bool = False):
-        self.jitted, self.mesh, self.unrolled = jitted, mesh, unrolled
+    def __init__(self, fn, mesh: Mesh | None, static_argnames: tuple[str, ...] = (),
+                 donate_argnums: tuple[int, ...] = ()):
+        self.fn, self.mesh, self.static_argnames, self.donate_argnums = fn, mesh, static_argnames, donate_argnums
+        self.jitted = jax.jit(fn, static_argnames=static_argnames, donate_argnums=donate_argnums)
 
-    def _context(self):
-        stack = contextlib.ExitStack()
-        stack.enter_context(on_mesh(self.mesh))
-        if self.unrolled:
-            stack.enter_context(loops.unrolled())
-        return stack
+    def around(self, wrap) -> "OnMesh":
+        """The same program's signature, mesh and donation around ``wrap(fn)``: a fresh jit
+        object (jax keys its trace cache on the function, so the two never share traces)."""
+        return OnMesh(wrap(self.fn), self.mesh, self.static_argnames, self.donate_argnums)
 
     def __call__(self, *args, **kwargs):
-        with self._context():
+        with on_mesh(self.mesh):
             return self.jitted(*args, **kwargs)
 
     def lower(self, *args, **kwargs):
-        with self._context():
+        with on_mesh(self.mesh):
             return self.jitted.lower(*args, **kwargs)
 
     def eval_shape(self, *args, **kwargs):
-        with self._context():
+        with on_mesh(self.mesh):
             return jax.eval_shape(functools.partial(self.jitted, **kwargs), *args)
 
 
-def programs(cfg: ModelConfig, mesh: Mesh | None, engine: DecodeEngine, kv_dtype: str,
-             unrolled: bool = False) -> tuple[OnMesh, OnMesh]:
+def programs(cfg: ModelConfig, mesh: Mesh | None, engine: DecodeEngine, kv_dtype: str) -> tuple[OnMesh, OnMesh]:
     """(prefill, decode): one jit object each per model shape, mesh, engine and cache dtype
-    (jax's own cache then keys on array shapes and the drawing's `filtered`); ``unrolled``
-    programs (the cost twin) are separate jit objects, so their traces never mix with the
-    run's. Forward only, over a KV cache: remat and model.attention (the cache-free
-    forward's kernel) change training, not sampling, so every remat policy and attention
-    share them. The decode's cache is donated where the engine updates it in place."""
-    return _programs(dataclasses.replace(cfg, remat="none", attention="xla"), mesh, engine, kv_dtype, unrolled)
+    (jax's own cache then keys on array shapes and the drawing's `filtered`). Forward only,
+    over a KV cache: remat and model.attention (the cache-free forward's kernel) change
+    training, not sampling, so every remat policy and attention share them. The decode's
+    cache is donated where the engine updates it in place."""
+    return _programs(dataclasses.replace(cfg, remat="none", attention="xla"), mesh, engine, kv_dtype)
 
 
 @functools.lru_cache(maxsize=32)
-def _programs(cfg: ModelConfig, mesh: Mesh | None, engine: DecodeEngine, kv_dtype: str,
-              unrolled: bool) -> tuple[OnMesh, OnMesh]:
-    pre = jax.jit(functools.partial(prefill, cfg, mesh, engine, kv_dtype), static_argnames=("cache_len", "chunk_tokens"))
-    dec = jax.jit(functools.partial(decode, cfg, engine), static_argnames=("num_cols", "windows", "cost_steps"),
-                  donate_argnums=(1,) if engine.donates_cache else ())
-    return OnMesh(pre, mesh, unrolled), OnMesh(dec, mesh, unrolled)
+def _programs(cfg: ModelConfig, mesh: Mesh | None, engine: DecodeEngine, kv_dtype: str) -> tuple[OnMesh, OnMesh]:
+    pre = OnMesh(functools.partial(prefill, cfg, mesh, engine, kv_dtype), mesh, ("cache_len", "chunk_tokens"))
+    dec = OnMesh(functools.partial(decode, cfg, engine), mesh, ("num_cols", "windows"),
+                 (1,) if engine.donates_cache else ())
+    return pre, dec
 
 
 def sampling_mesh(mesh: Mesh | None) -> Mesh | None:
@@ -103,7 +97,6 @@ class SamplerCall:
     cache_len: int
     windows: tuple[int, ...]
     num_cols: int
-    cost_steps: int | None = None
 
     @property
     def layout(self) -> tuple[np.ndarray, np.ndarray]:
@@ -116,8 +109,7 @@ class SamplerCall:
 
     @property
     def decode_kwargs(self) -> dict:
-        kwargs = {"num_cols": self.num_cols, "windows": self.windows}
-        return kwargs if self.cost_steps is None else {**kwargs, "cost_steps": self.cost_steps}
+        return {"num_cols": self.num_cols, "windows": self.windows}
 
     @property
     def donate(self) -> dict[str, tuple[int, ...]]:
@@ -180,8 +172,7 @@ class SamplerCall:
         pre_args = self.prefill_args(params, host, abstract=True)
         cache, logits0 = self.prefill.eval_shape(*pre_args, **self.prefill_kwargs)
         if self.mesh is not None:
-            cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                 cache, cache_lib.sharding(self.mesh, cache))
+            cache = abstract_like(cache, cache_lib.sharding(self.mesh, cache))
         logits0 = self._rows(logits0, abstract=True)
         dec_args = self.decode_args(params, cache, logits0, host, None, abstract=True)
         return {"prefill": (self.prefill, pre_args, self.prefill_kwargs),
@@ -190,20 +181,14 @@ class SamplerCall:
 
 @functools.lru_cache(maxsize=64)
 def sampler_call(cfg: ModelConfig, mesh: Mesh | None, settings: SamplingParams, num_prompts: int, group_size: int,
-                 prompt_len: int, *, unrolled: bool = False, cost_steps: int | None = None,
-                 window: int | None = None) -> SamplerCall:
+                 prompt_len: int) -> SamplerCall:
     """The call a run makes to sample ``num_prompts`` x ``group_size`` rows with
     ``settings`` on ``mesh`` (``sampling_mesh`` applies), prompts in a bucket of
-    ``prompt_len``. ``unrolled`` / ``cost_steps``: the cost twin of ``grpo_jax.aot`` (every
-    loop written out, ``cost_steps`` decode steps over one phase's cache: ``window`` slots,
-    default the last phase's). ConfigError for an engine that cannot run there."""
+    ``prompt_len``. ConfigError for an engine that cannot run there."""
     mesh = sampling_mesh(mesh)
     engine = resolve(settings.engine, mesh, settings.kv_dtype)
     num_cols = bucket_length(settings.max_new_tokens)
     cache_len, windows = engine.cache_plan(prompt_len, num_cols, settings.decode_phases)
-    if cost_steps is not None:
-        windows = (windows[-1] if window is None else window,)
-        cache_len = cache_len if engine.reads_prompt_in_place else windows[0]
-    pre, dec = programs(cfg, mesh, engine, settings.kv_dtype, unrolled)
+    pre, dec = programs(cfg, mesh, engine, settings.kv_dtype)
     return SamplerCall(cfg, mesh, engine, settings, num_prompts, group_size, prompt_len, pre, dec, cache_len,
-                       windows, num_cols, cost_steps)
+                       windows, num_cols)

@@ -1,0 +1,55 @@
+"""The TPU slice an ahead-of-time check compiles for, on a CPU-only machine: its devices
+from ``jax.experimental.topologies`` (needs ``libtpu``), its train mesh and the sampler's."""
+
+import dataclasses
+import os
+from typing import Any
+
+from grpo_jax.config import Config
+from grpo_jax.sampler import Sampler
+from grpo_jax.sharding import make_mesh
+from grpo_jax.slices import get_slice
+from grpo_jax.tpu_specs import TOPOLOGIES
+
+
+def libtpu_available() -> bool:
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def topology_devices(topology: str) -> list:
+    """The TPU devices of ``topology`` (e.g. ``v5p:4x4x4``), usable for AOT compiles only."""
+    from jax.experimental import topologies
+
+    # libtpu takes a machine-wide lock file by default; compiling needs no TPU, so let
+    # several processes (pytest workers, concurrent checks) load it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # A v4 chip has two TensorCores; the topology lists each as a device unless asked for
+    # megacore, the mode a v4 TPU VM runs JAX in (one device per chip, as grpo_jax.slices counts).
+    extra = {"chip_config_name": "megacore"} if topology.startswith("v4:") else {}
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **extra).devices)
+
+
+def topology_mesh(cfg: Config, slice_name: str) -> tuple[Any, str]:
+    """(train mesh, topology name) of a slice preset (``v5p-128``) or a raw topology
+    (``v5e:2x2``, whose train mesh follows ``cfg.mesh``)."""
+    if ":" in slice_name:
+        topology = slice_name
+        mesh_cfg = cfg.mesh
+    else:
+        preset = get_slice(slice_name)
+        topology = TOPOLOGIES[preset.name]
+        mesh_cfg = dataclasses.replace(cfg.mesh, slice=preset.name)
+    return make_mesh(mesh_cfg, topology_devices(topology)), topology
+
+
+def sample_mesh(cfg: Config, slice_name: str):
+    """The sampler's mesh as the trainer builds it (``Sampler.for_run``): the slice
+    preset's ``sample_mesh`` (replicas x tensor), or the train mesh for a raw topology."""
+    train, _ = topology_mesh(cfg, slice_name)
+    if ":" not in slice_name:
+        cfg = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, slice=get_slice(slice_name).name))
+    return Sampler.for_run(cfg, train).mesh
