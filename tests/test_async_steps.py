@@ -45,7 +45,7 @@ class _Step(_Recording):
 
 
 def test_the_batch_trained_at_step_t_was_sampled_with_the_weights_of_step_t_minus_k(tmp_path, tok):
-    k, steps = 2, 4
+    k, steps = 2, 3
     trainer = _trainer(_cfg(tmp_path, tok, f"rl.async_steps={k}", f"run.steps={steps}", "run.checkpoint_every=0"), tok)
     sampled, trained = [], []
     trainer.sampler, trainer.step_fn = _Sampler(trainer.sampler, sampled), _Step(trainer.step_fn, trained)
