@@ -2,16 +2,19 @@
 t - k, the loss takes the sampler's log-probs as π_θold, k = 0 is the synchronous loop, and a
 run stopped with batches in flight resumes exactly."""
 
+import os
+import signal
 import zlib
 
 import jax
 import numpy as np
 import pytest
 
-from grpo_jax import algorithms
+from grpo_jax import algorithms, preemption
 from grpo_jax.batching import make_batch
 from grpo_jax.config import ConfigError
-from test_preemption import _comparable, _uninterrupted, run_with_signals
+from grpo_jax.preemption import Preempted
+from test_preemption import _comparable, _uninterrupted
 from test_trainer import _cfg, _trainer, tok  # noqa: F401 (tok: the fixture)
 
 
@@ -111,19 +114,36 @@ def test_async_steps_is_refused_where_it_cannot_work(tmp_path, tok):
         _cfg(tmp_path, tok, "rl.async_steps=-1")
 
 
-def test_a_run_stopped_with_a_batch_in_flight_resumes_exactly(tmp_path, tok, caplog):
+def test_a_run_stopped_with_a_batch_in_flight_resumes_exactly(tmp_path, tok):
     """k = 1: a checkpoint holds the batch sampled by the weights before it; a resume from a
-    scheduled save, and one from a SIGTERM's, trains what an uninterrupted run trains."""
-    over = ("rl.async_steps=1", "run.steps=4", "run.checkpoint_every=2")
+    scheduled save, and one from a SIGTERM's while batch t + 1 was being sampled, trains
+    what an uninterrupted run trains."""
+    over = ("rl.async_steps=1", "run.steps=4", "run.checkpoint_every=3", "rl.sample_prompts=2")
     want, whole = _uninterrupted(_cfg(tmp_path / "whole", tok, *over), tok)
     first = _trainer(_cfg(tmp_path / "part", tok, *over), tok)
-    first.train(steps=2)  # "killed" after the checkpoint at step 2
+    first.train(steps=3)  # "killed" after the checkpoint at step 3
     first.close()
     resumed = _trainer(_cfg(tmp_path / "part", tok, *over), tok)
-    assert resumed.start_step == 2 and list(resumed.in_flight) == [2]
+    assert resumed.start_step == 3 and list(resumed.in_flight) == [3]
     assert _comparable(first.history + resumed.train()) == _comparable(want)
     resumed.close()
-    got, last = run_with_signals(_cfg(tmp_path / "stopped", tok, *over), tok, [("update", 3, False)], caplog)
-    assert _comparable(got) == _comparable(want)
-    for params in (resumed.params, last.params):
+    stopped = _trainer(_cfg(tmp_path / "stopped", tok, *over), tok)
+    make_batch = stopped.make_batch
+
+    def signal_while_sampling(step, key):
+        if step == 3:  # batch 3, sampled during the third step: stopped after its first call
+            os.kill(os.getpid(), signal.SIGTERM)
+        return make_batch(step, key)
+
+    stopped.make_batch = signal_while_sampling
+    with pytest.raises(Preempted) as stop:
+        stopped.train()
+    stopped.close()
+    preemption.clear()
+    assert stop.value.step == 2  # the third step's update never ran; step 2 is saved with batch 2
+    again = _trainer(_cfg(tmp_path / "stopped", tok, *over), tok)
+    assert again.start_step == 2 and list(again.in_flight) == [2]
+    assert _comparable(stopped.history + again.train()) == _comparable(want)
+    again.close()
+    for params in (resumed.params, again.params):
         jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), params, whole.params)
