@@ -372,8 +372,9 @@ class Trainer:
         A SIGTERM or SIGINT meanwhile (`grpo_jax.preemption`) stops the run where it stands,
         saved, and raises `preemption.Preempted`: a signal during a step's sampling drops that
         batch and saves the steps done before it (the update has not touched the state; on a
-        large model the update alone outlasts a Spot VM's notice); one during the update, an
-        evaluation or a save lets that step finish and saves it."""
+        large model the update alone outlasts a Spot VM's notice; with rl.async_steps = k the
+        batch dropped is t + k, and the k batches in flight before it are saved); one during
+        the update, an evaluation or a save lets that step finish and saves it."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
