@@ -96,8 +96,9 @@ def _in_flight_meta(in_flight: dict[int, _InFlight]) -> list[dict]:
         x = np.ascontiguousarray(x)
         return {"dtype": x.dtype.str, "shape": list(x.shape), "data": base64.b64encode(x.tobytes()).decode()}
 
+    fields = [f.name for f in dataclasses.fields(Batch) if f.name != "packing"]  # packed at the step
     return [{"step": s, "sampled_at": e.sampled_at, "info": e.info,
-             "batch": {f.name: array(getattr(e.batch, f.name)) for f in dataclasses.fields(Batch) if f.name != "packing"}}
+             "batch": {name: array(getattr(e.batch, name)) for name in fields}}
             for s, e in sorted(in_flight.items())]
 
 
