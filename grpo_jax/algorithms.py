@@ -69,7 +69,7 @@ __all__ = [
     "split_micro_batches", "merge_micro_batches", "map_micro_batches",
 ]
 
-MAX_METRICS = ("logprob_mismatch_max",)
+MAX_METRICS = ("logprob_mismatch_max", "ratio_deviation_max")
 
 Metrics = dict[str, Any]
 
@@ -171,6 +171,7 @@ class Extras:
     | loss_mask  | [B, Tc]  | every algorithm (completion mask minus dropped rows)     |
     | advantages | [B, Tc]  | PPO (GAE), GRPO (group / process)                        |
     | old_logp   | [B, Tc]  | PPO; GRPO at μ > 1, or the sampler's after top-k / top-p |
+    |            |          | or rl.async_steps > 0 (without TIS)                      |
     | ref_logp   | [B, Tc]  | DPO; GRPO with β > 0                                     |
     | old_values | [B, Tc]  | PPO (V_ψold, for value clipping)                         |
     | returns    | [B, Tc]  | PPO (GAE targets of V_ψ)                                 |
@@ -219,6 +220,15 @@ def _sampler_truncates(cfg: Config) -> bool:
     distribution, so the sampler's recorded log-probs (not a recomputed π_θ) are π_θold at
     the first update. With rl.tis_cap > 0 the TIS weight corrects for the sampler instead."""
     return _switch(cfg, "truncated_sampling") and not _switch(cfg, "truncated_is")
+
+
+def _sampler_was_older(cfg: Config) -> bool:
+    """rl.async_steps > 0 without TIS: the batch was drawn by the weights of k steps ago,
+    so π_θold is the behaviour policy, the sampler's recorded log-probs, at every update
+    (a recomputed π_θ would hide the staleness from the ratio and the clip). With
+    rl.tis_cap > 0, π_θold is the current π_θ and the TIS weight min(π_θ/π_sampler, C)
+    corrects for the older sampler (decoupled PPO)."""
+    return _switch(cfg, "stale_sampling") and not _switch(cfg, "truncated_is")
 
 
 def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
@@ -488,9 +498,15 @@ class DPO(Algorithm):
 # ----------------------------------------------------------------- PPO / GRPO
 
 def _surrogate_metrics(logp, old_logp, advantages, mask, hp: RLHParams) -> Metrics:
+    """clip_fraction, and the spread of the token ratio ρ = π_θ/π_θold: mean and max of
+    |ρ − 1| over the loss tokens (the max at the first update, ``MAX_METRICS``), which a
+    batch sampled by older weights (rl.async_steps) moves away from 0."""
     clipped = losses.clipped_tokens(logp, old_logp, advantages, eps_low=hp.eps_low,
                                     eps_high=hp.eps_high)
-    return {"clip_fraction": _token_mean_parts(clipped.astype(jnp.float32), mask)}
+    deviation = jnp.where(mask, jnp.abs(jnp.exp(losses.as_float(logp) - losses.as_float(old_logp)) - 1.0), 0.0)
+    return {"clip_fraction": _token_mean_parts(clipped.astype(jnp.float32), mask),
+            "ratio_deviation_mean": _token_mean_parts(deviation, mask),
+            "ratio_deviation_max": (jnp.max(deviation), jnp.asarray(1.0, jnp.float32))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -548,8 +564,10 @@ class PPO(Algorithm):
                    "return_mean": _masked_mean_std(returns, loss_mask)[0],
                    "value_mean": _masked_mean_std(old_values, loss_mask)[0]}
         # The KL reward compares the policies themselves; the ratio's π_θold is the
-        # distribution the batch was drawn from (the sampler's, after top-k / top-p).
-        ratio_old = losses.as_float(batch.sample_logprobs) if _sampler_truncates(cfg) else old_logp
+        # distribution the batch was drawn from (the sampler's, after top-k / top-p or
+        # by older weights).
+        ratio_old = losses.as_float(batch.sample_logprobs) if _sampler_truncates(cfg) or _sampler_was_older(cfg) \
+            else old_logp
         extras = Extras(loss_mask=loss_mask, advantages=advantages, returns=returns,
                         old_values=old_values, old_logp=ratio_old)
         return extras, metrics
@@ -599,7 +617,9 @@ class GRPO(Algorithm):
     that hit max_new_tokens. β = 0 keeps no reference model at all; μ = 1 computes no
     separate π_θold forward (ρ = exp(logp − stop_gradient(logp))), except after top-k /
     top-p sampling, where π_θold is the sampler's recorded log-prob of the truncated
-    distribution it drew from (so ρ = π_θ / π_sampler).
+    distribution it drew from (so ρ = π_θ / π_sampler); with rl.async_steps > 0 (and no
+    TIS) it is the sampler's at every μ, the weights of k steps ago being the behaviour
+    policy.
 
     Variants (compiled in): rl.advantage_estimator = grpo (above) | rloo
     (``advantages.rloo_advantages``) | reinforce_pp (``advantages.reinforce_pp_advantages``);
@@ -619,7 +639,7 @@ class GRPO(Algorithm):
         return hp.temperature
 
     def needs_old_logprobs(self, cfg: Config) -> bool:
-        return cfg.rl.num_updates > 1
+        return cfg.rl.num_updates > 1 and not _sampler_was_older(cfg)
 
     def group_advantages(self, batch, cfg: Config, group_size: int):
         """(advantages [B, Tc], group varies [P]) from outcome rewards (rl.advantage_estimator,
@@ -658,7 +678,7 @@ class GRPO(Algorithm):
         metrics = {"adv_mean": adv_mean, "adv_std": adv_std,
                    "groups_varying_fraction": jnp.mean(varies.astype(jnp.float32)),
                    "groups_kept_fraction": jnp.mean(kept.astype(jnp.float32))}
-        if old_logp is None and _sampler_truncates(cfg):
+        if old_logp is None and (_sampler_truncates(cfg) or _sampler_was_older(cfg)):
             old_logp = batch.sample_logprobs
         if self.needs_reference(cfg) and ref_logp is None:
             raise ValueError("GRPO with rl.beta > 0 needs reference log-probs")

@@ -259,6 +259,11 @@ class RLConfig:
     # instead of padding every row to prompt + completion bucket (grpo_jax.packing): the
     # same loss and gradient, fewer positions when completions are shorter than the bucket.
     pack: bool = _rl(False, "mode")
+    # k: the batch trained at step t was sampled with the weights of step t - k (of step 0
+    # for t < k), so sampling can run ahead of the update; the loss takes the sampler's
+    # recorded log-probs as π_θold (rl.tis_cap: as the TIS weight's π_sampler instead).
+    # 0 = sample, then train on that batch (on-policy).
+    async_steps: int = _rl(0, "sampling", ("ppo", "grpo"))
 
     def modes(self, group_size: int | None = None) -> "RLModes":
         """What the train step compiles in: every "mode" field, and the switches a number
@@ -283,6 +288,12 @@ class RLConfig:
             raise ConfigError(f"rl.sample_prompts must be >= 0 (0 = one call), got {self.sample_prompts}")
         if self.tis_cap < 0:
             raise ConfigError(f"rl.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
+        if self.async_steps < 0:
+            raise ConfigError(f"rl.async_steps must be >= 0 (0 = on-policy), got {self.async_steps}")
+        if self.async_steps and self.algorithm not in ("ppo", "grpo"):
+            raise ConfigError(
+                f"rl.async_steps={self.async_steps} needs rl.algorithm=ppo or grpo: only their importance "
+                f"ratio corrects a batch sampled by older weights, and rl.algorithm={self.algorithm} has none")
         if self.supervision == "process" and (self.advantage_estimator != "grpo"
                                               or self.policy_loss == "gspo"):
             raise ConfigError(
@@ -335,6 +346,7 @@ RL_SWITCHES: dict[str, Callable[[RLConfig], bool]] = {
     "value_clipping": lambda rl: rl.value_clip > 0,
     "truncated_is": lambda rl: rl.tis_cap > 0,
     "truncated_sampling": lambda rl: truncates_sampling(rl.top_k, rl.top_p),
+    "stale_sampling": lambda rl: rl.async_steps > 0,
 }
 
 
@@ -363,6 +375,7 @@ class RLModes:
     value_clipping: bool
     truncated_is: bool
     truncated_sampling: bool
+    stale_sampling: bool
 
 
 assert tuple(f.name for f in dataclasses.fields(RLModes)) == RL_MODES + tuple(RL_SWITCHES), \

@@ -13,9 +13,8 @@ given offers, so the trainer names no source:
 * ``run.cfg``, ``run.tokenizer``;
 * ``run.sft_data(step) -> (prompts, completions)`` (the dataset source only);
 * ``run.questions(step) -> [Example]``, the step's P questions;
-* ``run.rollout(step, examples, key, offline) -> (Rollout, Scores, info)``: step ``step``'s
-  G completions per question drawn from π_θ (or, ``offline``, from π_sft) and scored on
-  the host.
+* ``run.rollout(examples, key, offline) -> (Rollout, Scores, info)``: G completions per
+  question drawn from π_θ (or, ``offline``, from π_sft) and scored on the host.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class Sampled(DataSource):
     """G completions per question, every row kept: row p·G + g is output g of question p."""
 
     def batch(self, run, step, key):
-        rollout, scores, info = run.rollout(step, run.questions(step), key, self.offline)
+        rollout, scores, info = run.rollout(run.questions(step), key, self.offline)
         return batch_from_rollout(rollout, scores.rewards, scores.correct, scores.step_rewards, scores.step_end,
                                   scores.step_mask), info
 
@@ -74,7 +73,7 @@ class Pairs(DataSource):
         return 2
 
     def batch(self, run, step, key):
-        rollout, scores, info = run.rollout(step, run.questions(step), key, self.offline)
+        rollout, scores, info = run.rollout(run.questions(step), key, self.offline)
         rows, valid = preference_pairs(rollout, scores, run.cfg.rl.group_size, run.cfg.data.batch_size)
         pick = lambda x: np.asarray(x)[rows]
         pairs = jax.tree.map(pick, rollout)

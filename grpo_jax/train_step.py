@@ -16,8 +16,8 @@ What happens inside, in order (``make_train_step``):
    An update whose denominator is 0 (no valid token) leaves params and optimiser state
    unchanged.
 3. Metrics: every loss-side metric is a ratio of sums accumulated over micro-batches,
-   averaged over the μ updates; ``logprob_mismatch_max`` is taken at the first update,
-   where π_θ is still the policy that sampled the batch.
+   averaged over the μ updates; ``logprob_mismatch_max`` and ``ratio_deviation_max`` are
+   taken at the first update, where π_θ is still the policy the batch was sampled for.
 
 Hyperparameters: the numeric rl.* values (β, ε, γ, λ, value clip range, DPO β,
 temperature, TIS cap) are an ``algorithms.RLHParams`` argument, so one compiled program

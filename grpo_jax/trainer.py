@@ -10,13 +10,19 @@ Algorithm 1:
     batch      = Batch(rollout, scores)                              # host → device
     state, m   = train_step(state, batch)                            # device: ref/old log-probs,
                                                                      #   advantages, μ updates
+With rl.async_steps = k > 0 the rollout of step t draws batch t + k with the weights of step
+t (batches 0..k with those of step 0) and the update trains batch t, drawn k steps earlier;
+the batches in flight between two steps are saved with each checkpoint.
+
 The data order and the RNG depend only on (seed, step), so a run resumed from a checkpoint
 at step s produces exactly the steps an uninterrupted run would have.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -71,6 +77,40 @@ def _shortcuts(task: Task, examples: list[Example]):
     return shortcuts
 
 
+@dataclasses.dataclass(frozen=True)
+class _InFlight:
+    """A batch sampled ahead (rl.async_steps): by the weights of step ``sampled_at``, with its
+    rollout metrics ``info``."""
+
+    sampled_at: int
+    batch: Batch
+    info: dict
+
+
+def _in_flight_meta(in_flight: dict[int, _InFlight]) -> list[dict]:
+    """The in-flight batches as JSON for a checkpoint's meta: each host array's dtype, shape
+    and bytes (base64), so the restored batch is the saved one bit for bit. Every process
+    holds the same host batch (the rollout is gathered to each), so the meta the main
+    process writes is every process's."""
+    def array(x):
+        x = np.ascontiguousarray(x)
+        return {"dtype": x.dtype.str, "shape": list(x.shape), "data": base64.b64encode(x.tobytes()).decode()}
+
+    fields = [f.name for f in dataclasses.fields(Batch) if f.name != "packing"]  # packed at the step
+    return [{"step": s, "sampled_at": e.sampled_at, "info": e.info,
+             "batch": {name: array(getattr(e.batch, name)) for name in fields}}
+            for s, e in sorted(in_flight.items())]
+
+
+def _in_flight_from_meta(items: list[dict]) -> dict[int, _InFlight]:
+    """Inverse of ``_in_flight_meta``."""
+    def array(a):
+        return np.frombuffer(base64.b64decode(a["data"]), np.dtype(a["dtype"])).reshape(a["shape"]).copy()
+
+    return {int(e["step"]): _InFlight(int(e["sampled_at"]), Batch(**{k: array(a) for k, a in e["batch"].items()}),
+                                      dict(e["info"])) for e in items}
+
+
 # ============================================================================ the loop
 
 class _StopBeforeUpdate(Exception):
@@ -115,6 +155,9 @@ class Trainer:
         self.bad_steps = 0
         self.start_step = 0  # the step this Trainer resumed from (0 for a fresh run)
         self.next_step = 0  # the first step the next `train` call takes
+        # rl.async_steps = k: batch index -> the batch sampled ahead; between two steps it
+        # holds batches next_step .. next_step + k - 1.
+        self.in_flight: dict[int, _InFlight] = {}
         self.ckpt = checkpointing.Checkpointer(os.path.join(cfg.run.run_dir, "checkpoints"),
                                                keep=cfg.run.keep_checkpoints,
                                                every=max(cfg.run.checkpoint_every, 1))
@@ -188,6 +231,10 @@ class Trainer:
         self.rng = jax.random.wrap_key_data(tree["rng"])
         self.start_step = self.next_step = step
         self.bad_steps = int(meta.get("bad_steps", 0))
+        # A checkpoint without them (saved at another rl.async_steps) leaves the missing
+        # batches to be sampled by the restored weights.
+        self.in_flight = {s: e for s, e in _in_flight_from_meta(meta.get("in_flight", [])).items()
+                          if step <= s < step + self.cfg.rl.async_steps}
         self._set_aside([s for s in self.ckpt.all_steps() if s > step], f"the run resumes from step {step}")
         return step
 
@@ -202,6 +249,9 @@ class Trainer:
 
     def save(self, step: int) -> None:
         meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}
+        if self.cfg.rl.async_steps:  # the batches steps step.. will train: sampled by weights not saved
+            meta["in_flight"] = _in_flight_meta({s: e for s, e in self.in_flight.items()
+                                                 if step <= s < step + self.cfg.rl.async_steps})
         if self.base_pointer is not None:
             meta["base"] = self.base_pointer
         t0 = time.perf_counter()
@@ -236,8 +286,8 @@ class Trainer:
         (``data_sources``) from this run."""
         return self.algorithm.data_source.batch(self, step, key)
 
-    def rollout(self, step: int, examples: Sequence[Example], key, offline: bool) -> tuple[Rollout, Scores, dict]:
-        """Step ``step``'s G completions of each of ``examples`` drawn from π_θ, or with
+    def rollout(self, examples: Sequence[Example], key, offline: bool) -> tuple[Rollout, Scores, dict]:
+        """G completions of each of ``examples`` drawn from π_θ, or with
         ``offline`` from π_sft, gathered to the host (rl.sample_prompts questions a call), and
         their scores (the task's rules or the reward model, on decoded text), with the
         rollout's metrics."""
@@ -249,7 +299,7 @@ class Trainer:
         prompts = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
         rollout = self.sampler.generate(self.sampler.copy(policy), prompts, key=key, group_size=rl.group_size,
                                         prompts_per_call=rl.sample_prompts,
-                                        between_calls=self._stop_between_calls(step))
+                                        between_calls=self._stop_between_calls())
         t_score = time.perf_counter()
         scores = score_rollout(self.task, self.tokenizer, examples, rollout, rl.group_size,
                                reward_model=self.reward_model, process=rl.supervision == "process")
@@ -266,11 +316,14 @@ class Trainer:
             return placed
         return placed.replace(packing=shard_batch(batch.packing, self.mesh))
 
-    def _stop_between_calls(self, step: int):
-        """While `train` runs: what the rollout of `step` calls between sampler calls, so that a
-        preemption need not wait for the whole rollout (minutes on a large model)."""
+    def _stop_between_calls(self):
+        """While `train` runs: what a rollout during step `next_step` calls between sampler
+        calls, so that a preemption need not wait for the whole rollout (minutes on a large
+        model). It asks with the step the loop is in, whichever batch it samples: the checks'
+        numbers never go down."""
         if self._stop_check is None:
             return None
+        step = self.next_step
 
         def check():
             if self._stop_check(step + 1):
@@ -278,12 +331,29 @@ class Trainer:
 
         return check
 
+    def sampled_ahead(self, step: int) -> tuple[Batch, dict]:
+        """rl.async_steps = k: batch ``step`` (sampled by the weights of step max(step - k, 0))
+        and its info with its ``staleness`` in steps, after sampling with the current weights
+        (those of step ``step``) every batch of step .. step + k not yet in flight: batch
+        step + k, or all of them at the first step. ``score_time_s`` is this call's scoring."""
+        scored = 0.0
+        for s in range(step, step + self.cfg.rl.async_steps + 1):
+            if s not in self.in_flight:
+                batch, info = self.make_batch(s, jax.random.fold_in(self.rng, s))
+                scored += info.get("score_time_s", 0.0)
+                self.in_flight[s] = _InFlight(step, batch, info)
+        entry = self.in_flight[step]
+        return entry.batch, {**entry.info, "score_time_s": scored, "staleness": step - entry.sampled_at}
+
     def train_step(self, step: int) -> dict:
-        key = jax.random.fold_in(self.rng, step)
         t0 = time.perf_counter()
-        batch, info = self.make_batch(step, key)
+        if self.cfg.rl.async_steps:
+            batch, info = self.sampled_ahead(step)
+        else:
+            batch, info = self.make_batch(step, jax.random.fold_in(self.rng, step))
         if self._stop_check is not None and self._stop_check(step + 1):
             raise _StopBeforeUpdate  # the state is still that of `step` steps: the run stops there
+        self.in_flight.pop(step, None)
         t1 = time.perf_counter()
         self.state, metrics = self.step_fn(self.state, self._on_mesh(self.step_fn.packed(batch)))
         metrics = {k: float(v) for k, v in metrics.items()}
@@ -303,8 +373,9 @@ class Trainer:
         A SIGTERM or SIGINT meanwhile (`grpo_jax.preemption`) stops the run where it stands,
         saved, and raises `preemption.Preempted`: a signal during a step's sampling drops that
         batch and saves the steps done before it (the update has not touched the state; on a
-        large model the update alone outlasts a Spot VM's notice); one during the update, an
-        evaluation or a save lets that step finish and saves it."""
+        large model the update alone outlasts a Spot VM's notice; with rl.async_steps = k the
+        batch dropped is t + k, and the k batches in flight before it are saved); one during
+        the update, an evaluation or a save lets that step finish and saves it."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg

@@ -56,6 +56,7 @@ CHANGES = {
     "rl.advantage_estimator": ("rloo", "grpo", {}),
     "rl.policy_loss": ("cispo", "grpo", {}),
     "rl.tis_cap": (0.5, "grpo", {}),
+    "rl.async_steps": (1, "grpo", {}),  # the sampler's log-probs become π_θold; test_async_steps shows the loop
     "optimizer.peak_lr": (0.5, "grpo", {}),
     "optimizer.warmup_steps": (3, "grpo", {}),
     "optimizer.schedule": ("constant", "grpo", {}),
