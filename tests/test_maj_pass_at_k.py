@@ -45,7 +45,7 @@ def test_finished_stages_are_read_and_paired(tmp_path, monkeypatch):
     assert maj["gaps"] == pytest.approx([0.3, 0.5])
     half = T975_DF1 * math.sqrt(0.02) / math.sqrt(2)  # sd of (0.3, 0.5) is sqrt(0.02)
     assert (maj["mean"], maj["low"], maj["high"]) == pytest.approx((0.4, 0.4 - half, 0.4 + half))
-    assert maj["verdict"] == "not resolved"
+    assert maj["interval"] == "includes 0"
     assert summary["tests"]["pass@8"]["gaps"] == pytest.approx([0.1, 0.1])
     assert summary["tests"]["maj@8 - pass@8"]["gaps"] == pytest.approx([0.2, 0.4])
     assert "maj@1 - pass@1" not in summary["tests"]  # the same quantity at K = 1
