@@ -32,7 +32,7 @@ import random
 from typing import Any, Sequence
 
 from grpo_jax.shortcuts import lookup_rule
-from grpo_jax.tasks import SPLITS, Example, as_random, split_of
+from grpo_jax.tasks import SPLITS, Example, as_random, draw_distinct, split_of
 from grpo_jax.tasks.arithmetic import _STEP_RE, MAX_STEPS, ArithmeticTask, _lines
 
 
@@ -103,21 +103,18 @@ class ModularTask(ArithmeticTask):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         rng = random.Random(f"modular/{split}/{seed}")
+
+        def draw() -> Example:
+            return self.make_example(*self.draw(rng))
+
+        if split != "train":
+            return draw_distinct(draw, lambda example: example.prompt, split, n, tries=200 * n + 1000)
         out: list[Example] = []
-        seen: set[str] = set()
-        for _ in range(200 * n + 1000):
-            if len(out) == n:
-                return out
-            example = self.make_example(*self.draw(rng))
-            if split_of(example.prompt) != split or example.prompt in seen:
-                continue
-            if split != "train":
-                seen.add(example.prompt)
-            out.append(example)
-        if len(out) == n:
-            return out
-        raise RuntimeError(f"could not draw {n} distinct {split} questions (found {len(out)}); "
-                           "ask for fewer or raise num_operands or the modulus")
+        while len(out) < n:  # eight questions in ten are training ones
+            example = draw()
+            if split_of(example.prompt) == "train":
+                out.append(example)
+        return out
 
     def chain_values(self, example: Example) -> list[int]:
         return chain_values(example.meta["operands"], example.meta["ops"], self.modulus)
