@@ -16,6 +16,8 @@ with the same seed: the same questions in the same order, the same number of upd
 the same RNG stream, so the paired gap per seed is what retraining buys.
 
     python experiments/iterative_grpo.py --seeds 0 1 2 --iterations 5 run.steps=20
+    python experiments/iterative_grpo.py --regime modular --sft-until 0.95 --sft-steps 4000 \
+        --iterations 3 run.steps=20 --out runs/figure6_testbed   # docs/figure6_testbed_design.md
 
 `run.steps` is the number of steps per iteration. Each finished seed is cached in
 `<out>/seed<N>.json`; adding a seed re-runs only the new one.
@@ -138,15 +140,19 @@ def main(argv=None):
     p.add_argument("--replay-fraction", type=float, default=0.1, help="historical share of RM batches")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2)")
     p.add_argument("--out", default="runs/iterative_grpo", help="output directory")
-    args = p.parse_args(argv)
-    cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "run.steps=20", "run.eval_every=10"])
+    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="arithmetic",
+                   help="carrying arithmetic (the history's runs), or a study regime of experiments/common.py "
+                        "(modular: the testbed)")
+    args = p.parse_intermixed_args(argv)  # overrides may sit before --seeds, which takes a list
+    regime = common.STUDY_REGIMES.get(args.regime, [])
+    cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "run.steps=20", "run.eval_every=10", *regime])
     if args.iterations < 1:
         p.error(f"--iterations must be >= 1, got {args.iterations}")
     if not cfg.run.eval_every or cfg.run.steps % cfg.run.eval_every:
         p.error(f"run.steps (steps per iteration, {cfg.run.steps}) must be a multiple of run.eval_every "
                 f"({cfg.run.eval_every}) so both arms are evaluated at every iteration boundary")
     root = cfg.run.run_dir
-    task = common.make_task("arithmetic", cfg.data)
+    task = common.make_task(cfg.data.task, cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     sft_policy, mesh = common.sft_start(cfg, task, tok, root, args)
     eval_examples, shortcuts = common.held_out(task, cfg, "iterative")
