@@ -9,6 +9,8 @@ resumes where it was cut:
     python experiments/figure5_sparse.py run.steps=2 --seeds 0 --oracle-seeds 0 --out runs/f5s_smoke
     python experiments/figure5_sparse.py --regime modular --rule-arms-only --sft-until 0.95 --sft-steps 4000 \
         --out runs/figure5_testbed                            # docs/figure5_testbed_design.md (parts 1, 4, 5)
+    python experiments/figure5_sparse.py --regime modular --reward-model-arms-only --rm-draws 3 --seeds 0 1 2 \
+        --sft-until 0.95 --sft-steps 4000 --out runs/figure5_testbed   # docs/figure5_testbed_rm_design.md
 
 In order, each part skipped when its output already exists under --out:
 1. the SFT start (cached in <out>/sft, as every CPU ablation trains it);
@@ -20,8 +22,10 @@ In order, each part skipped when its output already exists under --out:
    of each step prefix by the SFT model), against the rule
    (<out>/reward_models/mc_check_s<samples>_n<n>.json);
 3. an outcome (ORM) and a process reward model (PRM), each by experiments/train_reward_model.py
-   with the policy's tokenizer (<out>/reward_models/{orm,prm}, with metrics.json holding the
-   held-out accuracies);
+   on the policy's task with the policy's tokenizer (<out>/reward_models/{orm,prm}, with
+   metrics.json holding the held-out accuracies); with --rm-draws N > 1, N draws of each
+   (run.seed=d, the same labelled samples) in <out>/reward_models/{orm,prm}_draw<d>, a
+   reward-model arm's seed s scored by draw s % N;
 4. the arms, every seed from the same SFT start and the same question stream per seed:
      GRPO+OS       outcome supervision, rewards from the ORM
      GRPO+PS       process supervision, step rewards from the PRM (Math-Shepherd style)
@@ -35,6 +39,11 @@ In order, each part skipped when its output already exists under --out:
    which each arm first reaches --reach held-out accuracy with the paired speed gap, and
    whether each arm beats the held-out set's best shortcut (`grpo_jax.shortcuts`) by 10
    points in every seed.
+
+--rule-arms-only runs parts 1, 4, 5 with the rule-scored arms alone. --reward-model-arms-only
+runs the reward-model arms (GRPO+OS, GRPO+PS) on --seeds and judges them against the rule arms'
+finished seed files of a --rule-arms-only study in the same --out (read, not rerun), writing
+figure5_sparse_reward_models.png and summary_reward_models.json beside that study's own.
 
 Options are config keys as in the other ablations; the regime's knobs default to
 SPARSE_REGIME. Reward code only parses model text (the task's whitelisted parsers).
@@ -69,6 +78,11 @@ RULE_ARMS = ("GRPO+OS-rule", "GRPO+PS-rule", "Online RFT", "RFT")
 # --regime modular: the testbed's regime (experiments/common.py) with this study's lengths.
 TESTBED_RUN = ["run.steps=60", "run.eval_every=10", "run.checkpoint_every=10"]
 
+# --reward-model-arms-only: the secondary comparison of docs/figure5_testbed_rm_design.md.
+RM_ARMS = ("GRPO+OS", "GRPO+PS")
+# --rm-draws 1 keeps the folders of the arithmetic studies; N > 1 adds _draw<d>.
+RM_NAMES = {"outcome": "orm", "process": "prm"}
+
 # The claims as (better, worse): judged on the seeds both arms ran.
 CLAIMS = {
     "(a) online beats offline": ("Online RFT", "RFT"),
@@ -77,6 +91,10 @@ CLAIMS = {
     "(b) oracle: process beats outcome": ("GRPO+PS-rule", "GRPO+OS-rule"),
     "(c) oracle: GRPO+OS beats Online RFT": ("GRPO+OS-rule", "Online RFT"),
 }
+RM_CLAIMS = {claim: CLAIMS[claim] for claim in ("(b) process beats outcome", "(c) GRPO+OS beats Online RFT")}
+# No claims: each reward-model arm against each rule arm, paired by seed (what scoring by a
+# learned model instead of the rule gives or costs).
+AGAINST_RULE_ARMS = {f"{rm} − {rule}": (rm, rule) for rm in RM_ARMS for rule in RULE_ARMS}
 
 
 def slug(arm: str) -> str:
@@ -93,6 +111,27 @@ def pending(root: str, plan: dict[str, list[int]]) -> list[tuple[str, int]]:
     seeds = sorted({s for arm_seeds in plan.values() for s in arm_seeds})
     return [(arm, seed) for seed in seeds for arm, arm_seeds in plan.items()
             if seed in arm_seeds and not os.path.exists(seed_json(root, arm, seed))]
+
+
+def reward_model_name(rm: str, draw: int, draws: int) -> str:
+    """The folder under <out>/reward_models of draw ``draw`` of ``rm`` ('orm' / 'prm')."""
+    return rm if draws == 1 else f"{rm}_draw{draw}"
+
+
+def draw_of_seed(seed: int, draws: int) -> int:
+    """The reward-model draw that scores a reward-model arm's seed ``seed``."""
+    return seed % draws
+
+
+def reward_model_task_args(data) -> list[str]:
+    """experiments/train_reward_model.py's options and overrides for the policy's task."""
+    if data.task == "arithmetic":
+        return ["--operations", "+-", f"data.num_operands={data.num_operands}", f"data.max_digits={data.max_digits}",
+                f"data.min_carries={data.min_carries}"]
+    if data.task == "modular":
+        return ["data.task=modular", f"data.modulus={data.modulus}", f"data.num_operands={data.num_operands}",
+                f"data.num_subtractions={data.num_subtractions}"]
+    raise ValueError(f"reward models for data.task={data.task} are not set up here (arithmetic or modular)")
 
 
 def steps_to_reach(steps: list[int], accuracy: list[float], level: float, censor: int) -> int:
@@ -185,25 +224,23 @@ def mc_check(cfg, params, task, tok, mesh, held_out_examples, held_out_path: str
     return out
 
 
-def reward_model(kind: str, cfg, root: str, data: tuple[str, str], args) -> tuple[str, dict]:
-    """Train (or find) the ORM / PRM with experiments/train_reward_model.py; returns its
-    folder and its metrics.json."""
+def reward_model(kind: str, cfg, root: str, data: tuple[str, str], args, draw: int = 0) -> tuple[str, dict]:
+    """Train (or find) draw ``draw`` of the ORM / PRM with experiments/train_reward_model.py
+    (run.seed=draw where --rm-draws > 1); returns its folder and its metrics.json."""
     import train_reward_model
 
-    run_dir = os.path.join(root, "reward_models", "orm" if kind == "outcome" else "prm")
+    run_dir = os.path.join(root, "reward_models", reward_model_name(RM_NAMES[kind], draw, args.rm_draws))
     metrics_path = os.path.join(run_dir, "metrics.json")
     if not os.path.exists(metrics_path):
         shutil.rmtree(run_dir, ignore_errors=True)  # a cut training run: its checkpoint would block the save
         # Both kinds the per-label BCE on the same samples (Math-Shepherd's PRM loss), so the
         # two differ only in where the labels sit: once per output, or once per step.
-        d = cfg.data
         train_reward_model.main([
             "--kind", kind, "--loss", "pointwise", "--train-samples", data[0], "--held-out-samples", data[1],
-            "--tokenizer", os.path.join(root, "tokenizer.model"), "--operations", "+-",
+            "--tokenizer", os.path.join(root, "tokenizer.model"), *reward_model_task_args(cfg.data),
             "--trunk-steps", str(args.rm_trunk_steps), *(["--no-progress"] if args.no_progress else []),
-            f"run.run_dir={run_dir}", f"run.steps={args.rm_steps}", f"data.num_operands={d.num_operands}",
-            f"data.max_digits={d.max_digits}", f"data.min_carries={d.min_carries}",
-            f"model.max_seq_len={cfg.model.max_seq_len}"])
+            f"run.run_dir={run_dir}", f"run.steps={args.rm_steps}", f"model.max_seq_len={cfg.model.max_seq_len}",
+            *([f"run.seed={draw}"] if args.rm_draws > 1 else [])])
     return os.path.join(run_dir, "reward_model"), read_json(metrics_path)
 
 
@@ -230,6 +267,9 @@ def main(argv=None):
     p.add_argument("--rm-held-out", type=int, default=128, help="held-out (validation) questions")
     p.add_argument("--rm-steps", type=int, default=500, help="reward-model training steps")
     p.add_argument("--rm-trunk-steps", type=int, default=500, help="reward-model base-model steps")
+    p.add_argument("--rm-draws", type=int, default=1,
+                   help="draws of each reward model (run.seed = 0..N-1, the same labelled samples); a "
+                        "reward-model arm's seed s is scored by draw s %% N (default 1: reward_models/{orm,prm})")
     p.add_argument("--mc-samples", type=int, default=32,
                    help="held-out samples whose Monte-Carlo progress labels are checked against the rule's (0: skip)")
     p.add_argument("--mc-n", type=int, default=32, help="continuations per step prefix in that check")
@@ -241,10 +281,23 @@ def main(argv=None):
                         "(modular: the testbed) with TESTBED_RUN")
     p.add_argument("--rule-arms-only", action="store_true",
                    help=f"the rule-scored arms only ({', '.join(RULE_ARMS)}), each on --seeds: no reward models")
+    p.add_argument("--reward-model-arms-only", action="store_true",
+                   help=f"the reward-model arms only ({', '.join(RM_ARMS)}), each on --seeds, judged against the "
+                        f"rule arms' finished seeds of a --rule-arms-only study in the same --out")
     args = p.parse_intermixed_args(argv)  # overrides go before --seeds / --oracle-seeds, which take a list
+    if args.rm_draws < 1:
+        p.error(f"--rm-draws must be >= 1, got {args.rm_draws}")
+    if args.rule_arms_only and args.reward_model_arms_only:
+        p.error("--rule-arms-only and --reward-model-arms-only are two halves of one study: give one")
     regime = SPARSE_REGIME if args.regime == "arithmetic" else common.STUDY_REGIMES[args.regime] + TESTBED_RUN
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + regime)
     root = cfg.run.run_dir
+    if args.reward_model_arms_only:  # before any training: the rule arms' seeds must be there
+        missing = [seed_json(root, arm, s) for arm in RULE_ARMS for s in args.seeds
+                   if not os.path.exists(seed_json(root, arm, s))]
+        if missing:
+            p.error(f"--reward-model-arms-only reads the rule arms' finished seeds; missing {', '.join(missing)} "
+                    f"(run --rule-arms-only with these --seeds and --out first)")
     task = common.make_task(cfg.data.task, cfg.data)
     tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
     params, mesh = common.sft_start(cfg, task, tok, root, args)
@@ -257,6 +310,11 @@ def main(argv=None):
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     if args.rule_arms_only:
         plan = {arm: list(args.seeds) for arm in RULE_ARMS}
+    elif args.reward_model_arms_only:
+        plan = {arm: list(args.seeds) for arm in RM_ARMS}
+        read_only = {arm: list(args.seeds) for arm in RULE_ARMS}
+        return run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics, mc, eval_examples,
+                        read_only=read_only, claims=RM_CLAIMS, name="reward_models")
     else:
         plan = {arm: list(args.seeds if arm in MAIN_ARMS else args.oracle_seeds) for arm in ARMS}
     return run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics, mc, eval_examples)
@@ -277,17 +335,27 @@ def reward_models_and_checks(cfg, params, task, tok, mesh, root, args):
               f"agree (rule 1: {mc['continued_exact_1']['agree']}, rule 0: {mc['continued_exact_0']['agree']}); "
               f"{mc['cost']['continuations']} continuations, {mc['seconds']:.0f} s")
     models, rm_metrics = {}, {}
-    for kind, name in (("outcome", "orm"), ("process", "prm")):
-        path, rm_metrics[name] = reward_model(kind, cfg, root, data, args)
-        models[name] = (path, RewardModel.load(path, tok))
-        shown = {k: round(v, 3) for k, v in rm_metrics[name].items()
-                 if k.startswith("held_out") or k in ("majority_baseline", "train_samples")}
-        print(f"[figure5] {name}: {json.dumps(shown)}")
+    for kind, rm in RM_NAMES.items():
+        for draw in range(args.rm_draws):
+            name = reward_model_name(rm, draw, args.rm_draws)
+            path, rm_metrics[name] = reward_model(kind, cfg, root, data, args, draw)
+            models[name] = (path, RewardModel.load(path, tok))
+            print(f"[figure5] {name}: {json.dumps(held_out_accuracies(rm_metrics[name]))}")
     return mc, models, rm_metrics
 
 
-def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics, mc, eval_examples):
-    """Part 4-5: every (arm, seed) of ``plan`` not yet finished, then the verdicts."""
+def held_out_accuracies(metrics: dict) -> dict:
+    """A reward model's held-out accuracies and baselines from its metrics.json, rounded."""
+    return {k: round(v, 3) for k, v in metrics.items()
+            if k.startswith("held_out") or k in ("majority_baseline", "train_samples")}
+
+
+def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics, mc, eval_examples, *,
+             read_only=None, claims=None, name=""):
+    """Part 4-5: every (arm, seed) of ``plan`` not yet finished, then the verdicts of ``claims``
+    (default CLAIMS) over the arms of ``plan`` and ``read_only`` (arm -> seeds whose finished
+    JSONs are read, never run); with ``read_only``, each arm of ``plan`` against each of it
+    too (AGAINST_RULE_ARMS). ``name`` suffixes summary<_name>.json and the figure's file."""
     import common
     import jax
 
@@ -301,13 +369,14 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
     start = evaluate(Sampler.for_run(cfg, mesh, tok), params, task, tok, eval_examples,
                      key=jax.random.key(1))["accuracy"]
     steps = [0] + list(range(cfg.run.eval_every, cfg.run.steps + 1, cfg.run.eval_every))
+    scored_by = {arm: {s: reward_model_name(ARMS[arm][1], draw_of_seed(s, args.rm_draws), args.rm_draws)
+                       for s in seeds} for arm, seeds in plan.items() if ARMS[arm][1] is not None}
     for arm, seed in pending(root, plan):
-        overrides, rm = ARMS[arm]
-        scorer = None
-        if rm is not None:
-            overrides = overrides + [f"rl.reward_model={models[rm][0]}"]
-            scorer = models[rm][1]
-        print(f"[figure5] {arm} seed {seed}")
+        overrides, scorer = ARMS[arm][0], None
+        if arm in scored_by:
+            path, scorer = models[scored_by[arm][seed]]
+            overrides = overrides + [f"rl.reward_model={path}"]
+        print(f"[figure5] {arm} seed {seed}" + (f", scored by {scored_by[arm][seed]}" if arm in scored_by else ""))
         history, _ = common.run_rl(cfg, task, tok, params, mesh, root, slug(arm), overrides, seed=seed,
                                    eval_examples=eval_examples, progress=not args.no_progress,
                                    reward_model=scorer)
@@ -316,7 +385,13 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
             "eval_accuracy": [start] + common.curve(history, "eval_accuracy", steps[1:]),
             "history": history})
 
-    runs = {arm: {s: read_json(seed_json(root, arm, s)) for s in seeds} for arm, seeds in plan.items()}
+    shown = plan | (read_only or {})
+    runs = {arm: {s: read_json(seed_json(root, arm, s)) for s in seeds} for arm, seeds in shown.items()}
+    for arm, by_seed in runs.items():
+        for s, r in by_seed.items():
+            if r["steps"] != steps:
+                raise ValueError(f"{seed_json(root, arm, s)} was evaluated at steps {r['steps']}, this study at "
+                                 f"{steps}: not the same study")
     censor = steps[-1] + cfg.run.eval_every
     finals = {arm: {s: r["eval_accuracy"][-1] for s, r in by_seed.items()} for arm, by_seed in runs.items()}
     reach = {arm: {s: steps_to_reach(steps, r["eval_accuracy"], args.reach, censor) for s, r in by_seed.items()}
@@ -324,25 +399,34 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
     varying = {arm: {s: sum(h.get("groups_varying_fraction", 0.0) for h in r["history"][:10]) /
                      len(r["history"][:10]) for s, r in by_seed.items()}
                for arm, by_seed in runs.items() if arm.startswith("GRPO")}
-    claims, speed = judge(finals, CLAIMS), judge(reach, CLAIMS, sign=-1.0)
+    claims = CLAIMS if claims is None else claims
+    claims, speed = judge(finals, claims), judge(reach, claims, sign=-1.0)
+    against = judge(finals, {k: v for k, v in AGAINST_RULE_ARMS.items() if v[0] in plan}) if read_only else {}
     bar = shortcuts.best[1]
-    beat_shortcut = {arm: clears(finals[arm], bar) for arm in plan}
+    beat_shortcut = {arm: clears(finals[arm], bar) for arm in shown}
     summary = {
         "start_accuracy": start, "steps": steps, "reach_level": args.reach, "reach_censor": censor,
-        "reward_models": {name: {k: v for k, v in m.items() if k not in ("config", "args")}
-                          for name, m in rm_metrics.items()},
+        "reward_models": {rm: {k: v for k, v in m.items() if k not in ("config", "args")}
+                          for rm, m in rm_metrics.items()},
+        "reward_model_of_seed": scored_by, "read_not_run": read_only or {},
         "final_accuracy": finals, "steps_to_reach": reach, "groups_varying_first_10_steps": varying,
-        "claims": claims, "speed": speed, "shortcuts": shortcuts.to_dict(),
+        "claims": claims, "speed": speed, "against_rule_arms": against, "shortcuts": shortcuts.to_dict(),
         "beats_best_shortcut_by_10_points_every_seed": beat_shortcut, "mc_check": mc, "config": cfg.to_dict()}
-    common.write_json(os.path.join(root, "summary.json"), summary)
+    suffix = f"_{name}" if name else ""
+    summary_path = os.path.join(root, f"summary{suffix}.json")
+    common.write_json(summary_path, summary)
     regime = (f"mod {cfg.data.modulus}, {cfg.data.num_operands} operands" if cfg.data.task == "modular" else
               f"{cfg.data.num_operands - 1}-step chains, >= {cfg.data.min_carries} carries")
-    png = plot_runs({arm: [runs[arm][s]["eval_accuracy"] for s in sorted(runs[arm])] for arm in plan}, steps,
-                    os.path.join(root, "figure5_sparse.png"), ylabel="held-out greedy accuracy",
+    png = plot_runs({arm: [runs[arm][s]["eval_accuracy"] for s in sorted(runs[arm])] for arm in shown}, steps,
+                    os.path.join(root, f"figure5_sparse{suffix}.png"), ylabel="held-out greedy accuracy",
                     title=f"Figure 5 ({regime})\nmean and 95% interval over seeds")
     print(f"[figure5] SFT start: held-out greedy accuracy {start:.3f}; {len(eval_examples)} held-out questions, "
           f"{shortcuts.line()}")
-    for arm in plan:
+    for rm, m in rm_metrics.items():
+        print(f"[figure5] reward model {rm}: {json.dumps(held_out_accuracies(m))}")
+    for arm in shown:
+        if arm in scored_by:
+            print(f"[figure5] {arm} scored by: " + ", ".join(f"seed {s} {rm}" for s, rm in scored_by[arm].items()))
         print(f"[figure5] {arm:13s} final {format_interval(list(finals[arm].values()))} (seeds "
               f"{', '.join(f'{finals[arm][s]:.3f}' for s in sorted(finals[arm]))}); beats the best shortcut "
               f"{bar:.3f} by 10 points in every seed: {'yes' if beat_shortcut[arm] else 'no'}; first step at "
@@ -350,10 +434,13 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
     for claim, c in claims.items():
         print(f"[figure5] {claim}: {c['better']} − {c['worse']} = {c['mean']:+.3f} "
               f"[{c['low']:+.3f}, {c['high']:+.3f}] (n={len(c['seeds'])}): {c['verdict']}")
+    for comparison, c in against.items():
+        print(f"[figure5] {comparison} = {c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] (n={len(c['seeds'])}; "
+              f"no claim)")
     for claim, c in speed.items():
         print(f"[figure5] {claim}, speed: {c['worse']} steps − {c['better']} steps = {c['mean']:+.1f} "
               f"[{c['low']:+.1f}, {c['high']:+.1f}] (n={len(c['seeds'])}): {c['verdict']}")
-    print(f"[figure5] wrote {png} and {os.path.join(root, 'summary.json')}")
+    print(f"[figure5] wrote {png} and {summary_path}")
     return summary
 
 

@@ -1,6 +1,7 @@
-"""Train an outcome (ORM) or process (PRM) reward model on the synthetic arithmetic task.
+"""Train an outcome (ORM) or process (PRM) reward model on a synthetic task (data.task:
+arithmetic by default, or modular, the testbed).
 
-1. generate the task and train a sentencepiece tokenizer on it;
+1. generate the task and train a sentencepiece tokenizer on its text;
 2. train a base model: next-token training on correct worked solutions (the paper starts
    its reward models from DeepSeekMath-Base; a random trunk would have to discover
    arithmetic from one bit per sample) — skip with --trunk-steps 0;
@@ -14,6 +15,7 @@
     python experiments/train_reward_model.py --kind outcome
     python experiments/train_reward_model.py --kind process run.steps=800 run.run_dir=runs/prm
     python experiments/train_reward_model.py --kind outcome --loss pointwise optimizer.peak_lr=1e-3
+    python experiments/train_reward_model.py --kind process data.task=modular model.max_seq_len=96
 
 Step 3 reads labelled samples from files instead with --train-samples / --held-out-samples
 (JSON lines, `reward_models.write_samples`): e.g. samples of an SFT model labelled by the
@@ -22,8 +24,9 @@ sentencepiece model instead of training one, so RL can load the reward model wit
 `rl.reward_model` (the trainer scores with the policy's tokenizer).
 
 Config keys read: model.*, optimizer.* (the reward model's AdamW), run.steps (reward-model
-steps), run.seed, run.run_dir, data.num_operands, data.max_digits, data.min_carries,
-data.wrong_step_prob.
+steps), run.seed, run.run_dir, data.task and its knobs (`grpo_jax.runs.make_task`: arithmetic
+data.num_operands, data.max_digits, data.min_carries, data.slip, data.format_reward; modular
+data.modulus, data.num_operands, data.num_subtractions), data.wrong_step_prob.
 """
 
 from __future__ import annotations
@@ -38,17 +41,42 @@ import numpy as np
 
 from grpo_jax import config as config_lib
 from grpo_jax import reward_models as rm_lib
-from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus
+from grpo_jax.runs import make_task
+from grpo_jax.tasks.arithmetic import ArithmeticTask
 from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
-# Read here: model.*, optimizer.* (the reward model's AdamW), data.num_operands, data.max_digits,
-# data.min_carries, data.wrong_step_prob, run.run_dir, run.steps (reward-model steps), run.seed.
+# Read here: model.*, optimizer.* (the reward model's AdamW), data.task and its knobs,
+# data.wrong_step_prob, run.run_dir, run.steps (reward-model steps), run.seed.
 DEFAULTS = [
     "run.run_dir=runs/reward_model", "run.steps=500", "optimizer.peak_lr=3e-4",
     "optimizer.warmup_steps=10", "data.num_operands=3", "data.max_digits=1", "data.wrong_step_prob=0.5",
     "model.embed_dim=64", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
     "model.head_dim=16", "model.mlp_dim=128", "model.max_seq_len=48",
 ]
+
+
+ARITHMETIC_OPERATIONS = "+"
+
+
+def build_task(data, operations: str | None = None):
+    """The task of the config's data section (`grpo_jax.runs.make_task`), with --operations
+    for the arithmetic task, the one task that has them as a knob outside the config."""
+    if operations is not None and data.task != "arithmetic":
+        raise ValueError(f"--operations applies to the arithmetic task only, not data.task={data.task}")
+    if data.task != "arithmetic":
+        return make_task(data.task, data)
+    return ArithmeticTask(num_operands=data.num_operands, max_digits=data.max_digits,
+                          operations=operations or ARITHMETIC_OPERATIONS, slip=data.slip,
+                          format_reward=data.format_reward, min_carries=data.min_carries)
+
+
+def task_description(task) -> dict:
+    """The task's name and knobs, as metrics.json records them."""
+    lo, hi = task.num_operands
+    out = {"name": task.name, "num_operands": lo if lo == hi else [lo, hi]}
+    if task.name == "modular":
+        return out | {"modulus": task.modulus, "num_subtractions": task.num_subtractions}
+    return out | {"max_digits": task.max_digits, "operations": task.operations, "min_carries": task.min_carries}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="sequences per step (pairwise: half as many pairs)")
     p.add_argument("--trunk-steps", type=int, default=500, help="next-token steps for the base model (0: random trunk)")
     p.add_argument("--trunk-lr", type=float, default=3e-3, help="base-model peak learning rate")
-    p.add_argument("--operations", default="+", help="task operators (a string over +-*/)")
+    p.add_argument("--operations", default=None,
+                   help=f"the arithmetic task's operators (a string over +-*/; default {ARITHMETIC_OPERATIONS})")
     p.add_argument("--train-prompts", type=int, default=2000, help="training questions")
     p.add_argument("--eval-prompts", type=int, default=64,
                    help="held-out questions (test split; 3-operand 1-digit + has 79 distinct ones)")
@@ -86,17 +115,19 @@ def main(argv=None) -> dict:
     progress = not args.no_progress
     t0 = time.perf_counter()
 
-    task_kw = dict(num_operands=cfg.data.num_operands, max_digits=cfg.data.max_digits,
-                   operations=args.operations, min_carries=cfg.data.min_carries)
-    task = ArithmeticTask(**task_kw)
+    cfg.data.validate()
+    try:
+        task = build_task(cfg.data, args.operations)
+    except ValueError as err:
+        parser.error(str(err))
     if args.tokenizer:
         tokenizer = SentencePieceTokenizer.load(args.tokenizer)
     else:
-        tokenizer = train_sentencepiece(tokenizer_corpus(500, seed=seed, **task_kw), vocab_size=args.tokenizer_vocab)
+        tokenizer = train_sentencepiece(task.text_corpus(500, seed=seed), vocab_size=args.tokenizer_vocab)
     cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size})
     for section in (cfg.model, cfg.optimizer, cfg.data, cfg.run):  # rl.* is not used here
         section.validate()
-    print(f"[reward model] {args.kind}; tokenizer {tokenizer.vocab_size} pieces; task {task_kw}")
+    print(f"[reward model] {args.kind}; tokenizer {tokenizer.vocab_size} pieces; task {task_description(task)}")
 
     trunk = None
     if args.trunk_steps > 0:
@@ -121,7 +152,7 @@ def main(argv=None) -> dict:
         batch_size=args.batch_size, seed=seed, init_params=trunk, optimizer=cfg.optimizer,
         progress=progress)
 
-    metrics = {"kind": model.kind, "loss": model.loss, "steps": cfg.run.steps,
+    metrics = {"kind": model.kind, "loss": model.loss, "task": task_description(task), "steps": cfg.run.steps,
                "trunk_steps": args.trunk_steps, "train_samples": len(train),
                "held_out_samples": len(held_out),
                "held_out_fraction_correct": float(np.mean([s.correct for s in held_out])),
