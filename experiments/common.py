@@ -55,12 +55,21 @@ SFT_CACHE_FIELDS = ("optimizer", "run.seed", "run.steps", "data.task", "data.see
                     "data.modulus", "data.num_subtractions")
 
 
+# SFT per task when --sft-steps / --sft-until are not given: (steps, until). Modular tables are
+# learned after a plateau whose length varies by seed, so its SFT runs until they are
+# (docs/testbed_design.md); other tasks train a fixed number of steps.
+SFT_DEFAULTS = {"modular": (4000, 0.95)}
+SFT_DEFAULT = (1500, 0.0)
+
+
 def add_sft_args(parser) -> None:
-    parser.add_argument("--sft-steps", type=int, default=1500,
-                        help="SFT steps before RL; with --sft-until, the most SFT may take")
-    parser.add_argument("--sft-until", type=float, default=0.0,
+    parser.add_argument("--sft-steps", type=int, default=None,
+                        help="SFT steps before RL; with --sft-until, the most SFT may take "
+                             f"(default: {SFT_DEFAULTS['modular'][0]} on the testbed, {SFT_DEFAULT[0]} otherwise)")
+    parser.add_argument("--sft-until", type=float, default=None,
                         help="train SFT until this share of the greedy step lines on 64 training questions "
-                             "are right table lookups (tasks with `lookups_right`; 0: --sft-steps exactly)")
+                             "are right table lookups (tasks with `lookups_right`; 0: --sft-steps exactly; "
+                             f"default: {SFT_DEFAULTS['modular'][1]} on the testbed, {SFT_DEFAULT[1]} otherwise)")
     parser.add_argument("--sft-check-every", type=int, default=250, help="SFT steps between --sft-until checks")
     parser.add_argument("--sft-lr", type=float, default=2e-3, help="SFT peak learning rate")
     parser.add_argument("--sft-batch", type=int, default=32, help="SFT sequences per step")
@@ -84,8 +93,18 @@ def tokenizer_for(task, cfg, root: str, vocab: int):
     return tok, cfg.replace(model={"vocab_size": tok.vocab_size}).validate()
 
 
+def resolve_sft_args(args, task_name: str) -> None:
+    """Fill the --sft-steps / --sft-until not given with the task's defaults (SFT_DEFAULTS)."""
+    steps, until = SFT_DEFAULTS.get(task_name, SFT_DEFAULT)
+    if args.sft_steps is None:
+        args.sft_steps = steps
+    if getattr(args, "sft_until", None) is None:
+        args.sft_until = until
+
+
 def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
     """Params of the SFT model (trained once, then restored from `<root>/sft`) and its mesh."""
+    resolve_sft_args(args, cfg.data.task)
     sft_cfg = cfg.replace(
         rl={"algorithm": "sft", "group_size": config_lib.RLConfig.group_size},  # SFT samples nothing
         run={"run_dir": os.path.join(root, "sft"), "steps": args.sft_steps, "eval_every": 0,
@@ -106,7 +125,7 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
     params = init_params(cfg.model, jax.random.key(cfg.run.seed))
     trainer = Trainer(sft_cfg, task=task, tokenizer=tokenizer, params=params, sft_data=sft_data,
                       mesh=mesh, eval_examples=[], progress=not args.no_progress)
-    until = getattr(args, "sft_until", 0.0)
+    until = args.sft_until
     if until > 0:
         _train_until(cfg, trainer, task, tokenizer, until, args.sft_check_every, root)
     else:

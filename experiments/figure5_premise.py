@@ -6,21 +6,22 @@ same reward; process supervision has one wherever their step rewards differ. The
 claim that process beats outcome supervision is testable where the first is rare and the
 second common, so a design picks its regime by these figures:
 
-    python experiments/figure5_premise.py                       # the default regime
-    python experiments/figure5_premise.py data.num_operands=6 data.min_carries=3 \\
+    python experiments/figure5_premise.py                       # the testbed (--regime modular)
+    python experiments/figure5_premise.py --regime arithmetic data.num_operands=6 data.min_carries=3 \\
         data.slip=carry_habit data.wrong_step_prob=0.9
 
-For the regime's SFT model (trained once, cached in <out>/sft, as ablation_supervision.py
-trains it), --group samples of each of --questions training questions at rl.temperature,
+For the regime's SFT model (trained once, cached in <out>/sft, as every CPU
+ablation trains it), --group samples of each of --questions training questions at rl.temperature,
 scored by the task's rules: the share of samples that are right, of questions whose
 outcome rewards vary, of step lines that are right, and of questions whose step rewards
 vary; the correlation between a sample's summed step reward and its outcome (a design
 needs it positive: step rewards that point away from right answers train away from them);
 and the shortcut baselines of the regime's held-out set (`grpo_jax.shortcuts`). Prints them
-and writes <out>/premise.json. Options are config keys (as in
-ablation_supervision.py); the regime's knobs are data.num_operands, data.min_carries,
-data.slip, data.wrong_step_prob and data.format_reward (0 by default here: the reward is
-correctness only).
+and writes <out>/premise.json. Options are config keys (as in the
+other ablations); the testbed's knobs are data.modulus, data.num_operands and
+data.num_subtractions, carrying arithmetic's (`--regime arithmetic`) data.num_operands,
+data.min_carries and data.slip; both take data.wrong_step_prob and data.format_reward (0 by
+default here: the reward is correctness only).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main(argv=None) -> dict:
     p.add_argument("--group", type=int, default=16, help="samples per question, G (default 16)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--out", default="runs/figure5_premise", help="output directory (its sft/ is reused)")
-    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="arithmetic",
+    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="modular",
                    help="defaults under the overrides: the arithmetic regime above, or a study regime of "
                         "experiments/common.py (modular: the testbed)")
     args = p.parse_args(argv)

@@ -4,8 +4,8 @@ The design, written before the runs: docs/figure5_progress_design.md (the flawed
 design it replaces: docs/figure5_sparse_design.md). One command runs the whole study and
 resumes where it was cut:
 
-    python experiments/figure5_sparse.py                       # seeds as designed
-    python experiments/figure5_sparse.py --reward-models-only   # parts 1-3 only: the reward models' accuracy
+    python experiments/figure5_sparse.py --regime arithmetic    # the progress-label study as designed (history)
+    python experiments/figure5_sparse.py --regime arithmetic --reward-models-only   # parts 1-3 only
     python experiments/figure5_sparse.py run.steps=2 --seeds 0 --oracle-seeds 0 --out runs/f5s_smoke
     python experiments/figure5_sparse.py --regime modular --rule-arms-only --sft-until 0.95 --sft-steps 4000 \
         --out runs/figure5_testbed                            # docs/figure5_testbed_design.md (parts 1, 4, 5)
@@ -276,7 +276,7 @@ def main(argv=None):
     p.add_argument("--reward-models-only", action="store_true",
                    help="stop once the reward models are trained (their held-out accuracies, before any arm)")
     p.add_argument("--out", default="runs/figure5_sparse", help="output directory")
-    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="arithmetic",
+    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="modular",
                    help="SPARSE_REGIME on carrying arithmetic, or a study regime of experiments/common.py "
                         "(modular: the testbed) with TESTBED_RUN")
     p.add_argument("--rule-arms-only", action="store_true",

@@ -15,9 +15,10 @@ reward model. The baseline is GRPO against the iteration-0 reward model, never r
 with the same seed: the same questions in the same order, the same number of updates and
 the same RNG stream, so the paired gap per seed is what retraining buys.
 
-    python experiments/iterative_grpo.py --seeds 0 1 2 --iterations 5 run.steps=20
-    python experiments/iterative_grpo.py --regime modular --sft-until 0.95 --sft-steps 4000 \
-        --iterations 3 run.steps=20 --out runs/figure6_testbed   # docs/figure6_testbed_design.md
+    python experiments/iterative_grpo.py --iterations 3 run.steps=20 --out runs/figure6_testbed
+        # the testbed (--regime modular, the default): docs/figure6_testbed_design.md
+    python experiments/iterative_grpo.py --regime arithmetic --seeds 0 1 2 --iterations 5 run.steps=20
+        # the earlier study on carrying arithmetic (docs/results.md, history)
 
 `run.steps` is the number of steps per iteration. Each finished seed is cached in
 `<out>/seed<N>.json`; adding a seed re-runs only the new one.
@@ -141,7 +142,7 @@ def main(argv=None):
     p.add_argument("--replay-fraction", type=float, default=0.1, help="historical share of RM batches")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2)")
     p.add_argument("--out", default="runs/iterative_grpo", help="output directory")
-    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="arithmetic",
+    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="modular",
                    help="carrying arithmetic (the history's runs), or a study regime of experiments/common.py "
                         "(modular: the testbed)")
     args = p.parse_intermixed_args(argv)  # overrides may sit before --seeds, which takes a list

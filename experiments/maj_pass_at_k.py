@@ -5,7 +5,7 @@ more robust (sharper around answers the model could already reach) rather than t
 fundamentally new abilities. This script measures both from `--samples` samples per
 held-out question at temperature `rl.temperature`, with the unbiased Pass@K estimator.
 
-`--regime modular` (the testbed, docs/figure7_testbed_design.md) trains nothing: it reads the
+`--regime modular` (the default: the testbed, docs/figure7_testbed_design.md) trains nothing: it reads the
 quickstart's runs (`python experiments/quickstart.py --seeds 0 1 2 3 4`, under `--runs`,
 default runs/quickstart) and evaluates each seed's SFT model (before RL) and GRPO model
 (after RL) on the run's 512 held-out questions, with the GRPO run's sampler. Each (seed,
@@ -15,10 +15,10 @@ stage) writes `<out>/seed<N>_<stage>.json` and is read, not remeasured, on a sec
     python experiments/maj_pass_at_k.py --regime modular --runs runs/quickstart --seeds 0 1 2 3 4 \\
         --samples 64 --out runs/figure7_testbed
 
-`--regime arithmetic` (the default) is the earlier study on carrying arithmetic: one SFT start,
+`--regime arithmetic` is the earlier study on carrying arithmetic: one SFT start,
 GRPO seeds trained here (docs/results.md, history):
 
-    python experiments/maj_pass_at_k.py --samples 64
+    python experiments/maj_pass_at_k.py --regime arithmetic --samples 64
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
     common.add_sft_args(p)
-    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="arithmetic",
+    p.add_argument("--regime", choices=["arithmetic", *common.STUDY_REGIMES], default="modular",
                    help="carrying arithmetic (SFT and GRPO trained here), or a study regime whose "
                         "quickstart runs under --runs are evaluated")
     p.add_argument("--samples", type=int, default=64, help="samples per question (largest K)")

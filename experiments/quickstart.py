@@ -55,9 +55,6 @@ from grpo_jax.trainer import Trainer
 QUICKSTART_DEFAULTS = {"modular": common.MODULAR_DEFAULTS + ["run.steps=60", "run.eval_every=20",
                                                              "run.checkpoint_every=60"],
                        "arithmetic": ["data.slip=carry_habit"]}
-# SFT per --task when not given: (--sft-steps, --sft-until). Modular tables are learned after a
-# plateau whose length varies by seed, so SFT runs until they are (docs/testbed_design.md).
-SFT_DEFAULTS = {"modular": (4000, 0.95), "arithmetic": (1500, 0.0)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,16 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="run.seed values, one run each (default 0)")
     p.add_argument("--task", choices=sorted(QUICKSTART_DEFAULTS), default="modular",
                    help="the testbed (modular, default) or the earlier carrying arithmetic")
-    p.set_defaults(sft_steps=None, sft_until=None)
     return p
 
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    steps, until = SFT_DEFAULTS[args.task]
-    args.sft_steps = steps if args.sft_steps is None else args.sft_steps
-    args.sft_until = until if args.sft_until is None else args.sft_until
+    common.resolve_sft_args(args, args.task)
     base = common.load_cfg(args, ["run.run_dir=runs/quickstart"] + QUICKSTART_DEFAULTS[args.task])
     runs = [run_seed(args, config_lib.apply_overrides(base, [
         f"run.seed={seed}", f"run.run_dir={os.path.join(base.run.run_dir, f'seed{seed}')}"]).validate())

@@ -25,7 +25,7 @@ STUDIES = {
     "PPO vs GRPO": [],
     "Figure 7 (Maj@K vs Pass@K)": ["data.eval_size=64"],
     "Figure 6 (iterative RL)": [],
-    "Figure 5, dense (ablation_supervision.py)": ["data.num_operands=8"],
+    "Figure 5, dense (ablation_supervision.py, removed)": ["data.num_operands=8"],
     "Figure 5, sparse, first design": ["data.num_operands=8", "data.min_carries=6"],
     "SmolLM2 chat arithmetic": "chat_arithmetic",
     "custom task (README)": "custom_task",
