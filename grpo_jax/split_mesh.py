@@ -143,16 +143,25 @@ def hand_off_bytes(params, dtype: str) -> int:
                for x in jax.tree.leaves(params))
 
 
-def hand_off_seconds(policy_bytes: float, split_mesh: SplitMesh, ici_bandwidth: float) -> float:
-    """A roofline bound on one hand-off: every sampling replica (the sampling mesh's data x
-    fsdp groups) receives the whole copy, split over its tensor degree, and every training
-    chip sends its 1/N_train of the copy to each replica, each chip at ``ici_bandwidth``:
-    max(bytes in per sampling chip, bytes out per training chip) / bandwidth. Which links the
-    copy crosses between the halves is not modelled: a cut with few links binds earlier."""
-    replicas = split_mesh.sample.size // split_mesh.sample.shape["tensor"]
-    bytes_in = policy_bytes / split_mesh.sample.shape["tensor"]
-    bytes_out = policy_bytes * replicas / split_mesh.train.size
+def hand_off_seconds(policy_bytes: float, sample_replicas: int, sample_tensor: int, train_chips: int,
+                     ici_bandwidth: float) -> float:
+    """A roofline bound on one hand-off: each of the ``sample_replicas`` sampling replicas
+    receives the whole copy of ``policy_bytes``, split over its ``sample_tensor`` chips, and
+    each of the ``train_chips`` sends its 1/train_chips of the copy to every replica, each
+    chip at ``ici_bandwidth`` (``tpu_specs.ChipSpec.ici_bandwidth``, the all-reduce bandwidth
+    per chip the roofline charges collectives with; a copy runs over the same links): max(bytes
+    in per sampling chip, bytes out per training chip) / bandwidth. Which links the copy
+    crosses between the halves is not modelled: a cut with few links binds earlier."""
+    bytes_in = policy_bytes / sample_tensor
+    bytes_out = policy_bytes * sample_replicas / train_chips
     return max(bytes_in, bytes_out) / ici_bandwidth
+
+
+def split_hand_off_seconds(policy_bytes: float, halves: SplitMesh, ici_bandwidth: float) -> float:
+    """``hand_off_seconds`` of a split: the sampling mesh's data x fsdp groups are its
+    replicas, its tensor axis their degree."""
+    tensor = halves.sample.shape["tensor"]
+    return hand_off_seconds(policy_bytes, halves.sample.size // tensor, tensor, halves.train.size, ici_bandwidth)
 
 
 def overlapped_step(rollout_seconds: float, update_seconds: float, hand_off_seconds: float) -> float:

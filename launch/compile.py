@@ -99,7 +99,7 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
 
 def overlap(cfg, results: dict, chip, halves) -> dict:
     """A split run's step (``split_mesh``): the hand-off of the ``rl.sample_dtype`` policy
-    from the training chips to the sampling chips (``split_mesh.hand_off_seconds`` at the
+    from the training chips to the sampling chips (``split_mesh.split_hand_off_seconds`` at the
     chip's ICI bandwidth, ``tpu_specs``: the figure the roofline charges collectives with, a
     copy crossing the same links) and the overlapped step, max(rollout, update) + hand-off,
     each as a bound and expected (the hand-off at the bandwidth fraction). MFU over every
@@ -108,7 +108,7 @@ def overlap(cfg, results: dict, chip, halves) -> dict:
 
     s = results["summary"]
     policy = split_mesh.hand_off_bytes(model_lib.param_shapes(cfg.model), cfg.rl.sample_dtype)
-    bound = split_mesh.hand_off_seconds(policy, halves, chip.ici_bandwidth)
+    bound = split_mesh.split_hand_off_seconds(policy, halves, chip.ici_bandwidth)
     out = {"sample_devices": halves.sample_devices, "train_devices": halves.train_devices,
            "chips": halves.sample_devices + halves.train_devices, "hand_off_bytes": policy,
            "hand_off_seconds": bound, "hand_off_seconds_expected": expected_seconds(bound, "interconnect", chip.name)}

@@ -88,10 +88,11 @@ def test_the_overlapped_step_is_the_slower_half_plus_the_hand_off():
     devices = np.array(jax.devices())
     halves = split_mesh.SplitMesh(sample=make_mesh(MeshConfig(ici_data=4, ici_fsdp=1, ici_tensor=2), devices),
                                   train=make_mesh(MeshConfig(), devices))
-    assert split_mesh.hand_off_seconds(16e9, halves, 100e9) == pytest.approx(0.08)
+    assert split_mesh.split_hand_off_seconds(16e9, halves, 100e9) == pytest.approx(0.08)
     # 2 training chips: each sends half the copy to 4 replicas (32 GB), which binds.
     halves = dataclasses.replace(halves, train=mesh_from_shape((1, 2, 1)))
-    assert split_mesh.hand_off_seconds(16e9, halves, 100e9) == pytest.approx(0.32)
+    assert split_mesh.split_hand_off_seconds(16e9, halves, 100e9) == pytest.approx(0.32)
+    assert split_mesh.hand_off_seconds(16e9, 4, 2, 2, 100e9) == pytest.approx(0.32)
 
 
 def _timeless(history):
