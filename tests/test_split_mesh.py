@@ -129,7 +129,7 @@ def test_the_split_loop_trains_what_the_one_mesh_loop_trains(tmp_path, tok):
 def test_a_split_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, tok):
     """k = 1: the batch the sampler thread drew during the last step before the checkpoint is
     saved with it, and the resumed run trains what the uninterrupted one trained."""
-    over = ("rl.async_steps=1", "mesh.sample_devices=4", "run.steps=4", "run.checkpoint_every=2")
+    over = ("rl.async_steps=1", "mesh.sample_devices=4", "run.steps=3", "run.checkpoint_every=2")
     whole = _trainer(_cfg(tmp_path / "whole", tok, *over), tok)
     want = whole.train()
     whole.close()
