@@ -146,6 +146,11 @@ class MeshConfig:
     `sample_tensor` > 0 sets the sampler's mesh to replicas x tensor = sample_tensor
     (every device holds 1/sample_tensor of the policy); 0 keeps the slice preset's
     sampling mesh, or the train mesh without a slice.
+    `sample_devices` = N > 0 splits the devices (with rl.async_steps >= 1): the first N
+    sample, on a sampling mesh built from them as above, and the rest train, on the ICI
+    shape with its fsdp axis filled from their count, so the rollout of batch t + k runs
+    while the update of batch t does (`grpo_jax.split_mesh`); 0 samples and trains on
+    every device, one after the other. On one device a split falls back to 0.
     """
 
     ici_data: int = 1
@@ -156,6 +161,7 @@ class MeshConfig:
     dcn_tensor: int = 1
     slice: str = ""
     sample_tensor: int = 0
+    sample_devices: int = 0
 
     def validate(self) -> None:
         ici = (self.ici_data, self.ici_fsdp, self.ici_tensor)
@@ -167,6 +173,9 @@ class MeshConfig:
         if self.sample_tensor < 0:
             raise ConfigError(f"mesh.sample_tensor must be >= 0 (0: the slice's sampling mesh), "
                               f"got {self.sample_tensor}")
+        if self.sample_devices < 0:
+            raise ConfigError(f"mesh.sample_devices must be >= 0 (0: sample and train on every device), "
+                              f"got {self.sample_devices}")
 
 
 @dataclass(frozen=True)
@@ -496,6 +505,11 @@ class Config:
             raise ConfigError(
                 f"rl.sample_prompts={self.rl.sample_prompts} must divide data.batch_size="
                 f"{self.data.batch_size} (every sampler call has the same shape)")
+        if self.mesh.sample_devices and not self.rl.async_steps:
+            raise ConfigError(
+                f"mesh.sample_devices={self.mesh.sample_devices} needs rl.async_steps >= 1: on-policy, "
+                "each update waits for its own rollout, so devices kept for sampling would idle while "
+                "the others train")
         for message in self.unused_options():
             warnings.warn(message, ConfigWarning, stacklevel=2)
         return self

@@ -23,6 +23,9 @@ v6e ``v2-alpha-tpuv6e``. JAX itself is installed into a venv by ``launch/setup.p
 
 Meshes are ``(data, fsdp, tensor)`` *within one slice* (the ICI part); combining several
 slices over the data-centre network is a separate multi-slice (DCN) factor on ``data``.
+A run can instead give the rollout and the update disjoint chips of the slice, the first hosts
+sampling on ``sample_mesh``'s tensor degree and the rest training on ``train_mesh``'s shape
+(``mesh.sample_devices``, ``grpo_jax.split_mesh``).
 """
 from __future__ import annotations
 

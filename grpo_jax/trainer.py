@@ -12,7 +12,9 @@ Algorithm 1:
                                                                      #   advantages, μ updates
 With rl.async_steps = k > 0 the rollout of step t draws batch t + k with the weights of step
 t (batches 0..k with those of step 0) and the update trains batch t, drawn k steps earlier;
-the batches in flight between two steps are saved with each checkpoint.
+the batches in flight between two steps are saved with each checkpoint. With mesh.sample_devices
+as well (``split_mesh``) the rollout runs on its own devices, in a thread, while the update of
+batch t runs on the others; it is handed the weights of step t before that update starts.
 
 The data order and the RNG depend only on (seed, step), so a run resumed from a checkpoint
 at step s produces exactly the steps an uninterrupted run would have.
@@ -21,6 +23,7 @@ at step s produces exactly the steps an uninterrupted run would have.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -32,7 +35,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpointing, lora, preemption, pretrained, programs, run_files
+from grpo_jax import checkpointing, lora, preemption, pretrained, programs, run_files, split_mesh
 from grpo_jax.algorithms import Algorithm, algorithm_of
 from grpo_jax.batching import Batch, Scores, score_rollout
 from grpo_jax.config import Config, ConfigError
@@ -43,7 +46,7 @@ from grpo_jax.shortcuts import try_shortcut_baselines
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.model import add_value_head, param_shardings
 from grpo_jax.optimizer import updates_applied
-from grpo_jax.sharding import make_mesh, replicated, shard_batch, to_global
+from grpo_jax.sharding import replicated, shard_batch, to_global
 from grpo_jax.sampler import Rollout, Sampler
 from grpo_jax.tasks import Example, Task
 from grpo_jax.tokenizer import Tokenizer, encode_prompt
@@ -111,6 +114,21 @@ def _in_flight_from_meta(items: list[dict]) -> dict[int, _InFlight]:
                                       dict(e["info"])) for e in items}
 
 
+class _HandedOff:
+    """The run as a data source sees it from the sampler thread of a split run: its
+    questions, settings and scoring, with a rollout that samples the policy copy handed off
+    before the update (``weights``), never the state the update is replacing meanwhile."""
+
+    def __init__(self, run: "Trainer", weights):
+        self._run, self._weights = run, weights
+
+    def __getattr__(self, name):
+        return getattr(self._run, name)
+
+    def rollout(self, examples, key, offline):
+        return self._run.rollout(examples, key, offline, weights=self._weights)
+
+
 # ============================================================================ the loop
 
 class _StopBeforeUpdate(Exception):
@@ -134,15 +152,31 @@ class Trainer:
                  progress: bool = True, resume: bool = True):
         self.cfg, self.task, self.tokenizer, self.progress = cfg, task, tokenizer, progress
         self.algorithm = algorithm_of(cfg)
-        self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
+        # mesh.sample_devices: the training half of the devices (those of ``mesh`` when given)
+        # and the split; else ``mesh`` itself, or every device.
+        if mesh is not None and not cfg.mesh.sample_devices:
+            self.mesh, self.split = mesh, None
+        else:
+            self.mesh, self.split = split_mesh.run_meshes(cfg.mesh, None if mesh is None else list(mesh.devices.flat))
+        # A split run's rollout of batch t + k, running in this thread while batch t trains.
+        self._pool = None if self.split is None else concurrent.futures.ThreadPoolExecutor(1, "sampler")
+        self._sampling: concurrent.futures.Future | None = None
         self.reward_model = _reward_model(cfg, self.algorithm, reward_model, tokenizer)
         if not self.algorithm.data_source.sampled and sft_data is None:
             raise ValueError(f"algorithm {self.algorithm.name!r} trains on a dataset: pass sft_data")
         self.sft_data = sft_data
-        self.sampler = Sampler.for_run(cfg, self.mesh, tokenizer)
+        self.sampler = Sampler.for_run(cfg, self.mesh, tokenizer,
+                                       sample_mesh=None if self.split is None else self.split.sample)
         if is_main_process():
             log.info("decode engine: %s (rl.decode=%s, rl.kv_dtype=%s, sampling mesh %s)", self.sampler.engine.name,
                      cfg.rl.decode, cfg.rl.kv_dtype, dict(self.sampler.mesh.shape))
+            if self.split is not None:
+                log.info("mesh.sample_devices=%d: sampling on %d devices, training on %d (mesh %s), overlapped",
+                         cfg.mesh.sample_devices, self.split.sample_devices, self.split.train_devices,
+                         dict(self.mesh.shape))
+            elif cfg.mesh.sample_devices:
+                log.info("mesh.sample_devices=%d on one device: sampling %d step(s) ahead on it, not overlapped",
+                         cfg.mesh.sample_devices, cfg.rl.async_steps)
         self.step_fn = programs.train_step(cfg, self.mesh)
         self.state, self.sft_params = self._initial_state(params)
         self.rng = jax.random.key(cfg.run.seed)
@@ -248,6 +282,7 @@ class Trainer:
                     "save is written; %s", checkpointing.steps_text(steps), folder, outcome)
 
     def save(self, step: int) -> None:
+        self._collect()  # a split run's batch in flight is in the checkpoint too
         meta = {"step": step, "bad_steps": self.bad_steps, "config": self.cfg.to_dict()}
         if self.cfg.rl.async_steps:  # the batches steps step.. will train: sampled by weights not saved
             meta["in_flight"] = _in_flight_meta({s: e for s, e in self.in_flight.items()
@@ -286,20 +321,26 @@ class Trainer:
         (``data_sources``) from this run."""
         return self.algorithm.data_source.batch(self, step, key)
 
-    def rollout(self, examples: Sequence[Example], key, offline: bool) -> tuple[Rollout, Scores, dict]:
+    def rollout(self, examples: Sequence[Example], key, offline: bool,
+                weights=None) -> tuple[Rollout, Scores, dict]:
         """G completions of each of ``examples`` drawn from π_θ, or with
         ``offline`` from π_sft, gathered to the host (rl.sample_prompts questions a call), and
         their scores (the task's rules or the reward model, on decoded text), with the
-        rollout's metrics."""
+        rollout's metrics. ``weights``: the sampling copy to draw from instead (a split
+        run's hand-off, sampled in the sampler thread)."""
         rl = self.cfg.rl
-        if not offline:
-            policy = self.params
+        between_calls = self._stop_between_calls()
+        if weights is not None:
+            # The sampler thread never asks the preemption sync point: every process must ask
+            # it in the same order, which two threads would not keep. The loop asks it.
+            between_calls = None
+        elif not offline:
+            weights = self.sampler.copy(self.params)
         else:
-            policy = self.state.base_params if self.sft_params is None else self.sft_params
+            weights = self.sampler.copy(self.state.base_params if self.sft_params is None else self.sft_params)
         prompts = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
-        rollout = self.sampler.generate(self.sampler.copy(policy), prompts, key=key, group_size=rl.group_size,
-                                        prompts_per_call=rl.sample_prompts,
-                                        between_calls=self._stop_between_calls())
+        rollout = self.sampler.generate(weights, prompts, key=key, group_size=rl.group_size,
+                                        prompts_per_call=rl.sample_prompts, between_calls=between_calls)
         t_score = time.perf_counter()
         scores = score_rollout(self.task, self.tokenizer, examples, rollout, rl.group_size,
                                reward_model=self.reward_model, process=rl.supervision == "process")
@@ -335,15 +376,48 @@ class Trainer:
         """rl.async_steps = k: batch ``step`` (sampled by the weights of step max(step - k, 0))
         and its info with its ``staleness`` in steps, after sampling with the current weights
         (those of step ``step``) every batch of step .. step + k not yet in flight: batch
-        step + k, or all of them at the first step. ``score_time_s`` is this call's scoring."""
-        scored = 0.0
-        for s in range(step, step + self.cfg.rl.async_steps + 1):
+        step + k, or all of them at the first step. ``score_time_s`` is this call's scoring.
+        A split run first collects the batch its sampler thread drew, and leaves batch
+        step + k to that thread (``sample_behind``, once the step is sure to train)."""
+        scored, timings = 0.0, self._collect()
+        last = step + self.cfg.rl.async_steps - (1 if self.split is not None else 0)
+        for s in range(step, last + 1):
             if s not in self.in_flight:
                 batch, info = self.make_batch(s, jax.random.fold_in(self.rng, s))
                 scored += info.get("score_time_s", 0.0)
                 self.in_flight[s] = _InFlight(step, batch, info)
         entry = self.in_flight[step]
-        return entry.batch, {**entry.info, "score_time_s": scored, "staleness": step - entry.sampled_at}
+        return entry.batch, {**entry.info, **timings, "score_time_s": scored, "staleness": step - entry.sampled_at}
+
+    def sample_behind(self, step: int) -> float:
+        """A split run: hand the weights of step ``step`` to the sampling devices and start
+        drawing batch step + k from them in the sampler thread, to run while the update of
+        batch ``step`` does; the seconds the hand-off took. Waits for the copy to land: the
+        update then donates the state it was copied from."""
+        t0 = time.perf_counter()
+        weights = jax.block_until_ready(self.sampler.copy(self.params))
+        s = step + self.cfg.rl.async_steps
+        key, run = jax.random.fold_in(self.rng, s), _HandedOff(self, weights)
+
+        def draw():
+            start = time.perf_counter()
+            batch, info = self.algorithm.data_source.batch(run, s, key)
+            return s, _InFlight(step, batch, {**info, "rollout_time_s": time.perf_counter() - start})
+
+        self._sampling = self._pool.submit(draw)
+        return time.perf_counter() - t0
+
+    def _collect(self) -> dict:
+        """Put the batch the sampler thread drew into ``in_flight`` (re-raising its error),
+        waiting for it if it is still being drawn; {"sample_wait_time_s": the wait} (nothing
+        when no batch was being drawn)."""
+        if self._sampling is None:
+            return {}
+        t0 = time.perf_counter()
+        future, self._sampling = self._sampling, None
+        s, entry = future.result()
+        self.in_flight[s] = entry
+        return {"sample_wait_time_s": time.perf_counter() - t0}
 
     def train_step(self, step: int) -> dict:
         t0 = time.perf_counter()
@@ -354,13 +428,17 @@ class Trainer:
         if self._stop_check is not None and self._stop_check(step + 1):
             raise _StopBeforeUpdate  # the state is still that of `step` steps: the run stops there
         self.in_flight.pop(step, None)
+        if self.split is not None:
+            info["hand_off_time_s"] = self.sample_behind(step)
         t1 = time.perf_counter()
         self.state, metrics = self.step_fn(self.state, self._on_mesh(self.step_fn.packed(batch)))
         metrics = {k: float(v) for k, v in metrics.items()}
         t2 = time.perf_counter()
         # sample = rollout (and batching); score = rewards; update = the jitted step,
-        # reference log-probs included.
-        metrics.update(info, sample_time_s=t1 - t0 - info.get("score_time_s", 0.0),
+        # reference log-probs included. A split run's sample time is what this thread spent
+        # drawing or waiting (sample_wait_time_s), its rollout_time_s what the sampler thread
+        # spent on the batch trained (overlapped with an earlier update).
+        metrics.update(info, sample_time_s=t1 - t0 - info.get("score_time_s", 0.0) - info.get("hand_off_time_s", 0.0),
                        update_time_s=t2 - t1, lr=self.applied_lr(step + 1))
         return metrics
 
@@ -401,6 +479,7 @@ class Trainer:
                 else:
                     self.bad_steps = 0
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
+                    self._collect()  # a split run's sampler thread, done before its devices evaluate
                     # The rollout's sampler and policy copy.
                     ev = evaluate(self.sampler, self.sampler.copy(self.params), self.task, self.tokenizer,
                                   self.eval_examples, key=jax.random.fold_in(self.rng, 10**9 + done))
@@ -456,5 +535,7 @@ class Trainer:
         raise preemption.Preempted(step, self.ckpt.directory, why)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self.ckpt.close()
         self.writer.close()

@@ -2,6 +2,7 @@
 """Compile a preset's programs for a TPU slice on this (CPU-only) machine and check they fit.
 
     python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b --json out.json
+    python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b rl.async_steps=1 mesh.sample_devices=32
 
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
 sampler decode, train step -- which holds the reference log-prob pass --, and the in-run
@@ -14,6 +15,11 @@ bound over the fraction of it measured programs reach on that chip,
 numbers as soon as one does not fit (the sampler is compiled first). The numbers are
 compiler estimates, not measurements on a TPU. The JSON records which code wrote it
 (``grpo_jax.provenance``), so that a stale report can be told apart.
+
+With ``mesh.sample_devices=N`` (and rl.async_steps >= 1) the slice is split as a run splits it
+(``grpo_jax.split_mesh``): the sampler is compiled on the first N chips, with no train state
+beside it, the train step on the rest, and the summary adds the hand-off of the policy between
+them and the overlapped step, max(rollout, update) + hand-off.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU; run nothing on
 
 from grpo_jax import aot, programs, provenance  # noqa: E402  (after JAX_PLATFORMS)
 from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
-from grpo_jax.tpu_specs import EFFICIENCY, chip_of  # noqa: E402
+from grpo_jax.tpu_specs import EFFICIENCY, chip_of, expected_seconds  # noqa: E402
 
 
 def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool = False) -> dict:
@@ -47,6 +53,7 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     calls = -(-questions // per_call)
     results = {}
     smesh = aot.sample_mesh(cfg, slice_name)
+    halves = aot.split_of(cfg, slice_name)
     engine = aot.run_sampler(cfg, smesh).engine.name
     compiled, state_bytes = fitted_sampler(cfg, slice_name, prompt_len, lambda b: log(
         f"[1/2] sampler: {per_call} prompts x G={g} per call, {calls} call(s), {cfg.rl.sample_dtype} "
@@ -84,7 +91,46 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     log(_line("train_step", rep))
     results["summary"] = summary(results, chip, slice_name=slice_name, topology=topology, chips=mesh.size,
                                  decode_engine=engine)
+    if halves is not None:
+        results["summary"].update(overlap(cfg, results, chip, halves))
+        log(_overlap_line(results["summary"]))
     return {**results, **evaluation}
+
+
+def overlap(cfg, results: dict, chip, halves) -> dict:
+    """A split run's step (``split_mesh``): the hand-off of the ``rl.sample_dtype`` policy
+    from the training chips to the sampling chips (``split_mesh.split_hand_off_seconds`` at the
+    chip's ICI bandwidth, ``tpu_specs``: the figure the roofline charges collectives with, a
+    copy crossing the same links) and the overlapped step, max(rollout, update) + hand-off,
+    each as a bound and expected (the hand-off at the bandwidth fraction). MFU over every
+    chip of the slice and the overlapped step."""
+    from grpo_jax import model as model_lib, split_mesh
+
+    s = results["summary"]
+    policy = split_mesh.hand_off_bytes(model_lib.param_shapes(cfg.model), cfg.rl.sample_dtype)
+    bound = split_mesh.split_hand_off_seconds(policy, halves, chip.ici_bandwidth)
+    out = {"sample_devices": halves.sample_devices, "train_devices": halves.train_devices,
+           "chips": halves.sample_devices + halves.train_devices, "hand_off_bytes": policy,
+           "hand_off_seconds": bound, "hand_off_seconds_expected": expected_seconds(bound, "interconnect", chip.name)}
+    # The model's FLOPs over the slice: each program's per-chip count times its mesh's chips.
+    flops = sum(r["model_flops_per_chip"] * r["calls_per_step"]
+                * (halves.train_devices if k == "train_step" else halves.sample_devices)
+                for k, r in results.items() if k.startswith(("sample_", "train_step")))
+    for suffix in ("", "_expected"):
+        rollout, update, hand = s[f"rollout_seconds{suffix}"], s[f"update_seconds{suffix}"], out[f"hand_off_seconds{suffix}"]
+        step = None if None in (rollout, update, hand) else split_mesh.overlapped_step(rollout, update, hand)
+        out[f"overlapped_seconds{suffix}"] = step
+        out[f"mfu{suffix}"] = None if not step else flops / (out["chips"] * chip.peak_bf16_flops * step)
+    return out
+
+
+def _overlap_line(s: dict) -> str:
+    if s["overlapped_seconds"] is None:
+        return "  overlapped step not estimated (a cost was not counted)"
+    return (f"  split {s['sample_devices']} sampling / {s['train_devices']} training chips: hand-off "
+            f"{s['hand_off_bytes'] / 1e9:.1f} GB, bound {s['hand_off_seconds']:.3f} s (expected "
+            f"{_seconds(s['hand_off_seconds_expected'])} s); overlapped step bound {s['overlapped_seconds']:.1f} s "
+            f"(expected {_seconds(s['overlapped_seconds_expected'])} s)")
 
 
 def fitted_sampler(cfg, slice_name: str, prompt_len: int, announce=lambda state_bytes: None):
@@ -93,7 +139,8 @@ def fitted_sampler(cfg, slice_name: str, prompt_len: int, announce=lambda state_
     HBM beside the train state (the train step's donated arguments stay resident while the
     sampler runs)."""
     mesh, topology = aot.topology_mesh(cfg, slice_name)
-    state_bytes = aot.bytes_per_chip(aot.train_state(cfg, mesh)[1])
+    # A split run's sampling chips hold no train state.
+    state_bytes = 0 if aot.split_of(cfg, slice_name) else aot.bytes_per_chip(aot.train_state(cfg, mesh)[1])
     announce(state_bytes)
     per_call = cfg.rl.sample_prompts or cfg.data.batch_size
     compiled = aot.compile_sampler(cfg, aot.sample_mesh(cfg, slice_name), per_call, cfg.rl.group_size, prompt_len)
@@ -263,8 +310,11 @@ def main(argv=None) -> int:
                 f"; expected {s['rollout_seconds_expected']:.1f} s + {s['update_seconds_expected']:.1f} s, "
                 f"MFU {s['mfu_expected']:.0%}, at {eff['compute']:.0%} of the compute bound and "
                 f"{eff['bandwidth']:.0%} of the bandwidth bound (measured elsewhere: grpo_jax/tpu_specs.py)")
+    step = ("" if "overlapped_seconds" not in s else
+            f" ({s['sample_devices']} chips sample, {s['train_devices']} train: overlapped step "
+            f"{s['overlapped_seconds']:.1f} s, expected {_seconds(s['overlapped_seconds_expected'])} s)")
     print(f"fits: bound (roofline of every loop trip) rollout {s['rollout_seconds']:.1f} s + update "
-          f"{s['update_seconds']:.1f} s per step, MFU {s['mfu']:.0%} (model FLOPs){expected}; HBM headroom "
+          f"{s['update_seconds']:.1f} s per step{step}, MFU {s['mfu']:.0%} (model FLOPs){expected}; HBM headroom "
           f"{s['min_headroom']:.0%}; compiler estimates, not TPU measurements")
     return 0
 

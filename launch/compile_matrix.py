@@ -2,6 +2,7 @@
 """Run launch/compile.py over the preset x slice matrix of docs/tpu.md and print the table.
 
     python launch/compile_matrix.py [--only PRESET] [--missing | --stale | --table] [--out benchmarks/tpu_check]
+    python launch/compile_matrix.py --overlap [--missing] [--out benchmarks/tpu_check]
 
 Each entry runs in its own process (one compile at a time; a failure to fit is a
 result, not a crash) and writes OUT/PRESET_SLICE[_LABEL].json; --missing runs only the
@@ -13,6 +14,14 @@ programs reach on the chip (``grpo_jax.tpu_specs.EFFICIENCY``), and whether the 
 current: a report records the fingerprint of the code that wrote it (``grpo_jax.provenance``),
 recomputed here. OUT/before/matrix.json (the matrix of the earlier estimator, which counted
 loop bodies once and analytic FLOPs for MFU) is shown beside it.
+
+--overlap prints the table of the splits in ``OVERLAP`` instead: the slice cut into sampling
+and training chips (``mesh.sample_devices``, rl.async_steps=1), the rollout, the update, the
+hand-off and the overlapped step max(rollout, update) + hand-off, beside the synchronous step
+(rollout + update on every chip: the matrix's report of the same preset), and the split whose
+expected overlapped step is the shortest. Each split is scaled from the synchronous report
+(``scaled_split``: no compile); ``--overlap --missing`` first compiles the splits without a report
+in OUT/overlap/ (``launch/compile.py ... mesh.sample_devices=N``) and shows them beside.
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ import time
 from pathlib import Path
 
 from grpo_jax import provenance
+from grpo_jax.split_mesh import overlapped_step
 from grpo_jax.tpu_specs import expected_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +82,210 @@ MATRIX = [
 ]
 
 
+# (preset, slice, sampling chips of each split): the 7B presets of the two pod slices, split
+# in two. Whole hosts sample (4 chips, the sampling mesh's tensor degree); the batch is
+# sharded over the training chips' data x fsdp groups, whose count must divide a micro-batch's
+# 256 rows, so the training chips are a power of two times the training mesh's tensor degree.
+OVERLAP = [
+    ("deepseekmath-rl-7b-v5p-128", "v5p-128", (32, 48, 56)),
+    ("deepseekmath-rl-7b-v5litepod-256", "v5litepod-256", (128, 192, 224)),
+]
+
+
+def overlap_path(out: Path, preset: str, slice_name: str, sample: int) -> Path:
+    return out / "overlap" / f"{preset}_{slice_name}_sample-{sample}.json"
+
+
+def overlap_args(sample: int) -> list[str]:
+    return ["rl.async_steps=1", f"mesh.sample_devices={sample}"]
+
+
+def _hand_off(preset: str, slice_name: str, sample: int, train: int, chip: str) -> tuple[float, float, float]:
+    """(bytes, bound s, expected s) of one hand-off of ``preset``'s sampling copy from
+    ``train`` chips to ``sample`` chips of the slice (``split_mesh.hand_off_seconds``)."""
+    from grpo_jax import model as model_lib, split_mesh
+    from grpo_jax.config import get_preset
+    from grpo_jax.slices import get_slice
+    from grpo_jax.tpu_specs import CHIPS
+
+    cfg = get_preset(preset)
+    tensor = cfg.mesh.sample_tensor or get_slice(slice_name).sample_mesh[2]
+    policy = split_mesh.hand_off_bytes(model_lib.param_shapes(cfg.model), cfg.rl.sample_dtype)
+    bound = split_mesh.hand_off_seconds(policy, sample / tensor, tensor, train, CHIPS[chip].ici_bandwidth)
+    return policy, bound, expected_seconds(bound, "interconnect", chip)
+
+
+def _scaled_rollout(results: dict, cfg, factor: float, weights_bytes: float, chip) -> tuple:
+    """(bound, expected, peak bytes per chip) of the rollout when each sampling replica
+    takes ``factor`` times the rows of the synchronous report's, in as many calls: every
+    count of each call scales by ``factor`` except the decode's read of the weights
+    (``weights_bytes`` per chip per step, the same whatever the rows), and so do the
+    programs' temporaries (the KV cache), not their arguments (the weights)."""
+    steps = cfg.rl.max_new_tokens - 1
+    bound = expected_s = 0.0
+    peak = 0
+    for name in ("sample_prefill", "sample_decode"):
+        r = results[name]
+        fixed = weights_bytes * steps if name == "sample_decode" else 0.0
+        times = {"compute": r["flops_per_chip"] * factor / chip.peak_bf16_flops,
+                 "memory": (fixed + (r["bytes_per_chip"] - fixed) * factor) / chip.hbm_bandwidth,
+                 "interconnect": r["ici_bytes_per_chip"] * factor / chip.ici_bandwidth}
+        which = max(times, key=times.get)
+        bound += times[which] * r["calls_per_step"]
+        expected_s += expected_seconds(times[which], which, chip.name) * r["calls_per_step"]
+        peak = max(peak, r["argument_bytes"] + r["temp_bytes"] * factor)
+    return bound, expected_s, peak
+
+
+def scaled_split(results: dict, preset: str, slice_name: str, sample: int) -> dict:
+    """A split's step estimated from the synchronous report ``results`` of N chips, without
+    a compile. The training chips run the same per-chip micro-batch N / train times as often
+    (rl.num_micro_batches x N / train), so the update's bound and expected time scale by
+    N / train and its peak HBM by the state and batch it holds (the train step's arguments).
+    The sampling chips keep the preset's questions per call, each replica taking N / sample
+    times the rows (``_scaled_rollout``: the weights' read per decode step does not grow)
+    when that fits HBM with no train state beside it; else they take N / sample times the
+    calls of the same per-chip program (rl.sample_prompts x sample / N questions a call).
+    The settings it takes are in "settings"; a compiled row (``--overlap --missing``) counts
+    the split's own programs instead."""
+    from grpo_jax.config import get_preset
+    from grpo_jax.tpu_specs import CHIPS
+
+    s, step = results["summary"], _expected_step(results)
+    chip = CHIPS[s.get("topology", "").split(":")[0]]
+    n = s["chips"]
+    train = n - sample
+    cfg = get_preset(preset)
+    policy, hb, he = _hand_off(preset, slice_name, sample, train, chip.name)
+    tensor = cfg.mesh.sample_tensor or get_slice_tensor(slice_name)
+    bound, exp, peak = _scaled_rollout(results, cfg, n / sample, policy / tensor, chip)
+    questions = cfg.rl.sample_prompts
+    if peak > chip.hbm_bytes:
+        bound, exp, questions = step["rollout"][0] * n / sample, step["rollout"][1] * n / sample, questions * sample / n
+        peak = max(results[k]["peak_bytes"] for k in ("sample_prefill", "sample_decode"))
+    out = {"rollout": (bound, exp), "update": tuple(x * n / train for x in step["update"]), "hand_off": (hb, he)}
+    out["overlapped"] = tuple(overlapped_step(*xs) for xs in zip(out["rollout"], out["update"], out["hand_off"]))
+    t = results["train_step"]
+    out.update(sample_devices=sample, train_devices=train, hand_off_bytes=policy, sample_peak_bytes=peak,
+               train_peak_bytes=t["peak_bytes"] + t["argument_bytes"] * (n / train - 1),
+               hbm_bytes=t["hbm_capacity_bytes"], settings=(questions, cfg.rl.num_micro_batches * n / train))
+    return out
+
+
+def get_slice_tensor(slice_name: str) -> int:
+    from grpo_jax.slices import get_slice
+
+    return get_slice(slice_name).sample_mesh[2]
+
+
+def _expected_step(results: dict) -> dict:
+    """{"rollout", "update", ["hand_off", "overlapped"], "synchronous"}: (bound, expected)
+    seconds of a report's step (``expected``'s times; the hand-off at the interconnect's
+    fraction); None where not counted."""
+    s, exp = results["summary"], expected(results)
+    chip = s.get("topology", "").split(":")[0]
+    out = {"rollout": (s["rollout_seconds"], exp["rollout"]), "update": (s["update_seconds"], exp["update"])}
+    if "hand_off_seconds" in s:
+        out["hand_off"] = (s["hand_off_seconds"], expected_seconds(s["hand_off_seconds"], "interconnect", chip))
+        out["overlapped"] = tuple(None if None in xs else overlapped_step(*xs)
+                                  for xs in zip(out["rollout"], out["update"], out["hand_off"]))
+    out["synchronous"] = tuple(None if None in xs else xs[0] + xs[1] for xs in zip(out["rollout"], out["update"]))
+    return out
+
+
+def overlap_table(synchronous: dict, compiled: dict) -> str:
+    """Markdown rows of every ``OVERLAP`` split: scaled from the synchronous report
+    (``scaled_split``), and compiled where ``compiled`` holds its report; per slice, the
+    split whose expected overlapped step is shortest. ``synchronous``: {(preset, slice): the
+    matrix's report}; ``compiled``: {(preset, slice, sampling chips): report}."""
+    secs = lambda x: f"{x:.1f}"
+    pair = lambda p: _pair(p[0], p[1], secs)
+    gb = lambda x: f"{x / 1e9:.1f}"
+    lines = ["| slice | chips: sample / train | estimate | questions per sampler call, micro-batches | "
+             "rollout s | update s | hand-off s (GB) | overlapped step s | synchronous step s | "
+             "peak per chip: sample / train / HBM (GB) | code |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    best = {}
+    for preset, slice_name, samples in OVERLAP:
+        sync = synchronous.get((preset, slice_name))
+        if sync is None:
+            lines.append(f"| {slice_name} | | no report of {preset} on {slice_name}: run the matrix first | "
+                         "| | | | | | | |")
+            continue
+        step = _expected_step(sync)
+        n = sync["summary"].get("chips")
+        t = sync["train_step"]
+        lines.append(f"| {slice_name} | {n} / {n}, in turn | synchronous ({preset}) | "
+                     f"{get_settings(preset)} | {pair(step['rollout'])} | {pair(step['update'])} | – | – | "
+                     f"{pair(step['synchronous'])} | {gb(sync_sample_peak(sync))} / "
+                     f"{gb(t['peak_bytes'] + t['resident_bytes'])} / {gb(t['hbm_capacity_bytes'])} | {code_status(sync)} |")
+        for sample in samples:
+            est = scaled_split(sync, preset, slice_name, sample)
+            q, mb = est["settings"]
+            lines.append(f"| {slice_name} | {sample} / {est['train_devices']} | scaled | {q:g}, {mb:g} | "
+                         f"{pair(est['rollout'])} | {pair(est['update'])} | {est['hand_off'][0]:.3f} / "
+                         f"{est['hand_off'][1]:.3f} ({gb(est['hand_off_bytes'])}) | {pair(est['overlapped'])} | "
+                         f"{pair(step['synchronous'])} | {gb(est['sample_peak_bytes'])} / {gb(est['train_peak_bytes'])} / "
+                         f"{gb(est['hbm_bytes'])} | "
+                         f"{code_status(sync)} |")
+            candidates = [("scaled", est["overlapped"][1], sample, est["train_devices"])]
+            res = compiled.get((preset, slice_name, sample))
+            if res is not None:
+                got, summary = _expected_step(res), res["summary"]
+                tr = res["train_step"]
+                lines.append(f"| {slice_name} | {sample} / {summary['train_devices']} | compiled | "
+                             f"{get_settings(preset)} | {pair(got['rollout'])} | {pair(got['update'])} | "
+                             f"{got['hand_off'][0]:.3f} / {got['hand_off'][1]:.3f} ({gb(summary['hand_off_bytes'])}) | "
+                             f"{pair(got['overlapped'])} | {pair(step['synchronous'])} | "
+                             f"{gb(sync_sample_peak(res))} / {gb(tr['peak_bytes'])} / {gb(tr['hbm_capacity_bytes'])} | "
+                             f"{code_status(res)} |")
+                candidates.append(("compiled", got["overlapped"][1], sample, summary["train_devices"]))
+            for kind, seconds, s_chips, t_chips in candidates:
+                if seconds is not None and (slice_name not in best or seconds < best[slice_name][1]):
+                    best[slice_name] = (kind, seconds, s_chips, t_chips, step["synchronous"][1])
+    lines.append("")
+    for slice_name, (kind, seconds, s_chips, t_chips, sync_s) in best.items():
+        lines.append(f"{slice_name}: shortest expected overlapped step {seconds:.1f} s ({kind}) with {s_chips} chips "
+                     f"sampling and {t_chips} training; synchronous on every chip {sync_s:.1f} s")
+    return "\n".join(lines)
+
+
+def sync_sample_peak(results: dict) -> float:
+    """The sampler's largest peak per chip in a report, with what is resident beside it."""
+    return max(results[k]["peak_bytes"] + results[k]["resident_bytes"] for k in ("sample_prefill", "sample_decode"))
+
+
+def get_settings(preset: str) -> str:
+    from grpo_jax.config import get_preset
+
+    cfg = get_preset(preset)
+    return f"{cfg.rl.sample_prompts}, {cfg.rl.num_micro_batches}"
+
+
+def run_overlap(out: Path, missing: bool) -> int:
+    """--overlap: with ``missing``, compile the ``OVERLAP`` splits without a report in
+    OUT/overlap/ first (the real compiles: long); then print ``overlap_table`` from the
+    synchronous reports in OUT and the compiled splits. 0 unless a compile crashed."""
+    (out / "overlap").mkdir(parents=True, exist_ok=True)
+    failed, compiled, synchronous = False, {}, {}
+    for preset, slice_name, samples in OVERLAP:
+        path = report_path(out, preset, slice_name, "")
+        if path.exists():
+            synchronous[preset, slice_name] = json.loads(path.read_text())
+        for sample in samples:
+            path = overlap_path(out, preset, slice_name, sample)
+            if missing and not path.exists():
+                print(f"{preset} on {slice_name}, {sample} chips sampling...", flush=True)
+                row = run_one(preset, slice_name, overlap_args(sample), "", out, path)
+                print(f"    {'fits' if row['exit_code'] == 0 else row.get('error')} ({row['wall_seconds']:.0f} s)",
+                      flush=True)
+                failed |= row["exit_code"] not in (0, 1)
+            if path.exists():
+                compiled[preset, slice_name, sample] = json.loads(path.read_text())
+    print(overlap_table(synchronous, compiled))
+    return 1 if failed else 0
+
+
 def report_path(out: Path, preset: str, slice_name: str, label: str) -> Path:
     return out / f"{preset}_{slice_name}{'_' + label if label else ''}.json"
 
@@ -82,8 +296,8 @@ def command(preset: str, slice_name: str, extra: list[str], label: str, out: Pat
     return ["launch/compile.py", "--slice", slice_name, "--preset", preset, "--json", where, *extra]
 
 
-def run_one(preset: str, slice_name: str, extra: list[str], label: str, out: Path) -> dict:
-    path = report_path(out, preset, slice_name, label)
+def run_one(preset: str, slice_name: str, extra: list[str], label: str, out: Path, path: Path | None = None) -> dict:
+    path = path or report_path(out, preset, slice_name, label)
     cmd = [sys.executable, str(ROOT / "launch/compile.py"), "--slice", slice_name,
            "--preset", preset, "--json", str(path), *extra]
     start = time.perf_counter()
@@ -168,10 +382,15 @@ def main(argv=None) -> int:
                         help="run only the rows with no report, or one that older code wrote (see --table's code column)")
     parser.add_argument("--table", action="store_true",
                         help="compile nothing: merge the reports in OUT into matrix.json and print the table")
+    parser.add_argument("--overlap", action="store_true",
+                        help="the split rows (OVERLAP: sampling and training chips apart, rl.async_steps=1) "
+                             "and their table instead of the matrix")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/tpu_check"), help="JSON folder")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.overlap:
+        return run_overlap(out, args.missing)
     def current(m) -> bool:
         path = report_path(out, m[0], m[1], m[3])
         return path.exists() and code_status(json.loads(path.read_text())) == "current"

@@ -389,3 +389,20 @@ def test_the_sample_prompts_search_bisects_to_the_largest_that_fits():
         got = largest_fitting(divisors, lambda n: asked.append(n) or n <= limit)
         assert got == max((d for d in divisors if d <= limit), default=None), limit
         assert len(asked) <= 4 and len(set(asked)) == len(asked)  # ⌈log2(12)⌉ compiles, none twice
+
+
+def test_the_check_splits_the_slice_as_a_run_splits_its_devices():
+    """mesh.sample_devices on a slice: the sampler's mesh on the first hosts' chips (tensor 4,
+    the preset's), the train mesh on the rest, its fsdp filled from them; no train state is
+    resident beside the sampler."""
+    v5p = apply_overrides(get_preset("deepseekmath-rl-7b-v5p-128"), ["rl.async_steps=1", "mesh.sample_devices=32"])
+    halves = aot.split_of(v5p, "v5p-128")
+    train, topology = aot.topology_mesh(v5p, "v5p-128")
+    assert topology == "v5p:4x4x4" and train is halves.train and aot.sample_mesh(v5p, "v5p-128") is halves.sample
+    assert dict(halves.sample.shape) == {"data": 8, "fsdp": 1, "tensor": 4}
+    assert dict(halves.train.shape) == {"data": 1, "fsdp": 32, "tensor": 1}
+    hosts = lambda mesh: {d.process_index for d in mesh.devices.flat}
+    assert len(hosts(halves.sample)) == 8 and hosts(halves.sample).isdisjoint(hosts(halves.train))
+    v5e = apply_overrides(get_preset("deepseekmath-rl-7b-v5litepod-256"), ["rl.async_steps=1", "mesh.sample_devices=192"])
+    assert dict(aot.split_of(v5e, "v5litepod-256").train.shape) == {"data": 1, "fsdp": 16, "tensor": 4}
+    assert aot.split_of(get_preset("deepseekmath-rl-7b"), "v5p-128") is None

@@ -120,6 +120,7 @@ ELSEWHERE = {
     "rl.kv_dtype": "test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
     "rl.decode_phases": "test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
     "mesh.sample_tensor": "test_sharding.py::test_sample_mesh_tensor_degree",
+    "mesh.sample_devices": "test_split_mesh.py::test_the_split_loop_trains_what_the_one_mesh_loop_trains",
     "model.attention": "test_splash.py::test_train_step_with_splash_compiles_for_a_tpu",
     "data.data_dir": "test_tasks_datasets.py::test_gsm8k_examples",
     "data.format_reward": "test_tasks_arithmetic.py::test_format_reward_from_the_config_is_the_wrong_answers_reward",

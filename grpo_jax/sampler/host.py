@@ -182,14 +182,16 @@ class Sampler:
     weights_dtype: str = "float32"
 
     @classmethod
-    def for_run(cls, cfg: Config, train_mesh: Mesh | None = None, tokenizer=None) -> "Sampler":
+    def for_run(cls, cfg: Config, train_mesh: Mesh | None = None, tokenizer=None,
+                sample_mesh: Mesh | None = None) -> "Sampler":
         """The sampler of a run of ``cfg`` whose train mesh is ``train_mesh``: rl's settings
         (``SamplingParams.from_rl``) with the ``tokenizer``'s stop tokens and pad id (values
-        the programs trace: the ahead-of-time check leaves them at their defaults), on the
-        sampling mesh (``sharding.make_sample_mesh``: replicas x tensor when ``mesh.slice``
-        or ``mesh.sample_tensor`` is set, else the train mesh itself)."""
-        mesh = train_mesh
-        if train_mesh is not None and (cfg.mesh.slice or cfg.mesh.sample_tensor):
+        the programs trace: the ahead-of-time check leaves them at their defaults), on
+        ``sample_mesh`` when given (a split run's sampling devices, ``split_mesh.run_meshes``),
+        else on the sampling mesh (``sharding.make_sample_mesh``: replicas x tensor when
+        ``mesh.slice`` or ``mesh.sample_tensor`` is set, else the train mesh itself)."""
+        mesh = train_mesh if sample_mesh is None else sample_mesh
+        if sample_mesh is None and train_mesh is not None and (cfg.mesh.slice or cfg.mesh.sample_tensor):
             mesh = make_sample_mesh(cfg.mesh, list(train_mesh.devices.flat))
         tokens = {} if tokenizer is None else {"stop_tokens": tokenizer.stop_ids, "pad_id": tokenizer.pad_id}
         return cls(cfg.model, mesh, SamplingParams.from_rl(cfg.rl, **tokens), cfg.rl.sample_dtype)

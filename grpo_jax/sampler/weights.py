@@ -21,6 +21,7 @@ from grpo_jax import model as model_lib
 from grpo_jax.config import ModelConfig
 from grpo_jax.shapes import abstract_like
 from grpo_jax.sharding import mesh_of
+from grpo_jax.split_mesh import hand_off
 
 
 def sampling_copy(cfg: ModelConfig, params, dtype: str, mesh: Mesh | None = None):
@@ -30,9 +31,14 @@ def sampling_copy(cfg: ModelConfig, params, dtype: str, mesh: Mesh | None = None
     the weights' memory and the bytes each decode step reads, and under float32 compute its
     matmuls round their activations to bf16 and sum in float32 (``model.product``), so its
     log-probs differ slightly from the float32 trainer's (logged as logprob_mismatch_*;
-    ``benchmarks/bench_rollout.py --bf16`` measures it)."""
-    if dtype == "float32" and (mesh is None or mesh == mesh_of(params)):
+    ``benchmarks/bench_rollout.py --bf16`` measures it). On a sampling mesh whose devices
+    are not the params' (``mesh.sample_devices``) the copy is ``split_mesh.hand_off``."""
+    source = mesh_of(params)
+    if dtype == "float32" and (mesh is None or mesh == source):
         return params
+    if mesh is not None and source is not None and set(mesh.devices.flat).isdisjoint(source.devices.flat):
+        # A split run (mesh.sample_devices): the sampler's chips are not the policy's.
+        return hand_off(params, model_lib.param_shardings(cfg, mesh), dtype)
     return _copier(cfg, mesh, dtype)(params)
 
 

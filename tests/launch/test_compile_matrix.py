@@ -108,3 +108,53 @@ def test_stale_reruns_only_the_rows_older_code_wrote(tmp_path, monkeypatch):
     compile_matrix.main(["--stale", "--out", str(tmp_path)])
     assert (first[0], first[1], first[3]) not in ran and (second[0], second[1], second[3]) in ran
     assert len(ran) == len(compile_matrix.MATRIX) - 1  # every row without a report runs too
+
+
+def _sync_7b_report(decode_bytes: float, weights_bytes: float):
+    """A synchronous report of the 7B v5p-128 preset on 64 chips: no prefill cost, a decode
+    that only reads HBM (the weights at every one of its 1023 steps and ``decode_bytes``
+    more), 16 calls; an update of 100 s, compute-bound."""
+    prog = lambda **kw: {"peak_bytes": int(1e9), "argument_bytes": int(1e8), "temp_bytes": int(1e8),
+                         "resident_bytes": 0, "hbm_capacity_bytes": 95e9, "flops_per_chip": 0.0,
+                         "bytes_per_chip": 0.0, "ici_bytes_per_chip": 0.0, **kw}
+    return {"sample_prefill": prog(estimated_seconds=0.0, bound="memory", calls_per_step=16),
+            "sample_decode": prog(bytes_per_chip=weights_bytes * 1023 + decode_bytes, bound="memory",
+                                  estimated_seconds=(weights_bytes * 1023 + decode_bytes) / 2765e9, calls_per_step=16),
+            "train_step": prog(estimated_seconds=100.0, bound="compute", calls_per_step=1),
+            "summary": {"topology": "v5p:4x4x4", "chips": 64, "decode_engine": "shared", "min_headroom": 0.5,
+                        "rollout_seconds": 16 * (weights_bytes * 1023 + decode_bytes) / 2765e9,
+                        "update_seconds": 100.0, "mfu": 0.5}}
+
+
+def test_overlap_scales_each_half_and_adds_the_hand_off_to_the_slower(tmp_path, capsys):
+    """--overlap, no compile: 32 sampling chips keep 64 questions a call, so each replica
+    decodes twice the rows (the KV read doubles, the weights' does not); 32 training chips
+    take the update's micro-batches twice as often; the overlapped step is the slower half
+    plus the hand-off of the bf16 policy, 8 replicas of tensor 4 fed by 32 chips."""
+    from grpo_jax import model as model_lib, split_mesh
+    from grpo_jax.config import get_preset
+    from grpo_jax.tpu_specs import CHIPS, EFFICIENCY
+
+    preset = "deepseekmath-rl-7b-v5p-128"
+    policy = split_mesh.hand_off_bytes(model_lib.param_shapes(get_preset(preset).model), "bfloat16")
+    weights, kv = policy / 4, 5e12
+    compile_matrix.report_path(tmp_path, preset, "v5p-128", "").write_text(json.dumps(_sync_7b_report(kv, weights)))
+    assert compile_matrix.main(["--overlap", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    eff = EFFICIENCY["v5p"]
+    rollout = 16 * (weights * 1023 + 2 * kv) / 2765e9
+    update = 100.0 * 64 / 32
+    hand = split_mesh.hand_off_seconds(policy, 8, 4, 32, CHIPS["v5p"].ici_bandwidth)
+    assert hand == pytest.approx(policy / 4 / 600e9)  # in per sampling chip = out per training chip
+    step = max(rollout / eff.bandwidth, update / eff.compute) + hand / eff.bandwidth
+    row = next(line for line in out.splitlines() if line.startswith("| v5p-128 | 32 / 32 | scaled |"))
+    assert (f"| 64, 512 | {rollout:.1f} / {rollout / eff.bandwidth:.1f} | {update:.1f} / {update / eff.compute:.1f} | "
+            f"{hand:.3f} / {hand / eff.bandwidth:.3f} ({policy / 1e9:.1f}) | {max(rollout, update) + hand:.1f} / {step:.1f} |"
+            ) in row
+    sync = 16 * (weights * 1023 + kv) / 2765e9 / eff.bandwidth + 100.0 / eff.compute
+    # The shortest of the three splits, named with the synchronous step beside it.
+    best = min(compile_matrix.scaled_split(_sync_7b_report(kv, weights), preset, "v5p-128", s)["overlapped"][1]
+               for s in (32, 48, 56))
+    assert f"v5p-128: shortest expected overlapped step {best:.1f} s" in out
+    assert f"synchronous on every chip {sync:.1f} s" in out
+    assert "no report of deepseekmath-rl-7b-v5litepod-256" in out
