@@ -53,12 +53,9 @@ def mean_of(history, key: str) -> float | None:
 
 def main(argv=None):
     import common  # experiments/common.py (imports jax: only once a run starts)
-    import jax
 
     from grpo_jax import config as config_lib
-    from grpo_jax.evaluation import evaluate
     from grpo_jax.plots import plot_runs
-    from grpo_jax.sampler import Sampler
     from grpo_jax.shortcuts import clears
     from grpo_jax.stats import format_interval, t_interval
 
@@ -74,12 +71,7 @@ def main(argv=None):
         p.error(f"--staleness must include 0, the on-policy control; got {args.staleness}")
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}", *common.STUDY_REGIMES["modular"], *RUN])
     root = cfg.run.run_dir
-    task = common.make_task(cfg.data.task, cfg.data)
-    tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
-    params, mesh = common.sft_start(cfg, task, tok, root, args)
-    eval_examples, shortcuts = common.held_out(task, cfg, "async")
-    start = evaluate(Sampler.for_run(cfg, mesh, tok), params, task, tok, eval_examples,
-                     key=jax.random.key(1))["accuracy"]
+    cfg, task, tok, params, mesh, eval_examples, shortcuts, start = common.study_start(cfg, args, "async")
     steps = [0] + list(range(cfg.run.eval_every, cfg.run.steps + 1, cfg.run.eval_every))
 
     for seed in args.seeds:

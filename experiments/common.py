@@ -8,6 +8,7 @@ checkpoint plus the tokenizer), so the second ablation reuses the first one's st
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 
 import jax
@@ -203,6 +204,33 @@ def held_out(task, cfg, tag: str):
     print(f"[{tag}] held-out set: {len(examples)} questions ({baselines.distinct_questions} distinct), "
           f"{baselines.line()}")
     return examples, baselines
+
+
+class StudyStart(NamedTuple):
+    """What every arm of a study shares (``study_start``)."""
+    cfg: config_lib.Config  # the study's config, its vocabulary set to the tokenizer's
+    task: object
+    tokenizer: object
+    params: object  # the SFT start
+    mesh: object
+    eval_examples: list
+    shortcuts: object  # the held-out set's baselines (grpo_jax.shortcuts)
+    accuracy: float  # the SFT start's held-out greedy accuracy
+
+
+def study_start(cfg, args, tag: str) -> StudyStart:
+    """The task of ``cfg``, its tokenizer and SFT start (both cached under ``run.run_dir``), the
+    held-out questions with their shortcut baselines, and the start's held-out greedy accuracy."""
+    from grpo_jax.evaluation import evaluate
+    from grpo_jax.sampler import Sampler
+
+    root = cfg.run.run_dir
+    task = make_task(cfg.data.task, cfg.data)
+    tok, cfg = tokenizer_for(task, cfg, root, args.tokenizer_vocab)
+    params, mesh = sft_start(cfg, task, tok, root, args)
+    examples, shortcuts = held_out(task, cfg, tag)
+    accuracy = evaluate(Sampler.for_run(cfg, mesh, tok), params, task, tok, examples, key=jax.random.key(1))["accuracy"]
+    return StudyStart(cfg, task, tok, params, mesh, examples, shortcuts, accuracy)
 
 
 def rl_config(cfg, root: str, name: str, overrides=()) -> config_lib.Config:

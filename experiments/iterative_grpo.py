@@ -37,8 +37,6 @@ from grpo_jax import config as config_lib
 from grpo_jax import sampler
 from grpo_jax.batching import completion_ids
 from grpo_jax.errors import CheckpointError
-from grpo_jax.evaluation import evaluate
-from grpo_jax.sampler import Sampler
 from grpo_jax.plots import plot_runs
 from grpo_jax.reward_models import (ReplayBuffer, label_completions, labelled_samples,
                                     pairwise_accuracy, train_reward_model)
@@ -154,12 +152,7 @@ def main(argv=None):
         p.error(f"run.steps (steps per iteration, {cfg.run.steps}) must be a multiple of run.eval_every "
                 f"({cfg.run.eval_every}) so both arms are evaluated at every iteration boundary")
     root = cfg.run.run_dir
-    task = common.make_task(cfg.data.task, cfg.data)
-    tok, cfg = common.tokenizer_for(task, cfg, root, args.tokenizer_vocab)
-    sft_policy, mesh = common.sft_start(cfg, task, tok, root, args)
-    eval_examples, shortcuts = common.held_out(task, cfg, "iterative")
-    acc0 = evaluate(Sampler.for_run(cfg, mesh, tok), sft_policy, task, tok, eval_examples,
-                    key=jax.random.key(1))["accuracy"]
+    cfg, task, tok, sft_policy, mesh, eval_examples, shortcuts, acc0 = common.study_start(cfg, args, "iterative")
     results = []
     for seed in args.seeds:
         cached = os.path.join(root, f"seed{seed}.json")
