@@ -66,6 +66,12 @@ class SlicePreset:
     sample_mesh: tuple[int, int, int]
     runtime_version: str
     notes: str
+    # Whether a program may run on part of the slice (``mesh.sample_devices``). The TPU
+    # compiler refuses one on part of a v5e slice of 64 chips or more: "On platforms with
+    # limited ICI routing device assignment should include all slice devices" (measured with
+    # launch/compile.py rl.async_steps=1 mesh.sample_devices=N on v5litepod-64 and -256; the 8-
+    # and 16-chip v5e slices, v4-32, v5p-128 and v6e-256 compile their halves).
+    splittable: bool = True
 
     def __post_init__(self):
         # A preset that contradicts itself is a bug in this file: fail at import.
@@ -128,7 +134,7 @@ _HOST = "t spans the host's chips: the weight read, not the {hbm} GB of HBM, bou
 
 def _preset(name: str, num_devices: int, num_hosts: int, hbm_gb: int, sample_tensor: int,
             train_mesh: tuple[int, int, int] | None = None, extra: str = "",
-            host_split: bool = False) -> SlicePreset:
+            host_split: bool = False, splittable: bool = True) -> SlicePreset:
     why = (_HOST if host_split else _FITS).format(hbm=hbm_gb)
     train = train_mesh or (1, num_devices, 1)
     if train_mesh is None:
@@ -148,6 +154,7 @@ def _preset(name: str, num_devices: int, num_hosts: int, hbm_gb: int, sample_ten
         train_mesh=train,
         sample_mesh=(num_devices // sample_tensor, 1, sample_tensor),
         runtime_version=default_runtime_version(name),
+        splittable=splittable,
         notes=(
             extra
             + train_note
@@ -166,9 +173,9 @@ SLICES: dict[str, SlicePreset] = {
         _preset("v5litepod-8", 8, 1, 16, 4,
                 extra="Single host, 8 chips (2x4): the quickstart / small-model slice. "),
         _preset("v5litepod-16", 16, 4, 16, 4, extra="4 hosts x 4 chips (4x4). "),
-        _preset("v5litepod-64", 64, 16, 16, 4, extra="16 hosts x 4 chips (8x8). "),
+        _preset("v5litepod-64", 64, 16, 16, 4, extra="16 hosts x 4 chips (8x8). ", splittable=False),
         _preset("v5litepod-256", 256, 64, 16, 4, train_mesh=(1, 64, 4),
-                extra="Full v5e pod: 64 hosts x 4 chips (16x16). "),
+                extra="Full v5e pod: 64 hosts x 4 chips (16x16). ", splittable=False),
         # v5p: 95 GB per chip (megacore device); 4 chips per host.
         _preset("v5p-8", 4, 1, 95, 4, extra="Single host, 4 chips. ", host_split=True),
         _preset("v5p-128", 64, 16, 95, 4, extra="16 hosts x 4 chips (4x4x4). ", host_split=True),

@@ -71,8 +71,9 @@ def split(cfg: MeshConfig, devices: Sequence) -> SplitMesh:
     degree, else ``cfg``'s ICI shape with -1 filled from N) and the training mesh on the rest
     (``cfg``'s ICI shape, or the slice preset's training mesh, with its fsdp axis filled from
     their count). MeshError naming the problem when N leaves no device to either half, when
-    the slice is not the one ``mesh.slice`` names, when a mesh spans several slices (DCN) or
-    when either half's shape does not fit its devices."""
+    the slice is not the one ``mesh.slice`` names or one the TPU compiler does not split
+    (``SlicePreset.splittable``), when a mesh spans several slices (DCN) or when either half's
+    shape does not fit its devices."""
     n, total = cfg.sample_devices, len(devices)
     if n <= 0:
         raise ValueError(f"mesh.sample_devices={n}: no split asked for")
@@ -86,6 +87,10 @@ def split(cfg: MeshConfig, devices: Sequence) -> SplitMesh:
     ici = (cfg.ici_data, cfg.ici_fsdp, cfg.ici_tensor)
     if cfg.slice:
         preset = get_slice(cfg.slice)
+        if not preset.splittable:
+            raise MeshError(f"mesh.sample_devices={n}: the TPU compiler runs no program on part of a "
+                            f"{preset.name} slice (limited ICI routing: a program's devices must be the whole "
+                            f"slice); sample and train on one mesh (mesh.sample_devices=0), or on two slices")
         check_devices(preset, total)
         if ici == _DEFAULT_ICI:
             ici = preset.train_mesh

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from grpo_jax import provenance
+from grpo_jax.slices import get_slice
 from grpo_jax.split_mesh import overlapped_step
 from grpo_jax.tpu_specs import expected_seconds
 
@@ -105,7 +106,6 @@ def _hand_off(preset: str, slice_name: str, sample: int, train: int, chip: str) 
     ``train`` chips to ``sample`` chips of the slice (``split_mesh.hand_off_seconds``)."""
     from grpo_jax import model as model_lib, split_mesh
     from grpo_jax.config import get_preset
-    from grpo_jax.slices import get_slice
     from grpo_jax.tpu_specs import CHIPS
 
     cfg = get_preset(preset)
@@ -157,7 +157,7 @@ def scaled_split(results: dict, preset: str, slice_name: str, sample: int) -> di
     train = n - sample
     cfg = get_preset(preset)
     policy, hb, he = _hand_off(preset, slice_name, sample, train, chip.name)
-    tensor = cfg.mesh.sample_tensor or get_slice_tensor(slice_name)
+    tensor = cfg.mesh.sample_tensor or get_slice(slice_name).sample_mesh[2]
     bound, exp, peak = _scaled_rollout(results, cfg, n / sample, policy / tensor, chip)
     questions = cfg.rl.sample_prompts
     if peak > chip.hbm_bytes:
@@ -170,12 +170,6 @@ def scaled_split(results: dict, preset: str, slice_name: str, sample: int) -> di
                train_peak_bytes=t["peak_bytes"] + t["argument_bytes"] * (n / train - 1),
                hbm_bytes=t["hbm_capacity_bytes"], settings=(questions, cfg.rl.num_micro_batches * n / train))
     return out
-
-
-def get_slice_tensor(slice_name: str) -> int:
-    from grpo_jax.slices import get_slice
-
-    return get_slice(slice_name).sample_mesh[2]
 
 
 def _expected_step(results: dict) -> dict:
@@ -219,16 +213,20 @@ def overlap_table(synchronous: dict, compiled: dict) -> str:
                      f"{get_settings(preset)} | {pair(step['rollout'])} | {pair(step['update'])} | – | – | "
                      f"{pair(step['synchronous'])} | {gb(sync_sample_peak(sync))} / "
                      f"{gb(t['peak_bytes'] + t['resident_bytes'])} / {gb(t['hbm_capacity_bytes'])} | {code_status(sync)} |")
+        splittable = get_slice(slice_name).splittable
         for sample in samples:
             est = scaled_split(sync, preset, slice_name, sample)
             q, mb = est["settings"]
-            lines.append(f"| {slice_name} | {sample} / {est['train_devices']} | scaled | {q:g}, {mb:g} | "
+            kind = "scaled" if splittable else "scaled; the compiler refuses it (one slice)"
+            lines.append(f"| {slice_name} | {sample} / {est['train_devices']} | {kind} | {q:g}, {mb:g} | "
                          f"{pair(est['rollout'])} | {pair(est['update'])} | {est['hand_off'][0]:.3f} / "
                          f"{est['hand_off'][1]:.3f} ({gb(est['hand_off_bytes'])}) | {pair(est['overlapped'])} | "
                          f"{pair(step['synchronous'])} | {gb(est['sample_peak_bytes'])} / {gb(est['train_peak_bytes'])} / "
                          f"{gb(est['hbm_bytes'])} | "
                          f"{code_status(sync)} |")
-            candidates = [("scaled", est["overlapped"][1], sample, est["train_devices"])]
+            # A split the TPU compiler refuses on one slice is shown (what two slices might
+            # give, the DCN hand-off aside) but never picked.
+            candidates = [("scaled", est["overlapped"][1], sample, est["train_devices"])] if splittable else []
             res = compiled.get((preset, slice_name, sample))
             if res is not None:
                 got, summary = _expected_step(res), res["summary"]
@@ -244,6 +242,11 @@ def overlap_table(synchronous: dict, compiled: dict) -> str:
                 if seconds is not None and (slice_name not in best or seconds < best[slice_name][1]):
                     best[slice_name] = (kind, seconds, s_chips, t_chips, step["synchronous"][1])
     lines.append("")
+    for preset, slice_name, _ in OVERLAP:
+        if (preset, slice_name) in synchronous and not get_slice(slice_name).splittable:
+            lines.append(f"{slice_name}: no split; the TPU compiler runs no program on part of this slice (limited ICI "
+                         f"routing), so sampling and training share one mesh (synchronous "
+                         f"{_expected_step(synchronous[preset, slice_name])['synchronous'][1]:.1f} s) or need two slices")
     for slice_name, (kind, seconds, s_chips, t_chips, sync_s) in best.items():
         lines.append(f"{slice_name}: shortest expected overlapped step {seconds:.1f} s ({kind}) with {s_chips} chips "
                      f"sampling and {t_chips} training; synchronous on every chip {sync_s:.1f} s")
@@ -274,7 +277,7 @@ def run_overlap(out: Path, missing: bool) -> int:
             synchronous[preset, slice_name] = json.loads(path.read_text())
         for sample in samples:
             path = overlap_path(out, preset, slice_name, sample)
-            if missing and not path.exists():
+            if missing and not path.exists() and get_slice(slice_name).splittable:
                 print(f"{preset} on {slice_name}, {sample} chips sampling...", flush=True)
                 row = run_one(preset, slice_name, overlap_args(sample), "", out, path)
                 print(f"    {'fits' if row['exit_code'] == 0 else row.get('error')} ({row['wall_seconds']:.0f} s)",

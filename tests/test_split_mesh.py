@@ -52,6 +52,8 @@ def test_the_split_cuts_the_devices_in_two_meshes():
     (MeshConfig(sample_devices=5, ici_tensor=2, sample_tensor=1), "mesh.sample_devices=5 leaves 3 devices to train on"),
     (MeshConfig(sample_devices=4, slice="v5p-128"), "slice v5p-128 has 64 devices"),
     (MeshConfig(sample_devices=4, dcn_data=2), "a multi-slice mesh"),
+    # The TPU compiler refuses a program on part of a large v5e slice (slices.SlicePreset.splittable).
+    (MeshConfig(sample_devices=4, slice="v5litepod-256"), r"runs no program on part of a v5litepod-256 slice"),
 ])
 def test_a_split_that_does_not_fit_names_the_problem(mesh, message):
     with pytest.raises(MeshError, match=message):

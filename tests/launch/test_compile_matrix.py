@@ -158,3 +158,15 @@ def test_overlap_scales_each_half_and_adds_the_hand_off_to_the_slower(tmp_path, 
     assert f"v5p-128: shortest expected overlapped step {best:.1f} s" in out
     assert f"synchronous on every chip {sync:.1f} s" in out
     assert "no report of deepseekmath-rl-7b-v5litepod-256" in out
+
+
+def test_overlap_never_picks_a_split_the_compiler_refuses(tmp_path, capsys):
+    """v5litepod-256's splits are shown (scaled) but marked and never the pick: the TPU
+    compiler runs no program on part of that slice (slices.SlicePreset.splittable)."""
+    v5e = "deepseekmath-rl-7b-v5litepod-256"
+    compile_matrix.report_path(tmp_path, v5e, "v5litepod-256", "").write_text(json.dumps(_sync_7b_report(5e12, 3e9)))
+    assert compile_matrix.main(["--overlap", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| v5litepod-256 | ") and "in turn" not in line]
+    assert len(rows) == 3 and all("the compiler refuses it" in row for row in rows)
+    assert "v5litepod-256: no split" in out and "v5litepod-256: shortest" not in out
