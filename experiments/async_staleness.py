@@ -20,7 +20,6 @@ spread each arm trained with) and `<out>/async_staleness.png`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 # The arms: rl.async_steps of each. 0 is today's on-policy loop.
@@ -91,7 +90,7 @@ def main(argv=None):
                                             if "ratio_deviation_max" in h), default=None),
                 "history": history})
 
-    runs = {k: {s: read_json(seed_json(root, k, s)) for s in args.seeds} for k in args.staleness}
+    runs = {k: {s: common.read_json(seed_json(root, k, s)) for s in args.seeds} for k in args.staleness}
     finals = {k: {s: r["eval_accuracy"][-1] for s, r in by_seed.items()} for k, by_seed in runs.items()}
     bar = shortcuts.best[1]
     comparisons = {}
@@ -127,11 +126,6 @@ def main(argv=None):
               f"{c['verdict']} (margin ±{EQUIVALENCE})")
     print(f"[async] wrote {png} and {os.path.join(root, 'summary.json')}")
     return summary
-
-
-def read_json(path: str):
-    with open(path) as f:
-        return json.load(f)
 
 
 if __name__ == "__main__":

@@ -268,6 +268,13 @@ def curve(history, key: str, steps) -> list[float]:
     return [by_step[s] for s in steps]
 
 
+def read_json(path: str):
+    import json
+
+    with open(path) as f:
+        return json.load(f)
+
+
 def write_json(path: str, obj) -> str:
     import json
 

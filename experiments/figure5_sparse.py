@@ -198,7 +198,7 @@ def mc_check(cfg, params, task, tok, mesh, held_out_examples, held_out_path: str
     from grpo_jax.sampler import Sampler
 
     if os.path.exists(out_path):
-        return read_json(out_path)
+        return common.read_json(out_path)
     rows = read_samples(held_out_path)[:samples]
     by_prompt = {ex.prompt: ex for ex in held_out_examples}
     examples = [by_prompt[r.prompt] for r in rows]
@@ -227,6 +227,7 @@ def mc_check(cfg, params, task, tok, mesh, held_out_examples, held_out_path: str
 def reward_model(kind: str, cfg, root: str, data: tuple[str, str], args, draw: int = 0) -> tuple[str, dict]:
     """Train (or find) draw ``draw`` of the ORM / PRM with experiments/train_reward_model.py
     (run.seed=draw where --rm-draws > 1); returns its folder and its metrics.json."""
+    import common
     import train_reward_model
 
     run_dir = os.path.join(root, "reward_models", reward_model_name(RM_NAMES[kind], draw, args.rm_draws))
@@ -241,12 +242,7 @@ def reward_model(kind: str, cfg, root: str, data: tuple[str, str], args, draw: i
             "--trunk-steps", str(args.rm_trunk_steps), *(["--no-progress"] if args.no_progress else []),
             f"run.run_dir={run_dir}", f"run.steps={args.rm_steps}", f"model.max_seq_len={cfg.model.max_seq_len}",
             *([f"run.seed={draw}"] if args.rm_draws > 1 else [])])
-    return os.path.join(run_dir, "reward_model"), read_json(metrics_path)
-
-
-def read_json(path: str):
-    with open(path) as f:
-        return json.load(f)
+    return os.path.join(run_dir, "reward_model"), common.read_json(metrics_path)
 
 
 def main(argv=None):
@@ -386,7 +382,7 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
             "history": history})
 
     shown = plan | (read_only or {})
-    runs = {arm: {s: read_json(seed_json(root, arm, s)) for s in seeds} for arm, seeds in shown.items()}
+    runs = {arm: {s: common.read_json(seed_json(root, arm, s)) for s in seeds} for arm, seeds in shown.items()}
     for arm, by_seed in runs.items():
         for s, r in by_seed.items():
             if r["steps"] != steps:

@@ -56,6 +56,7 @@ def trained_reward_models(monkeypatch, tmp_path, overrides, draws):
     stand-in that records its arguments: {run dir name: argv}."""
     from grpo_jax import config as config_lib
 
+    monkeypatch.setitem(sys.modules, "common", script("common"))  # the script's sibling, not benchmarks'
     calls = {}
 
     def fake_main(argv):
