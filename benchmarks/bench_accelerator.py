@@ -141,14 +141,14 @@ def decode_floor(m, *, questions: int, group: int, prompt: int, new_tokens: int,
 
 def device_peaks(kind: str) -> tuple[float | None, float | None, str]:
     """(bf16 FLOP/s, HBM bytes/s, source) of a device kind from DEVICE_PEAKS (TPUs from
-    grpo_jax.tpu_specs); (None, None, "") when it is not in the table."""
+    grpo_jax.aot.tpu_specs); (None, None, "") when it is not in the table."""
     for key, flops, bandwidth, source in DEVICE_PEAKS:
         if key in kind:
             if flops is None:
-                from grpo_jax.tpu_specs import CHIPS
+                from grpo_jax.aot.tpu_specs import CHIPS
 
                 chip = CHIPS[source]
-                return chip.peak_bf16_flops, chip.hbm_bandwidth, f"grpo_jax/tpu_specs.py ({source}: Cloud TPU docs)"
+                return chip.peak_bf16_flops, chip.hbm_bandwidth, f"grpo_jax/aot/tpu_specs.py ({source}: Cloud TPU docs)"
             return flops, bandwidth, source
     return None, None, ""
 
@@ -215,9 +215,10 @@ def part_jax_update(args) -> dict:
     import jax
     import numpy as np
 
-    from grpo_jax import batching, programs, sharding
-    from grpo_jax import model as model_lib
-    from grpo_jax import train_step as ts
+    from grpo_jax.rl import batching, programs
+    from grpo_jax.parallel import sharding
+    from grpo_jax.model import transformer as model_lib
+    from grpo_jax.rl import train_step as ts
 
     cfg = build_config(args)
     m = cfg.model
@@ -296,8 +297,9 @@ def part_jax_rollout(args) -> dict:
     import jax
     import numpy as np
 
-    from grpo_jax import model as model_lib
-    from grpo_jax import sampler, sharding
+    from grpo_jax.model import transformer as model_lib
+    from grpo_jax import sampler
+    from grpo_jax.parallel import sharding
     from grpo_jax.sampler import cache as sampler_cache
 
     cfg = sampler_config(build_config(args), args)

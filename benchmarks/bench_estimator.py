@@ -87,7 +87,7 @@ class SamplerRunner:
     def __init__(self, cfg, seed: int = 0):
         import jax
 
-        from grpo_jax import model as model_lib
+        from grpo_jax.model import transformer as model_lib
 
         self.cfg = cfg
         self.params = model_lib.init_params(cfg.model, jax.random.key(seed))

@@ -40,8 +40,10 @@ PHASES = ("sampling", "reward", "reference", "update", "step")
 class OurGRPOStep:
     def __init__(self, prompts: list[list[int]], *, group: int, new_tokens: int, beta: float,
                  remat: str):
-        from grpo_jax import algorithms, logprobs, optimizer, sharding
-        from grpo_jax import train_step as ts
+        from grpo_jax.rl import algorithms, optimizer
+        from grpo_jax.model import logprobs
+        from grpo_jax.parallel import sharding
+        from grpo_jax.rl import train_step as ts
         from grpo_jax.config import smollm2_135m
 
         self.sharding = sharding
@@ -65,7 +67,8 @@ class OurGRPOStep:
         self.last: dict[str, float] = {}
 
     def __call__(self) -> float:
-        from grpo_jax import batching, sampler
+        from grpo_jax.rl import batching
+        from grpo_jax import sampler
 
         sw = common.Stopwatch()
         self.calls += 1

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import model as model_lib
+from grpo_jax.model import transformer as model_lib
 from grpo_jax.sampler import calls
 from grpo_jax.sampler.engines import ENGINES, PREFILL_CHUNK_TOKENS
 from grpo_jax.config import get_preset

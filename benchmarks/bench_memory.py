@@ -44,10 +44,11 @@ def abstract(tree, shardings):
 
 def step_memory(cfg, mesh_shape, rows: int, tp: int, tc: int) -> dict:
     """memory_analysis of the train step for `cfg` on a mesh, from abstract inputs."""
-    from grpo_jax import model as model_lib
-    from grpo_jax import batching, optimizer, sharding
-    from grpo_jax import train_step as ts
-    from grpo_jax.algorithms import RLHParams, get_algorithm
+    from grpo_jax.model import transformer as model_lib
+    from grpo_jax.rl import batching, optimizer
+    from grpo_jax.parallel import sharding
+    from grpo_jax.rl import train_step as ts
+    from grpo_jax.rl.algorithms import RLHParams, get_algorithm
 
     mesh = sharding.mesh_from_shape(mesh_shape)
     tx, _ = optimizer.make_optimizer(cfg.optimizer, 1000)
@@ -83,7 +84,7 @@ def step_memory(cfg, mesh_shape, rows: int, tp: int, tc: int) -> dict:
 
 def loss_path_memory(b: int, t: int, e: int, v: int, chunk: int | None) -> dict:
     """Gradient of the mean log-prob w.r.t. (hidden, unembed); chunk None = naive [B,T,V]."""
-    from grpo_jax.logprobs import token_logprobs
+    from grpo_jax.model.logprobs import token_logprobs
 
     def naive(h, w, targets):
         logits = jnp.einsum("bte,ev->btv", h.astype(jnp.float32), w.astype(jnp.float32))
@@ -196,7 +197,8 @@ def chunked_section(rep, grpo, rows: int, tc: int, quick: bool) -> dict:
 def lora_section(rep, grpo, shape: Shape) -> dict:
     """The GRPO (β = 0.04) step on one device, full fine-tune against LoRA adapters
     (`model.lora_rank`): {label: aot.memory of the step as the trainer compiles it}."""
-    from grpo_jax import aot, sharding
+    from grpo_jax import aot
+    from grpo_jax.parallel import sharding
     from grpo_jax.config import apply_overrides
 
     mesh = sharding.mesh_from_shape((1, 1, 1))

@@ -6,7 +6,7 @@ completions shorter than their bucket, as a real rollout's are.
 The batch: R rows, prompts of U(prompt_len / 2, prompt_len) tokens left-padded to prompt_len,
 completions of U(completion_len / 8, fill x completion_len) tokens right-padded to completion_len
 (seeded; random weights of the `smollm2-135m` preset's shape, float32, `model.remat=none`,
-4 micro-batches). Both steps run the same update (tests/test_packing.py checks they give the
+4 micro-batches). Both steps run the same update (tests/model/test_packing.py checks they give the
 same loss and gradient); packed, the forward passes run over the packed rows
 (`packing.rows_per_block`) instead of R. Timed interleaved after a warm-up rep that
 compiles; medians with the spread. The table names the CPU.
@@ -25,7 +25,7 @@ import numpy as np
 
 
 def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0, fill: float = 1.0):
-    from grpo_jax.batching import make_batch as make
+    from grpo_jax.rl.batching import make_batch as make
 
     rng = np.random.default_rng(seed)
     n = rng.integers(prompt_len // 2, prompt_len + 1, rows)
@@ -49,8 +49,10 @@ def main() -> None:
     if args.quick:
         args.rows, args.completion_len = 8, 64
 
-    from grpo_jax import model, optimizer, packing, sharding
-    from grpo_jax import train_step as ts
+    from grpo_jax.model import transformer as model, packing
+    from grpo_jax.rl import optimizer
+    from grpo_jax.parallel import sharding
+    from grpo_jax.rl import train_step as ts
     from grpo_jax.config import apply_overrides, smollm2_135m
 
     base = apply_overrides(smollm2_135m(), ["model.remat=none", "rl.group_size=4", "rl.num_micro_batches=4",

@@ -73,7 +73,8 @@ def measure_mismatch(cfg, params, policies: dict, prompts, new_tokens: int) -> d
     it and scored by the float32 trainer's `logprobs.sequence_logprobs` on ``params``."""
     import jax
 
-    from grpo_jax import logprobs, sampler
+    from grpo_jax.model import logprobs
+    from grpo_jax import sampler
 
     score = jax.jit(lambda p, r: logprobs.sequence_logprobs(cfg, p, r, temperature=1.0, chunk_size=64))
     out = {}

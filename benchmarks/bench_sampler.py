@@ -34,7 +34,8 @@ import common  # before jax and torch: sets OMP_WAIT_POLICY
 import jax
 import numpy as np
 
-from grpo_jax import model as model_lib, sampler
+from grpo_jax.model import transformer as model_lib
+from grpo_jax import sampler
 from grpo_jax.config import ModelConfig, cpu_tiny, smollm2_135m
 
 MODELS = {"tiny": lambda: cpu_tiny().model, "smollm2-135m": lambda: smollm2_135m().model}

@@ -29,9 +29,11 @@ class Point:
     """One (G, length) configuration of the tiny model: compiled sampler, step and reference."""
 
     def __init__(self, group: int, new_tokens: int, prompts: int, prompt_len: int, seed: int = 0):
-        from grpo_jax import algorithms, logprobs, optimizer, sharding
-        from grpo_jax import model as model_lib
-        from grpo_jax import train_step as ts
+        from grpo_jax.rl import algorithms, optimizer
+        from grpo_jax.model import logprobs
+        from grpo_jax.parallel import sharding
+        from grpo_jax.model import transformer as model_lib
+        from grpo_jax.rl import train_step as ts
         from grpo_jax.config import cpu_tiny
 
         cfg = cpu_tiny().replace(model={"max_seq_len": prompt_len + new_tokens + 1},
@@ -69,7 +71,7 @@ class Point:
         return jax.block_until_ready(out)
 
     def _batch(self, rollout):
-        from grpo_jax import batching
+        from grpo_jax.rl import batching
 
         rewards = np.asarray(rollout.tokens).mean(axis=1).astype(np.float32)
         batch = batching.batch_from_rollout(rollout, rewards, np.zeros(len(rewards), bool))

@@ -5,7 +5,7 @@ k3 KL (β = 0.04), clipped surrogate, sequence-mean aggregation, AdamW — on Sm
 (imported weights), R sequences × (prompt + completion) tokens (default 16 × (64 + 192)
 = 16 × 256), float32, every completion token valid.
 
-* **ours**: `grpo_jax.train_step.make_train_step` with the `smollm2-135m` preset (4
+* **ours**: `grpo_jax.rl.train_step.make_train_step` with the `smollm2-135m` preset (4
   micro-batches, chunked log-probs of 64 positions), state donated, and by default
   `model.remat=none` (`--ours`), because the torch reference keeps every activation too:
   the same computation. The preset's own `remat="full"` (an extra forward per layer in the
@@ -64,8 +64,9 @@ class OurUpdate:
 
     def __init__(self, cfg, params, rows: int, prompt_ids: np.ndarray, completion_ids: np.ndarray,
                  rewards: np.ndarray):
-        from grpo_jax import batching, optimizer, sharding
-        from grpo_jax import train_step as ts
+        from grpo_jax.rl import batching, optimizer
+        from grpo_jax.parallel import sharding
+        from grpo_jax.rl import train_step as ts
 
         self.cfg = cfg
         tx, _ = optimizer.make_optimizer(cfg.optimizer, 1000)
@@ -254,7 +255,7 @@ def report_updates(rep, stats: dict, shape: Shape, flops: float, ours: OurUpdate
 
 def tiny_update(shape: Shape, rewards: np.ndarray, rng) -> OurUpdate:
     """Our update of the cpu-tiny preset (random weights and token ids) at the same shape."""
-    from grpo_jax import model as model_lib
+    from grpo_jax.model import transformer as model_lib
     from grpo_jax.config import cpu_tiny
 
     tiny = cpu_tiny()

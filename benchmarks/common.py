@@ -367,7 +367,7 @@ def decode_roofline(cfg, batch: int, context: int, *, flops_per_s: float, bytes_
     weights come from memory (NOTES.md, Zen 5): what a step of nothing but those products
     could reach."""
     import jax
-    from grpo_jax import model as model_lib
+    from grpo_jax.model import transformer as model_lib
 
     params = sum(x.size for x in jax.tree.leaves(model_lib.param_shapes(cfg)))
     cache = batch * context * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
@@ -388,11 +388,11 @@ SMOLLM2 = "smollm2-135m"
 
 def smollm2(overrides: dict | None = None, mesh=None, *, preset: bool = True):
     """(ModelConfig, params, tokenizer) of SmolLM2-135M-Instruct imported from its GGUF
-    (downloaded and converted once into ~/.cache/grpo_jax by grpo_jax.pretrained).
+    (downloaded and converted once into ~/.cache/grpo_jax by grpo_jax.model.pretrained).
 
     The runtime fields (remat, scan_layers, dtype, max_seq_len) come from the
     `smollm2-135m` preset, as the experiment scripts load it, then from `overrides`."""
-    from grpo_jax import pretrained
+    from grpo_jax.model import pretrained
     from grpo_jax.config import smollm2_135m
 
     runtime = {}
@@ -405,8 +405,8 @@ def smollm2(overrides: dict | None = None, mesh=None, *, preset: bool = True):
 
 def smollm2_tokenizer():
     """The SmolLM2 tokenizer alone (no weights loaded)."""
-    from grpo_jax import pretrained
-    from grpo_jax.bpe_tokenizer import BPETokenizer
+    from grpo_jax.model import pretrained
+    from grpo_jax.text.bpe_tokenizer import BPETokenizer
 
     return BPETokenizer.from_hf_dir(pretrained.fetch_smollm2())
 
@@ -414,7 +414,7 @@ def smollm2_tokenizer():
 def smollm2_hf_dir() -> Path:
     """An HF (safetensors + config + tokenizer) copy of the same imported weights, written
     once with `pretrained.export_hf`, so transformers / TRL run the identical model."""
-    from grpo_jax import pretrained
+    from grpo_jax.model import pretrained
 
     out = pretrained.default_cache_dir() / "bench" / "smollm2-135m-hf"
     if not (out / "config.json").exists():

@@ -5,7 +5,7 @@ measured on real rows: completions SmolLM2-135M-Instruct samples for chat arithm
     python benchmarks/logprob_precision.py                       # 32 questions x 4, 96 new tokens
     python benchmarks/logprob_precision.py --questions 8 --json out.json
 
-SmolLM2-135M-Instruct (imported from its GGUF, ``grpo_jax.pretrained``), chat-arithmetic
+SmolLM2-135M-Instruct (imported from its GGUF, ``grpo_jax.model.pretrained``), chat-arithmetic
 questions in its chat template (``grpo_jax.tasks.chat_arithmetic``, as experiments/smollm2_grpo.py
 asks them), completions sampled by the model itself at T = 1 up to its stop token. Every
 completion token's log-prob is then scored by the trainer's path (``logprobs.sequence_logprobs``
@@ -34,9 +34,10 @@ import numpy as np
 def sample_rows(cfg, params, tok, questions: int, group: int, new_tokens: int, seed: int):
     """(rollout, examples): ``questions`` chat-arithmetic questions x ``group`` completions
     sampled at T = 1 from float32 weights, up to the tokenizer's stop tokens."""
-    from grpo_jax import prompts, sampler
+    from grpo_jax.tasks import prompts
+    from grpo_jax import sampler
     from grpo_jax.tasks.chat_arithmetic import ChatArithmeticTask
-    from grpo_jax.tokenizer import encode_prompt
+    from grpo_jax.text.tokenizer import encode_prompt
 
     examples = ChatArithmeticTask().examples("train", questions, seed)
     ids = [encode_prompt(tok, prompts.chat_prompt(prompts.question_of(ex), tok, "arithmetic")) for ex in examples]
@@ -48,7 +49,7 @@ def sample_rows(cfg, params, tok, questions: int, group: int, new_tokens: int, s
 
 def score(cfg, params, rollout, rows_per_call: int = 32) -> np.ndarray:
     """log π of every completion token ([rows, Tc], 0 off the mask), ``rows_per_call`` rows a call."""
-    from grpo_jax import logprobs
+    from grpo_jax.model import logprobs
 
     fn = jax.jit(lambda p, b: logprobs.sequence_logprobs(cfg, p, b, temperature=1.0, chunk_size=64))
     rows = rollout.tokens.shape[0]

@@ -42,7 +42,7 @@ from grpo_jax import aot  # noqa: E402
 from grpo_jax.config import apply_overrides, get_preset  # noqa: E402
 from grpo_jax.sampler.engines import ENGINES  # noqa: E402
 from grpo_jax.shapes import bucket_length  # noqa: E402
-from grpo_jax.sharding import batch_degree  # noqa: E402
+from grpo_jax.parallel.sharding import batch_degree  # noqa: E402
 
 PROMPT_LEN = 256  # launch/compile.py's prompt bucket
 ROWS = (  # (preset, slice, overrides): matrix rows of launch/compile_matrix.py

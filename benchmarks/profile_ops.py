@@ -286,7 +286,7 @@ def model_and_prompts(args):
     import numpy as np
 
     if args.tiny or args.preset:
-        from grpo_jax import model
+        from grpo_jax.model import transformer as model
         from grpo_jax.config import get_preset
 
         name = args.preset or "cpu-tiny"
@@ -397,7 +397,8 @@ def hlo_report(args) -> None:
     """``--hlo``: the update's dots by dtype and its largest copies (module docstring)."""
     import jax
 
-    from grpo_jax import aot, sharding
+    from grpo_jax import aot
+    from grpo_jax.parallel import sharding
     from grpo_jax.config import apply_overrides, get_preset
 
     cfg = get_preset(args.preset or "smollm2-135m")

@@ -26,9 +26,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
-from grpo_jax import aot, model, splash  # noqa: E402
+from grpo_jax import aot  # noqa: E402
+from grpo_jax.model import transformer as model, splash
 from grpo_jax.config import apply_overrides, get_preset  # noqa: E402
-from grpo_jax.sharding import on_mesh  # noqa: E402
+from grpo_jax.parallel.sharding import on_mesh  # noqa: E402
 
 ROWS, SEQ, HEADS, HEAD_DIM = 4, 256 + 1024 - 1, 32, 128
 

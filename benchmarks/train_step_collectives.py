@@ -20,7 +20,8 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU; run nothing on it
 
-from grpo_jax import aot, programs  # noqa: E402  (after JAX_PLATFORMS)
+from grpo_jax import aot  # noqa: E402  (after JAX_PLATFORMS)
+from grpo_jax.rl import programs
 from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
 
 

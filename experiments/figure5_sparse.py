@@ -37,7 +37,7 @@ In order, each part skipped when its output already exists under --out:
 5. figure5_sparse.png (held-out greedy accuracy, mean and 95% interval per arm) and
    summary.json: each claim's paired final-accuracy gap with its verdict, and the step at
    which each arm first reaches --reach held-out accuracy with the paired speed gap, and
-   whether each arm beats the held-out set's best shortcut (`grpo_jax.shortcuts`) by 10
+   whether each arm beats the held-out set's best shortcut (`grpo_jax.tasks.shortcuts`) by 10
    points in every seed.
 
 --rule-arms-only runs parts 1, 4, 5 with the rule-scored arms alone. --reward-model-arms-only
@@ -145,7 +145,7 @@ def judge(values: dict[str, dict[int, float]], claims: dict[str, tuple[str, str]
     """Each claim (better, worse) on the seeds both arms have: the paired gaps
     sign·(better − worse), their mean and 95% t-interval, and `stats.paired_verdict`'s verdict.
     sign = −1 judges "better gets there in fewer steps"."""
-    from grpo_jax.stats import paired_verdict
+    from grpo_jax.eval.stats import paired_verdict
 
     out = {}
     for claim, (better, worse) in claims.items():
@@ -163,7 +163,7 @@ def reward_model_data(cfg, params, task, tok, mesh, out_dir: str, args) -> tuple
     """(train, held-out) JSON-lines files of rule-labelled samples of the SFT model."""
     from figure5_premise import sample_groups
 
-    from grpo_jax.reward_models import label_completions, write_samples
+    from grpo_jax.rl.reward_models import label_completions, write_samples
 
     os.makedirs(out_dir, exist_ok=True)
     paths = os.path.join(out_dir, "train.jsonl"), os.path.join(out_dir, "held_out.jsonl")
@@ -193,8 +193,8 @@ def mc_check(cfg, params, task, tok, mesh, held_out_examples, held_out_path: str
     import common
     import jax
 
-    from grpo_jax.reward_models import read_samples
-    from grpo_jax.reward_models.progress import labelling_cost, monte_carlo_step_labels, policy_completer
+    from grpo_jax.rl.reward_models import read_samples
+    from grpo_jax.rl.reward_models.progress import labelling_cost, monte_carlo_step_labels, policy_completer
     from grpo_jax.sampler import Sampler
 
     if os.path.exists(out_path):
@@ -318,7 +318,7 @@ def main(argv=None):
 
 def reward_models_and_checks(cfg, params, task, tok, mesh, root, args):
     """Parts 2-3: the reward models' data, the Monte-Carlo label check, the ORM and PRM."""
-    from grpo_jax.reward_models import RewardModel
+    from grpo_jax.rl.reward_models import RewardModel
 
     data = reward_model_data(cfg, params, task, tok, mesh, os.path.join(root, "reward_models"), args)
     mc = None
@@ -355,11 +355,11 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
     import common
     import jax
 
-    from grpo_jax.evaluation import evaluate
-    from grpo_jax.plots import plot_runs
+    from grpo_jax.eval.evaluation import evaluate
+    from grpo_jax.eval.plots import plot_runs
     from grpo_jax.sampler import Sampler
-    from grpo_jax.shortcuts import clears, shortcut_baselines
-    from grpo_jax.stats import format_interval
+    from grpo_jax.tasks.shortcuts import clears, shortcut_baselines
+    from grpo_jax.eval.stats import format_interval
 
     shortcuts = shortcut_baselines(task, eval_examples)
     start = evaluate(Sampler.for_run(cfg, mesh, tok), params, task, tok, eval_examples,

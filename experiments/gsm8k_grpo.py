@@ -29,7 +29,7 @@ TFDS builder). Run it on every host of the slice (`launch/run.py`).
 
 Prompts reach the model in its own chat format (`grpo_jax.tasks.chat.chat_task`: ChatML
 for SmolLM2; DeepSeek's "User: ... Assistant:" form for a non-ChatML template), the
-reward is `grpo_jax.rewards.gsm8k_reward` (1 if the number after `####` — else the last
+reward is `grpo_jax.tasks.rewards.gsm8k_reward` (1 if the number after `####` — else the last
 number — equals the reference), and sampling stops at the tokenizer's end-of-turn token
 (`<|im_end|>` for SmolLM2). The run dir gets metrics (JSONL + TensorBoard), a checkpoint,
 summary.json and curves.png; re-running the same command resumes from its checkpoint.
@@ -48,7 +48,7 @@ import time
 
 from grpo_jax import config as config_lib  # (no jax import: --help stays instant)
 from grpo_jax.errors import PretrainedError
-from grpo_jax.stats import format_interval
+from grpo_jax.eval.stats import format_interval
 
 DEFAULT_PRESET = "smollm2-135m"
 # Experiment defaults on top of the smollm2-135m preset (the command line overrides them).
@@ -144,13 +144,13 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
         print(cfg.to_json())
         return {}
 
-    from grpo_jax import distributed
+    from grpo_jax.parallel import distributed
 
     distributed.initialize()
     import jax
 
-    from grpo_jax import pretrained
-    from grpo_jax.sharding import make_mesh
+    from grpo_jax.model import pretrained
+    from grpo_jax.parallel.sharding import make_mesh
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     say = (lambda msg: print(f"[{name}] {msg}")) if distributed.is_main_process() else (lambda msg: None)
@@ -186,7 +186,7 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
 def plot_seeds(runs: list[dict], control: dict | None, gains: list[float], run_dir: str) -> str:
     """seeds.png: held-out greedy accuracy against step, one line per seed (the claim is about
     every seed), and the control prompt's accuracy as a flat line."""
-    from grpo_jax.plots import plot_runs
+    from grpo_jax.eval.plots import plot_runs
 
     steps = sorted(runs[0]["eval_accuracy_at_step"])
     curves = {f"seed {r['seed']}": [[r["eval_accuracy_at_step"][s] for s in steps]] for r in runs}
@@ -200,8 +200,8 @@ def control_accuracy(cfg, params, tokenizer, mesh, style: str, say) -> dict:
     """Greedy accuracy of the start model on the held-out questions asked in prompt `style`."""
     import jax
 
-    from grpo_jax import prompts
-    from grpo_jax.evaluation import evaluate
+    from grpo_jax.tasks import prompts
+    from grpo_jax.eval.evaluation import evaluate
     from grpo_jax.sampler import Sampler
     from grpo_jax.tasks.chat import chat_task
 
@@ -219,13 +219,13 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
     import common  # experiments/common.py (imports jax: only once a run starts)
     import jax
 
-    from grpo_jax import distributed
-    from grpo_jax.evaluation import evaluate
-    from grpo_jax.plots import plot_history
-    from grpo_jax.prompts import question_of
+    from grpo_jax.parallel import distributed
+    from grpo_jax.eval.evaluation import evaluate
+    from grpo_jax.eval.plots import plot_history
+    from grpo_jax.tasks.prompts import question_of
     from grpo_jax.sampler import Sampler
     from grpo_jax.tasks.chat import chat_task
-    from grpo_jax.trainer import Trainer
+    from grpo_jax.rl.trainer import Trainer
 
     t_start = time.perf_counter()
     base, eval_note = make_base_task(cfg)
@@ -313,7 +313,7 @@ def train_step_memory(cfg, tokenizer, mesh, say) -> dict:
     from grpo_jax import aot
     from grpo_jax.shapes import bucket_length
     from grpo_jax.tasks.chat import chat_task
-    from grpo_jax.tokenizer import encode_prompt
+    from grpo_jax.text.tokenizer import encode_prompt
 
     task = chat_task(make_base_task(cfg)[0], tokenizer)
     prompt = bucket_length(max(len(encode_prompt(tokenizer, ex.prompt)) for ex in task.examples("train", 64, cfg.data.seed)))
@@ -343,8 +343,8 @@ def reference_seconds(trainer, cfg) -> float:
     forward over a fresh batch of the step's shape, compiled first)."""
     import jax
 
-    from grpo_jax.logprobs import sequence_logprobs
-    from grpo_jax.sharding import shard_batch
+    from grpo_jax.model.logprobs import sequence_logprobs
+    from grpo_jax.parallel.sharding import shard_batch
 
     batch, _ = trainer.make_batch(cfg.run.steps, jax.random.key(7))
     batch = shard_batch(batch, trainer.mesh)

@@ -35,16 +35,16 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax import sampler
-from grpo_jax.batching import completion_ids
+from grpo_jax.rl.batching import completion_ids
 from grpo_jax.errors import CheckpointError
-from grpo_jax.plots import plot_runs
-from grpo_jax.reward_models import (ReplayBuffer, label_completions, labelled_samples,
+from grpo_jax.eval.plots import plot_runs
+from grpo_jax.rl.reward_models import (ReplayBuffer, label_completions, labelled_samples,
                                     pairwise_accuracy, train_reward_model)
-from grpo_jax.sharding import to_host
-from grpo_jax.shortcuts import clears
-from grpo_jax.stats import format_interval
-from grpo_jax.tokenizer import encode_prompt
-from grpo_jax.trainer import Trainer
+from grpo_jax.parallel.sharding import to_host
+from grpo_jax.tasks.shortcuts import clears
+from grpo_jax.eval.stats import format_interval
+from grpo_jax.text.tokenizer import encode_prompt
+from grpo_jax.rl.trainer import Trainer
 
 
 def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt: int, seed: int,

@@ -29,8 +29,8 @@ import os
 import time
 
 from grpo_jax import config as config_lib
-from grpo_jax.shortcuts import clears
-from grpo_jax.stats import format_interval, paired_verdict
+from grpo_jax.tasks.shortcuts import clears
+from grpo_jax.eval.stats import format_interval, paired_verdict
 
 STAGES = ("sft", "grpo")  # before RL, after RL: the quickstart's run dirs under seed<N>
 KS = (1, 2, 4, 8, 16, 32, 64)
@@ -100,7 +100,7 @@ def testbed(args) -> dict:
                 import jax
 
                 from grpo_jax.config import MeshConfig
-                from grpo_jax.sharding import make_mesh
+                from grpo_jax.parallel.sharding import make_mesh
 
                 mesh = make_mesh(MeshConfig(), jax.local_devices())
             r = measure_stage(os.path.join(args.runs, f"seed{seed}"), stage, mesh, ks=ks, samples=args.samples,
@@ -128,8 +128,8 @@ def measure_stage(seed_dir: str, stage: str, mesh, *, ks, samples: int, question
     import common
     import jax
 
-    from grpo_jax import runs
-    from grpo_jax.evaluation import evaluate
+    from grpo_jax.cli import runs
+    from grpo_jax.eval.evaluation import evaluate
     from grpo_jax.sampler import Sampler
 
     t0 = time.perf_counter()
@@ -230,7 +230,7 @@ def report(summary: dict) -> str:
 
 
 def plot_testbed(summary: dict, path: str) -> str:
-    from grpo_jax.plots import plot_runs
+    from grpo_jax.eval.plots import plot_runs
 
     ks, seeds = summary["ks"], summary["seeds"]
     runs = summary["per_seed"]
@@ -249,8 +249,8 @@ def arithmetic(args):
     import common
     import jax
 
-    from grpo_jax.evaluation import evaluate
-    from grpo_jax.plots import plot_runs
+    from grpo_jax.eval.evaluation import evaluate
+    from grpo_jax.eval.plots import plot_runs
     from grpo_jax.sampler import Sampler
 
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "data.eval_size=64"])

@@ -1,5 +1,5 @@
 """Where the project's answer checker and Hugging Face's math-verify disagree, on the GSM8K
-and MATH fixtures (tests/data) and on hand-written equivalent / different answers.
+and MATH fixtures (tests/fixtures) and on hand-written equivalent / different answers.
 
     python experiments/math_verify_report.py                    # print the report
     python experiments/math_verify_report.py --write docs/math_verify.md
@@ -8,7 +8,7 @@ For each fixture problem the completions are the reference solution itself and i
 answer written other ways a model writes it (unboxed, a decimal for a fraction, a sentence,
 a wrong value). "ours" is the training reward (`rewards.gsm8k_reward` / `math_reward` against
 the dataset's answer field); math-verify runs in its worker process
-(`grpo_jax.math_verify_check`). A case where only math-verify is correct is a right answer
+(`grpo_jax.eval.math_verify_check`). A case where only math-verify is correct is a right answer
 the project's reward scores 0, or math-verify being lenient: the table shows which.
 """
 from __future__ import annotations
@@ -19,10 +19,11 @@ import json
 import os
 from fractions import Fraction
 
-from grpo_jax import cli, rewards
-from grpo_jax.math_verify_check import MathVerify, disagreements, format_report
+from grpo_jax import cli
+from grpo_jax.tasks import rewards
+from grpo_jax.eval.math_verify_check import MathVerify, disagreements, format_report
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
 
 # (label, completion, MATH-style reference solution): equivalent answers first, then different.
 HAND = [

@@ -18,9 +18,9 @@ import common
 import jax
 
 from grpo_jax import config as config_lib
-from grpo_jax.plots import plot_runs
-from grpo_jax.stats import format_interval
-from grpo_jax.sharding import shard_batch
+from grpo_jax.eval.plots import plot_runs
+from grpo_jax.eval.stats import format_interval
+from grpo_jax.parallel.sharding import shard_batch
 
 METHODS = {
     "GRPO": ["rl.algorithm=grpo"],

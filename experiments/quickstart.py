@@ -24,7 +24,7 @@ Each seed (`run.seed`: the model's initialisation, SFT and GRPO randomness; the 
 those of `data.seed`) runs in `<run.run_dir>/seed<N>`; with several seeds, `summary.json` in
 `run.run_dir` holds them all and the gain's 95% t-interval, and `seeds.png` their curves.
 `python experiments/evaluate.py --model runs/quickstart/seed0/grpo` evaluates the GRPO
-checkpoint on the run's own held-out questions (the run dir says how: grpo_jax.run_files).
+checkpoint on the run's own held-out questions (the run dir says how: grpo_jax.checkpoints.run_files).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ import common
 import jax
 
 from grpo_jax import config as config_lib
-from grpo_jax.evaluation import evaluate
+from grpo_jax.eval.evaluation import evaluate
 from grpo_jax.sampler import Sampler
-from grpo_jax.shortcuts import LEARNING_MARGIN, clears, shortcut_baselines
-from grpo_jax.plots import plot_history, plot_runs
-from grpo_jax.stats import format_interval
-from grpo_jax.trainer import Trainer
+from grpo_jax.tasks.shortcuts import LEARNING_MARGIN, clears, shortcut_baselines
+from grpo_jax.eval.plots import plot_history, plot_runs
+from grpo_jax.eval.stats import format_interval
+from grpo_jax.rl.trainer import Trainer
 
 
 # On top of common.CPU_DEFAULTS, per --task. Arithmetic: a solution of the SFT corpus drops all

@@ -1,7 +1,7 @@
 """Every published study's held-out set beside its shortcut baselines.
 
 A held-out accuracy shows learning only where it clears what rules that skip the skill
-score on the same questions (`grpo_jax.shortcuts`: the commonest training answer, and the
+score on the same questions (`grpo_jax.tasks.shortcuts`: the commonest training answer, and the
 task's own rules fitted on its training split). This regenerates each study's held-out set
 with the study's own defaults and prints, per study: the questions (and how many are
 distinct), the best constant, the best shortcut and every rule's score; `--json` writes them.
@@ -55,7 +55,7 @@ def held_out_set(study: str):
 
 
 def audit(studies=STUDIES) -> dict[str, dict]:
-    from grpo_jax.shortcuts import shortcut_baselines
+    from grpo_jax.tasks.shortcuts import shortcut_baselines
 
     out = {}
     for study in studies:

@@ -26,11 +26,11 @@ import quickstart
 
 from grpo_jax import config as config_lib
 from grpo_jax import sampler
-from grpo_jax.evaluation import completion_texts
-from grpo_jax.sharding import to_host
+from grpo_jax.eval.evaluation import completion_texts
+from grpo_jax.parallel.sharding import to_host
 from grpo_jax.tasks.arithmetic import carry_slip, solution_steps
-from grpo_jax.tokenizer import encode_prompt
-from grpo_jax.trainer import Trainer
+from grpo_jax.text.tokenizer import encode_prompt
+from grpo_jax.rl.trainer import Trainer
 
 
 def step_kind(a: int, op: str, b: int) -> str:

@@ -24,7 +24,7 @@ sentencepiece model instead of training one, so RL can load the reward model wit
 `rl.reward_model` (the trainer scores with the policy's tokenizer).
 
 Config keys read: model.*, optimizer.* (the reward model's AdamW), run.steps (reward-model
-steps), run.seed, run.run_dir, data.task and its knobs (`grpo_jax.runs.make_task`: arithmetic
+steps), run.seed, run.run_dir, data.task and its knobs (`grpo_jax.cli.runs.make_task`: arithmetic
 data.num_operands, data.max_digits, data.min_carries, data.slip, data.format_reward; modular
 data.modulus, data.num_operands, data.num_subtractions), data.wrong_step_prob.
 """
@@ -40,10 +40,10 @@ import time
 import numpy as np
 
 from grpo_jax import config as config_lib
-from grpo_jax import reward_models as rm_lib
-from grpo_jax.runs import make_task
+from grpo_jax.rl import reward_models as rm_lib
+from grpo_jax.cli.runs import make_task
 from grpo_jax.tasks.arithmetic import ArithmeticTask
-from grpo_jax.tokenizer import SentencePieceTokenizer, train_sentencepiece
+from grpo_jax.text.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
 # Read here: model.*, optimizer.* (the reward model's AdamW), data.task and its knobs,
 # data.wrong_step_prob, run.run_dir, run.steps (reward-model steps), run.seed.
@@ -59,7 +59,7 @@ ARITHMETIC_OPERATIONS = "+"
 
 
 def build_task(data, operations: str | None = None):
-    """The task of the config's data section (`grpo_jax.runs.make_task`), with --operations
+    """The task of the config's data section (`grpo_jax.cli.runs.make_task`), with --operations
     for the arithmetic task, the one task that has them as a knob outside the config."""
     if operations is not None and data.task != "arithmetic":
         raise ValueError(f"--operations applies to the arithmetic task only, not data.task={data.task}")

@@ -23,8 +23,8 @@ from grpo_jax.errors import ConfigError  # noqa: F401  (re-exported: importable 
 
 REMAT_POLICIES = ("none", "full", "dots")
 # Attention of the forward passes without a KV cache (training, scoring): the model's own
-# (XLA), jax's Pallas TPU splash-attention kernel (grpo_jax.splash) or cuDNN's fused attention
-# through jax.nn.dot_product_attention on GPU (grpo_jax.fused_attention).
+# (XLA), jax's Pallas TPU splash-attention kernel (grpo_jax.model.splash) or cuDNN's fused attention
+# through jax.nn.dot_product_attention on GPU (grpo_jax.model.fused_attention).
 ATTENTION_IMPLS = ("xla", "splash", "cudnn")
 # Operands of the unembedding (logits = h · W, in the log-probs and the decode's logits):
 # float32, or bfloat16 with float32 accumulation (the accelerators' fast matmul path).
@@ -44,9 +44,9 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # picks one from the sampling mesh's devices (`sampler.engines.resolve`).
 DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
 # The sampler's KV cache dtypes (rl.kv_dtype): auto is the model's compute dtype; int8 keeps
-# a float32 scale per slot and kv head (grpo_jax.model.quantize_kv).
+# a float32 scale per slot and kv head (grpo_jax.model.transformer.quantize_kv).
 KV_DTYPES = ("auto", "bfloat16", "int8")
-# The weights a LoRA adapter can target (grpo_jax.lora): attention q/k/v/o, MLP gate/up/down.
+# The weights a LoRA adapter can target (grpo_jax.model.lora): attention q/k/v/o, MLP gate/up/down.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
@@ -100,7 +100,7 @@ class ModelConfig:
     # UNEMBED_DTYPES: bfloat16 rounds h and W for the logits' product, summed in float32; its
     # log-prob error against float32 is measured in benchmarks/NOTES.md.
     unembed_dtype: str = "float32"
-    # LoRA (grpo_jax.lora): rank 0 trains every weight; rank R > 0 freezes them and trains
+    # LoRA (grpo_jax.model.lora): rank 0 trains every weight; rank R > 0 freezes them and trains
     # W + (lora_alpha / R)·A·B on each weight named in lora_targets (comma-separated
     # LORA_TARGETS), B starting at 0 so the policy starts equal to the base.
     lora_rank: int = 0
@@ -140,7 +140,7 @@ class MeshConfig:
     """Mesh ('data', 'fsdp', 'tensor') = ICI (within a slice) × DCN (across slices).
 
     -1 in one ICI axis fills it from the device count. `slice` names a preset from
-    `grpo_jax.slices` whose recommended training mesh replaces the ICI axes left at their
+    `grpo_jax.parallel.slices` whose recommended training mesh replaces the ICI axes left at their
     defaults; ICI axes given explicitly are kept (e.g. ici_data=4 ici_fsdp=16: the
     gradient's reduce-scatter within groups of 16 chips, docs/tpu.md).
     `sample_tensor` > 0 sets the sampler's mesh to replicas x tensor = sample_tensor
@@ -149,7 +149,7 @@ class MeshConfig:
     `sample_devices` = N > 0 splits the devices (with rl.async_steps >= 1): the first N
     sample, on a sampling mesh built from them as above, and the rest train, on the ICI
     shape with its fsdp axis filled from their count, so the rollout of batch t + k runs
-    while the update of batch t does (`grpo_jax.split_mesh`); 0 samples and trains on
+    while the update of batch t does (`grpo_jax.parallel.split_mesh`); 0 samples and trains on
     every device, one after the other. On one device a split falls back to 0.
     """
 
@@ -209,7 +209,7 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Algorithm and its knobs (notation as in the paper; see grpo_jax.algorithms). Each
+    """Algorithm and its knobs (notation as in the paper; see grpo_jax.rl.algorithms). Each
     field's role (`_rl`) puts it in the train step's compiled modes (`modes()`), its
     numeric data (`algorithms.RLHParams`) or the sampler's settings."""
 
@@ -265,7 +265,7 @@ class RLConfig:
     # so more phases read fewer empty slots and compile one more copy of the step each.
     decode_phases: int = _rl(4, "sampling")
     # Pack each micro-batch's sequences end to end for the train step's forward passes
-    # instead of padding every row to prompt + completion bucket (grpo_jax.packing): the
+    # instead of padding every row to prompt + completion bucket (grpo_jax.model.packing): the
     # same loss and gradient, fewer positions when completions are shorter than the bucket.
     pack: bool = _rl(False, "mode")
     # k: the batch trained at step t was sampled with the weights of step t - k (of step 0
@@ -462,11 +462,11 @@ class RunConfig:
     restart_unreadable: bool = False
     pretrained: str = ""  # GGUF / HF folder / name; empty = random init
     # The pretrained model's chat format: "" = its own template (refused when it has none),
-    # or a named format (grpo_jax.chat_templates.FORMATS) for a model without a usable one.
+    # or a named format (grpo_jax.text.chat_templates.FORMATS) for a model without a usable one.
     chat_format: str = ""
 
     def validate(self) -> None:
-        from grpo_jax.chat_templates import FORMATS
+        from grpo_jax.text.chat_templates import FORMATS
 
         if self.chat_format and self.chat_format not in FORMATS:
             raise ConfigError(f"run.chat_format={self.chat_format!r}: choose one of {sorted(FORMATS)} "

@@ -5,7 +5,7 @@ Every builder returns an argv list, never a shell string: the runner hands it to
 what is printed is exactly what would run (and can be pasted into a terminal). The only
 shell involved is the remote one that `gcloud ... ssh --command` starts on each worker.
 
-Only the standard library, `grpo_jax.slices` and `grpo_jax.preemption`'s exit code (neither
+Only the standard library, `grpo_jax.parallel.slices` and `grpo_jax.parallel.preemption`'s exit code (neither
 imports jax) are used, so the scripts work on a laptop that has gcloud but not jax.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from grpo_jax.preemption import EXIT_CODE
-from grpo_jax.slices import default_runtime_version, get_slice
+from grpo_jax.parallel.preemption import EXIT_CODE
+from grpo_jax.parallel.slices import default_runtime_version, get_slice
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REMOTE_DIR = "grpo_jax"  # the repo's folder in the home directory of every worker
@@ -358,7 +358,7 @@ def add_tpu_arguments(parser: argparse.ArgumentParser, *, shape: bool = True) ->
                    help="the TPU was (or is to be) requested as a queued resource")
     if shape:
         g.add_argument("--slice", type=_slice_name,
-                       help="slice preset from grpo_jax.slices: v4-8, v4-32, v5litepod-8 "
+                       help="slice preset from grpo_jax.parallel.slices: v4-8, v4-32, v5litepod-8 "
                             "(or v5e-8), v5litepod-16/64/256, v5p-8, v5p-128, v6e-8, v6e-256")
         g.add_argument("--accelerator-type",
                        help="any gcloud accelerator type (default: the preset's)")

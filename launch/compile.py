@@ -7,17 +7,17 @@
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
 sampler decode, train step -- which holds the reference log-prob pass --, and the in-run
 evaluation's prefill and decode; the same programs the trainer runs: its Sampler's calls and
-grpo_jax.programs' train step)
+grpo_jax.rl.programs' train step)
 it prints per-chip peak HBM against the chip's capacity, FLOPs and bytes with every loop
 trip counted, a roofline time (a bound: no program runs faster) and an expected time (the
 bound over the fraction of it measured programs reach on that chip,
-``grpo_jax.tpu_specs.EFFICIENCY``, with its source). Exits 1 naming the program and its
+``grpo_jax.aot.tpu_specs.EFFICIENCY``, with its source). Exits 1 naming the program and its
 numbers as soon as one does not fit (the sampler is compiled first). The numbers are
 compiler estimates, not measurements on a TPU. The JSON records which code wrote it
-(``grpo_jax.provenance``), so that a stale report can be told apart.
+(``grpo_jax.aot.provenance``), so that a stale report can be told apart.
 
 With ``mesh.sample_devices=N`` (and rl.async_steps >= 1) the slice is split as a run splits it
-(``grpo_jax.split_mesh``): the sampler is compiled on the first N chips, with no train state
+(``grpo_jax.parallel.split_mesh``): the sampler is compiled on the first N chips, with no train state
 beside it, the train step on the rest, and the summary adds the hand-off of the policy between
 them and the overlapped step, max(rollout, update) + hand-off.
 """
@@ -31,9 +31,11 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU; run nothing on it
 
-from grpo_jax import aot, programs, provenance  # noqa: E402  (after JAX_PLATFORMS)
+from grpo_jax import aot  # noqa: E402  (after JAX_PLATFORMS)
+from grpo_jax.rl import programs
+from grpo_jax.aot import provenance
 from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
-from grpo_jax.tpu_specs import EFFICIENCY, chip_of, expected_seconds  # noqa: E402
+from grpo_jax.aot.tpu_specs import EFFICIENCY, chip_of, expected_seconds  # noqa: E402
 
 
 def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool = False) -> dict:
@@ -104,7 +106,8 @@ def overlap(cfg, results: dict, chip, halves) -> dict:
     copy crossing the same links) and the overlapped step, max(rollout, update) + hand-off,
     each as a bound and expected (the hand-off at the bandwidth fraction). MFU over every
     chip of the slice and the overlapped step."""
-    from grpo_jax import model as model_lib, split_mesh
+    from grpo_jax.model import transformer as model_lib
+    from grpo_jax.parallel import split_mesh
 
     s = results["summary"]
     policy = split_mesh.hand_off_bytes(model_lib.param_shapes(cfg.model), cfg.rl.sample_dtype)
@@ -309,7 +312,7 @@ def main(argv=None) -> int:
     expected = ("" if s["rollout_seconds_expected"] is None else
                 f"; expected {s['rollout_seconds_expected']:.1f} s + {s['update_seconds_expected']:.1f} s, "
                 f"MFU {s['mfu_expected']:.0%}, at {eff['compute']:.0%} of the compute bound and "
-                f"{eff['bandwidth']:.0%} of the bandwidth bound (measured elsewhere: grpo_jax/tpu_specs.py)")
+                f"{eff['bandwidth']:.0%} of the bandwidth bound (measured elsewhere: grpo_jax/aot/tpu_specs.py)")
     step = ("" if "overlapped_seconds" not in s else
             f" ({s['sample_devices']} chips sample, {s['train_devices']} train: overlapped step "
             f"{s['overlapped_seconds']:.1f} s, expected {_seconds(s['overlapped_seconds_expected'])} s)")

@@ -10,8 +10,8 @@ entries without one, so a matrix longer than a working session resumes; --stale 
 and the ones whose report older code wrote; --table compiles nothing and prints the table of
 the reports already there. The table is compiler estimates, not measured TPU runs: each time
 and MFU as its roofline bound and as the expected value at the fraction of the bound measured
-programs reach on the chip (``grpo_jax.tpu_specs.EFFICIENCY``), and whether the report is
-current: a report records the fingerprint of the code that wrote it (``grpo_jax.provenance``),
+programs reach on the chip (``grpo_jax.aot.tpu_specs.EFFICIENCY``), and whether the report is
+current: a report records the fingerprint of the code that wrote it (``grpo_jax.aot.provenance``),
 recomputed here. OUT/before/matrix.json (the matrix of the earlier estimator, which counted
 loop bodies once and analytic FLOPs for MFU) is shown beside it.
 
@@ -32,10 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_jax import provenance
-from grpo_jax.slices import get_slice
-from grpo_jax.split_mesh import overlapped_step
-from grpo_jax.tpu_specs import expected_seconds
+from grpo_jax.aot import provenance
+from grpo_jax.parallel.slices import get_slice
+from grpo_jax.parallel.split_mesh import overlapped_step
+from grpo_jax.aot.tpu_specs import expected_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 # (preset, slice, config overrides, label of the overridden row). The presets as they are,
@@ -104,9 +104,10 @@ def overlap_args(sample: int) -> list[str]:
 def _hand_off(preset: str, slice_name: str, sample: int, train: int, chip: str) -> tuple[float, float, float]:
     """(bytes, bound s, expected s) of one hand-off of ``preset``'s sampling copy from
     ``train`` chips to ``sample`` chips of the slice (``split_mesh.hand_off_seconds``)."""
-    from grpo_jax import model as model_lib, split_mesh
+    from grpo_jax.model import transformer as model_lib
+    from grpo_jax.parallel import split_mesh
     from grpo_jax.config import get_preset
-    from grpo_jax.tpu_specs import CHIPS
+    from grpo_jax.aot.tpu_specs import CHIPS
 
     cfg = get_preset(preset)
     tensor = cfg.mesh.sample_tensor or get_slice(slice_name).sample_mesh[2]
@@ -149,7 +150,7 @@ def scaled_split(results: dict, preset: str, slice_name: str, sample: int) -> di
     The settings it takes are in "settings"; a compiled row (``--overlap --missing``) counts
     the split's own programs instead."""
     from grpo_jax.config import get_preset
-    from grpo_jax.tpu_specs import CHIPS
+    from grpo_jax.aot.tpu_specs import CHIPS
 
     s, step = results["summary"], _expected_step(results)
     chip = CHIPS[s.get("topology", "").split(":")[0]]

@@ -15,7 +15,7 @@ import argparse
 import shlex
 
 import common  # launch/common.py: the script's folder is on sys.path
-from grpo_jax.slices import SLICES
+from grpo_jax.parallel.slices import SLICES
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import common  # launch/common.py: the script's folder is on sys.path
 from common import Job, LaunchError, Runner, note
-from grpo_jax.slices import get_slice
+from grpo_jax.parallel.slices import get_slice
 
 _OVERRIDE_RE = re.compile(r"[A-Za-z_][\w]*\.[\w.]+=.*")
 

@@ -4,7 +4,7 @@ masks and its policy log-probs, both fixed by a seed."""
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.batching import make_batch
+from grpo_jax.rl.batching import make_batch
 
 B, TC, G = 8, 6, 4  # rows, completion tokens, group size
 

@@ -50,8 +50,8 @@ def test_qwen_preset_is_the_imported_shape_with_the_paper_recipe():
     import jax
     import numpy as np
 
-    from grpo_jax import model as model_lib
-    from grpo_jax import pretrained
+    from grpo_jax.model import transformer as model_lib
+    from grpo_jax.model import pretrained
 
     cfg = config.load_config("qwen2.5-1.5b")
     imported = pretrained.config_from_hf(QWEN2_5_1_5B_JSON)
@@ -122,7 +122,8 @@ def test_json_round_trip_and_argparse():
 
 def test_choice_lists_are_the_implementations():
     # config keeps the names jax-free; the modules that implement them must offer exactly those.
-    from grpo_jax import algorithms, losses, sharding
+    from grpo_jax.rl import algorithms, losses
+    from grpo_jax.parallel import sharding
 
     assert tuple(algorithms.ALGORITHMS) == config.ALGORITHM_NAMES
     assert losses.KL_KINDS is config.KL_KINDS and losses.AGGREGATION_MODES is config.AGGREGATION_MODES
@@ -156,7 +157,7 @@ def test_rl_fields_have_one_role_and_the_tables_derive_from_it():
     """Each rl.* field is a mode (compiled in), a number (RLHParams data) or a sampling
     setting; RLHParams holds exactly the numbers, RLModes the modes plus the switches, and
     the reader table names a field only when some algorithm ignores it."""
-    from grpo_jax import algorithms
+    from grpo_jax.rl import algorithms
 
     fields = dataclasses.fields(config.RLConfig)
     roles = {f.name: f.metadata["role"] for f in fields}

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import algorithms as alg
+from grpo_jax.rl import algorithms as alg
 from grpo_jax.config import Config, ConfigError, ConfigWarning, apply_overrides
-from grpo_jax.batching import make_batch
-from grpo_jax.train_step import static_config_key
+from grpo_jax.rl.batching import make_batch
+from grpo_jax.rl.train_step import static_config_key
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 B, TC, G = 8, 6, 4
@@ -112,28 +112,28 @@ CHANGES = {
 
 # Fields that act on the loop (sampling length, files, logging cadence): the test that shows it.
 ELSEWHERE = {
-    "rl.max_new_tokens": "test_sampling.py::test_rollout_layout",
-    "rl.reward_model": "test_options.py::test_reward_model_with_a_rule_reward_algorithm_is_refused",
-    "rl.sample_prompts": "test_trainer.py::test_rollout_in_calls_of_a_few_questions_equals_one_call",
-    "rl.sample_dtype": "test_trainer.py::test_bfloat16_sampling_copy_reaches_the_sampler",
-    "rl.decode": "test_programs.py::test_the_trainer_runs_the_programs_the_aot_check_lowers",
-    "rl.kv_dtype": "test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
-    "rl.decode_phases": "test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
-    "mesh.sample_tensor": "test_sharding.py::test_sample_mesh_tensor_degree",
-    "mesh.sample_devices": "test_split_mesh.py::test_the_split_loop_trains_what_the_one_mesh_loop_trains",
-    "model.attention": "test_splash.py::test_train_step_with_splash_compiles_for_a_tpu",
-    "data.data_dir": "test_tasks_datasets.py::test_gsm8k_examples",
-    "data.format_reward": "test_tasks_arithmetic.py::test_format_reward_from_the_config_is_the_wrong_answers_reward",
-    "run.run_dir": "test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
-    "run.seed": "test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
-    "run.checkpoint_every": "test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
-    "run.keep_checkpoints": "test_checkpointing.py::test_keep_last_n_and_corrupted_latest_falls_back",
-    "run.eval_every": "test_evaluation.py",
-    "run.log_every": "test_trainer.py::test_grpo_reward_goes_up",
-    "run.max_bad_steps": "test_trainer.py::test_non_finite_updates_are_skipped_then_stop_the_run",
-    "run.restart_unreadable": "test_trainer.py::test_every_checkpoint_unreadable_stops_or_starts_over",
-    "run.pretrained": "test_pretrained.py",
-    "run.chat_format": "test_chat_templates.py::test_a_named_format_is_used_trained_and_exported",
+    "rl.max_new_tokens": "sampler/test_sampling.py::test_rollout_layout",
+    "rl.reward_model": "rl/test_options.py::test_reward_model_with_a_rule_reward_algorithm_is_refused",
+    "rl.sample_prompts": "rl/test_trainer.py::test_rollout_in_calls_of_a_few_questions_equals_one_call",
+    "rl.sample_dtype": "rl/test_trainer.py::test_bfloat16_sampling_copy_reaches_the_sampler",
+    "rl.decode": "rl/test_programs.py::test_the_trainer_runs_the_programs_the_aot_check_lowers",
+    "rl.kv_dtype": "rl/test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
+    "rl.decode_phases": "rl/test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
+    "mesh.sample_tensor": "parallel/test_sharding.py::test_sample_mesh_tensor_degree",
+    "mesh.sample_devices": "parallel/test_split_mesh.py::test_the_split_loop_trains_what_the_one_mesh_loop_trains",
+    "model.attention": "model/test_splash.py::test_train_step_with_splash_compiles_for_a_tpu",
+    "data.data_dir": "tasks/test_tasks_datasets.py::test_gsm8k_examples",
+    "data.format_reward": "tasks/test_tasks_arithmetic.py::test_format_reward_from_the_config_is_the_wrong_answers_reward",
+    "run.run_dir": "rl/test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
+    "run.seed": "rl/test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
+    "run.checkpoint_every": "rl/test_trainer.py::test_kill_and_resume_matches_an_uninterrupted_run",
+    "run.keep_checkpoints": "checkpoints/test_checkpointing.py::test_keep_last_n_and_corrupted_latest_falls_back",
+    "run.eval_every": "eval/test_evaluation.py",
+    "run.log_every": "rl/test_trainer.py::test_grpo_reward_goes_up",
+    "run.max_bad_steps": "rl/test_trainer.py::test_non_finite_updates_are_skipped_then_stop_the_run",
+    "run.restart_unreadable": "rl/test_trainer.py::test_every_checkpoint_unreadable_stops_or_starts_over",
+    "run.pretrained": "model/test_pretrained.py",
+    "run.chat_format": "text/test_chat_templates.py::test_a_named_format_is_used_trained_and_exported",
 }
 
 
@@ -183,7 +183,7 @@ def _loss_probe(cfg, field):
 
 
 def _optimizer_probe(cfg, field):
-    from grpo_jax.optimizer import make_optimizer, value_optimizer_config
+    from grpo_jax.rl.optimizer import make_optimizer, value_optimizer_config
 
     opt = value_optimizer_config(cfg.optimizer) if cfg.rl.algorithm == "ppo" else cfg.optimizer
     tx, lr = make_optimizer(opt, cfg.run.steps, updates_per_step=cfg.rl.num_updates)
@@ -202,11 +202,11 @@ NUMERIC_MODEL_FIELDS = ("model.rope_theta", "model.rope_scaling_factor", "model.
 
 
 def _model_probe(cfg, field):
-    from grpo_jax import model as model_lib
+    from grpo_jax.model import transformer as model_lib
 
     shapes = jax.tree.map(lambda s: (s.shape, str(s.dtype)), model_lib.param_shapes(cfg.model))
     if field.startswith("model.lora_"):  # the adapters' shapes and the merged weights
-        from grpo_jax import lora
+        from grpo_jax.model import lora
 
         adapters = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), lora.adapter_shapes(cfg.model))
         merged = lora.merge(model_lib.init_params(cfg.model, jax.random.key(0)), adapters, cfg.model)
@@ -223,7 +223,7 @@ def _model_probe(cfg, field):
 
 
 def _mesh_probe(cfg, field):
-    from grpo_jax.sharding import resolve_mesh_shape
+    from grpo_jax.parallel.sharding import resolve_mesh_shape
 
     try:
         return resolve_mesh_shape(cfg.mesh, 8)
@@ -232,7 +232,7 @@ def _mesh_probe(cfg, field):
 
 
 def _data_probe(cfg, field):
-    from grpo_jax.runs import make_task
+    from grpo_jax.cli.runs import make_task
 
     task = make_task(cfg.data.task, cfg.data)
     d = cfg.data

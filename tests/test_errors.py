@@ -5,7 +5,10 @@ import sys
 
 import pytest
 
-from grpo_jax import checkpointing, config, errors, pretrained, sharding
+from grpo_jax.checkpoints import checkpointing
+from grpo_jax import config, errors
+from grpo_jax.model import pretrained
+from grpo_jax.parallel import sharding
 
 
 def test_error_family_keeps_old_names():

@@ -6,7 +6,7 @@ the train step on abstract, sharded arguments; ``report(compiled, chip)`` turns 
 executable's ``memory_analysis()``/``cost_analysis()`` into per-chip numbers and
 ``check_fit`` raises ``FitError`` naming the program when peak HBM exceeds the chip.
 
-The programs are the run's own (``grpo_jax.programs``); their FLOPs and bytes come from
+The programs are the run's own (``grpo_jax.rl.programs``); their FLOPs and bytes come from
 cost twins with every loop trip counted (``sampler_cost``, ``train_cost``), and MFU counts
 the model's FLOPs only (``model_flops``). All numbers are compiler estimates, not
 measurements on a TPU.
@@ -14,7 +14,8 @@ measurements on a TPU.
 One module per concern: ``topology`` (the slice's devices and meshes), ``lowering`` (the
 run's programs on abstract arguments), ``hlo`` (reading the compiled HLO text: loops,
 collectives), ``cost`` (the cost twins, model FLOPs, the roofline report) and ``fit``
-(per-chip memory against HBM).
+(per-chip memory against HBM), with ``tpu_specs`` (per-chip constants) and ``provenance``
+(which code a committed report came from).
 """
 
 from grpo_jax.aot.cost import (TWIN_OPTIONS, NotCounted, cost_twin, decode_bytes_analytic, loop_free_cost,

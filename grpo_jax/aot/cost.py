@@ -11,15 +11,17 @@ import re
 import jax
 import numpy as np
 
-from grpo_jax import lora, loops, programs
-from grpo_jax.algorithms import algorithm_of
+from grpo_jax.model import lora
+from grpo_jax import loops
+from grpo_jax.rl import programs
+from grpo_jax.rl.algorithms import algorithm_of
 from grpo_jax.aot.fit import bytes_per_chip, fit
 from grpo_jax.aot.hlo import collective_ops, collectives
 from grpo_jax.aot.lowering import lower_train_step, run_sampler, sampler_calls
 from grpo_jax.config import Config
 from grpo_jax.sampler import SamplerCall
 from grpo_jax.sampler.cache import phase_steps
-from grpo_jax.tpu_specs import ChipSpec, expected_seconds
+from grpo_jax.aot.tpu_specs import ChipSpec, expected_seconds
 
 
 class NotCounted(RuntimeError):
@@ -228,7 +230,7 @@ def train_cost(cfg: Config, mesh, rows: int, prompt_len: int) -> np.ndarray:
     depth and rl.num_micro_batches (see ``sampler_cost``). a is the fewest micro-batches
     that hold whole groups (group advantages need every output of a question). With
     ``model.attention=splash`` the count leaves the attention kernels out: XLA's cost
-    analysis does not see into them (``grpo_jax.splash``)."""
+    analysis does not see into them (``grpo_jax.model.splash``)."""
     micro = cfg.rl.num_micro_batches
     per_micro = rows // micro
     group = programs.group_size(cfg)

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from grpo_jax.tpu_specs import ChipSpec
+from grpo_jax.aot.tpu_specs import ChipSpec
 
 
 class FitError(RuntimeError):

@@ -7,15 +7,16 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import lora, packing, programs
-from grpo_jax import model as model_lib
-from grpo_jax import train_step as ts
+from grpo_jax.model import lora, packing
+from grpo_jax.rl import programs
+from grpo_jax.model import transformer as model_lib
+from grpo_jax.rl import train_step as ts
 from grpo_jax.aot.fit import compile_lowered
-from grpo_jax.batching import Batch
+from grpo_jax.rl.batching import Batch
 from grpo_jax.config import Config
 from grpo_jax.sampler import Sampler
 from grpo_jax.shapes import abstract_like
-from grpo_jax.sharding import batch_sharding
+from grpo_jax.parallel.sharding import batch_sharding
 
 
 def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh) -> Batch:

@@ -9,9 +9,9 @@ from typing import Any
 
 from grpo_jax.config import Config
 from grpo_jax.sampler import Sampler
-from grpo_jax.split_mesh import SplitMesh, run_meshes
-from grpo_jax.slices import get_slice
-from grpo_jax.tpu_specs import TOPOLOGIES
+from grpo_jax.parallel.split_mesh import SplitMesh, run_meshes
+from grpo_jax.parallel.slices import get_slice
+from grpo_jax.aot.tpu_specs import TOPOLOGIES
 
 
 def libtpu_available() -> bool:
@@ -30,7 +30,7 @@ def _devices(topology: str) -> tuple:
     # several processes (pytest workers, concurrent checks) load it.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     # A v4 chip has two TensorCores; the topology lists each as a device unless asked for
-    # megacore, the mode a v4 TPU VM runs JAX in (one device per chip, as grpo_jax.slices counts).
+    # megacore, the mode a v4 TPU VM runs JAX in (one device per chip, as grpo_jax.parallel.slices counts).
     extra = {"chip_config_name": "megacore"} if topology.startswith("v4:") else {}
     return tuple(topologies.get_topology_desc(topology_name=topology, platform="tpu", **extra).devices)
 

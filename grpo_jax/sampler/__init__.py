@@ -26,7 +26,7 @@ Conventions (the train step recomputes log-probs with the same ones)
   `Tp + t - 1` for every row: one scalar write index, one `dynamic_update_slice` per layer,
   and the prefill logits of every row are at the same column. (Right padding would need
   a different slot per row, i.e. a scatter per step, and a gather for the prefill logits.)
-* **Positions.** RoPE positions are those of `grpo_jax.model.default_positions` applied
+* **Positions.** RoPE positions are those of `grpo_jax.model.transformer.default_positions` applied
   to `[prompt_mask, mask]`: prompt tokens get 0..n-1, completion token t of a prompt with
   n real tokens gets n + t. Pad slots are masked out of attention.
 * **Temperature.** `logprobs = log_softmax(logits / T)` at the sampled token for T > 0.
@@ -69,7 +69,7 @@ Sharding
 --------
 Under a mesh (`mesh=` or, when omitted, the mesh the params live on) the batch and the KV
 cache are sharded over ('data', 'fsdp') and the cache's kv heads over 'tensor' (the rules
-table in `grpo_jax.sharding`); the params are used as they are sharded for training (no
+table in `grpo_jax.parallel.sharding`); the params are used as they are sharded for training (no
 gather of the whole model anywhere). The sample batch is padded to a multiple of the
 batch-sharding degree with dummy rows that start out finished (they never delay the early
 stop) and are stripped from the result. The prompt batch is laid out shard by shard

@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from grpo_jax import model as model_lib
+from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import ModelConfig
 from grpo_jax.sampler.settings import DECODE_PHASES
-from grpo_jax.sharding import DTYPES, batch_degree, batch_sharding, constrain, logical_to_sharding, replicated
+from grpo_jax.parallel.sharding import DTYPES, batch_degree, batch_sharding, constrain, logical_to_sharding, replicated
 
 # The logical axes of a stacked cache's arrays (its index is a scalar).
 AXES = {"k": ("layers", "batch", "kv_heads", "head_dim", "seq"),

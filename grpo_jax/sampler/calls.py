@@ -22,7 +22,7 @@ from grpo_jax.sampler.layouts import HostBatch, host_batch
 from grpo_jax.sampler.loop import Rows, decode
 from grpo_jax.sampler.prefill import prefill
 from grpo_jax.sampler.settings import SamplingParams
-from grpo_jax.sharding import batch_degree, batch_sharding, on_mesh, replicated, to_global
+from grpo_jax.parallel.sharding import batch_degree, batch_sharding, on_mesh, replicated, to_global
 from grpo_jax.shapes import abstract_like, bucket_length
 
 

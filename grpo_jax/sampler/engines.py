@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from grpo_jax import model as model_lib
+from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import DECODE_ENGINES, KV_DTYPES, ConfigError, ModelConfig
 from grpo_jax.sampler import cache as cache_lib
 from grpo_jax.sampler import feature_major

@@ -17,7 +17,7 @@ running them feature-major would mean a second orientation threaded through ever
 of the model for one CPU engine, the fast path growing into a second model. So the layer is
 written here from the model's own functions (``model.rms_norm``, ``model.rope``,
 ``model.attend`` / ``attend_scored``, ``model.product`` / ``operand``: its numerics), and
-only its orientation and weight layout are its own; ``tests/test_feature_major.py`` holds it
+only its orientation and weight layout are its own; ``tests/sampler/test_feature_major.py`` holds it
 equal to the model's forward.
 
 Its weights are ``[out, in]`` copies of the parameters (``decode_weights``), which the
@@ -32,9 +32,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import model as model_lib
+from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import ModelConfig
-from grpo_jax.sharding import DTYPES
+from grpo_jax.parallel.sharding import DTYPES
 
 
 def decode_weights(cfg: ModelConfig, params) -> dict:

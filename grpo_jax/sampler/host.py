@@ -25,7 +25,7 @@ from grpo_jax.sampler.calls import SamplerCall, sampler_call, sampling_mesh
 from grpo_jax.sampler.settings import SamplingParams
 from grpo_jax.sampler.weights import abstract_sampling_copy, sampling_copy
 from grpo_jax.shapes import bucket_length
-from grpo_jax.sharding import batch_sharding, make_sample_mesh, mesh_of, to_global, to_host
+from grpo_jax.parallel.sharding import batch_sharding, make_sample_mesh, mesh_of, to_global, to_host
 
 
 @flax.struct.dataclass

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import loops
-from grpo_jax import model as model_lib
+from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import ModelConfig
 from grpo_jax.sampler import cache as cache_lib
 from grpo_jax.sampler.draw import Drawing, next_token, uniforms

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from grpo_jax import loops
-from grpo_jax import model as model_lib
+from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import ModelConfig
 from grpo_jax.sampler import cache as cache_lib
 from grpo_jax.sampler.engines import DecodeEngine

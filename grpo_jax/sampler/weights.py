@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from grpo_jax import model as model_lib
+from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import ModelConfig
 from grpo_jax.shapes import abstract_like
-from grpo_jax.sharding import mesh_of
-from grpo_jax.split_mesh import hand_off
+from grpo_jax.parallel.sharding import mesh_of
+from grpo_jax.parallel.split_mesh import hand_off
 
 
 def sampling_copy(cfg: ModelConfig, params, dtype: str, mesh: Mesh | None = None):

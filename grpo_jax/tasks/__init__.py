@@ -61,7 +61,7 @@ class Task:
     name: str = ""
     # A sampler may stop once one of these is generated; it stays part of the completion.
     stop_strings: tuple[str, ...] = ()
-    # How a chat model is asked this task: a `grpo_jax.prompts.STYLES` key (the bare
+    # How a chat model is asked this task: a `grpo_jax.tasks.prompts.STYLES` key (the bare
     # question, `meta["question"]`, in the model's chat format), or None for the task's own
     # text only. `grpo_jax.tasks.chat.chat_task` trains with it; `grpo-evaluate` defaults to it.
     prompt_style: str | None = None
@@ -89,7 +89,7 @@ class Task:
 
     def shortcuts(self, train: list[Example]) -> dict[str, Callable[[Example], str | None]]:
         """Rules that answer without the skill the task teaches, fitted on ``train``: name ->
-        ``guess(example)``, scored by `grpo_jax.shortcuts` beside every held-out accuracy
+        ``guess(example)``, scored by `grpo_jax.tasks.shortcuts` beside every held-out accuracy
         (which adds the commonest answer for every task). Default: none beyond that."""
         return {}
 

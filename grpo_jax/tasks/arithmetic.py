@@ -22,7 +22,7 @@ default); a malformed completion gets 0.0.
 
 Step rewards (``step_rewards``): a step is good when the completion can still reach the
 right answer from it (the label Math-Shepherd estimates by completing each step prefix;
-``grpo_jax.reward_models.progress`` does that for any task, and this is its exact special
+``grpo_jax.rl.reward_models.progress`` does that for any task, and this is its exact special
 case). Every non-blank line is a step. The j-th step-shaped line scores 1.0 if ``op``/``b``
 are the question's j-th operator/operand and the value it writes, ``c``, is the true value
 of the chain after j steps; otherwise 0.0. So a slip zeroes its own line and every later
@@ -41,8 +41,8 @@ import re
 import zlib
 from typing import Any, Iterator, Sequence
 
-from grpo_jax import rewards
-from grpo_jax.shortcuts import lookup_rule
+from grpo_jax.tasks import rewards
+from grpo_jax.tasks.shortcuts import lookup_rule
 from grpo_jax.tasks import SPLITS, Example, Task, as_random, split_of
 
 MAX_STEPS = 64
@@ -359,7 +359,7 @@ class ArithmeticTask(Task):
 
     # ------------------------------------------------------------- shortcuts
     def shortcuts(self, train: Sequence[Example]) -> dict:
-        """Rules that skip carrying, fitted on ``train`` (see `grpo_jax.shortcuts`): the
+        """Rules that skip carrying, fitted on ``train`` (see `grpo_jax.tasks.shortcuts`): the
         carry-dropped chain, and (for ``+-*``) the right units digit, which needs no carry,
         with the digits above it the commonest in training overall, per count of each
         operator, or per operator sequence, or those of the carry-dropped chain moved by the

@@ -1,5 +1,5 @@
 """A task asked the way a chat model is trained on it: every Example's prompt is the bare
-question in the model's chat format (`grpo_jax.prompts.chat_prompt`), scoring unchanged.
+question in the model's chat format (`grpo_jax.tasks.prompts.chat_prompt`), scoring unchanged.
 
     task = chat_task(get_task("chat_arithmetic"), tokenizer)   # style: the task's prompt_style
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from grpo_jax import prompts
+from grpo_jax.tasks import prompts
 from grpo_jax.tasks import Example, Task
 
 
@@ -46,5 +46,5 @@ def chat_task(base: Task, tokenizer, style: str | None = None) -> ChatPromptTask
     """`base` asked in prompt style `style` (default: the task's own `prompt_style`)."""
     style = style or base.prompt_style
     if style is None:
-        raise ValueError(f"task {base.name!r} has no prompt_style: pass a grpo_jax.prompts.STYLES key")
+        raise ValueError(f"task {base.name!r} has no prompt_style: pass a grpo_jax.tasks.prompts.STYLES key")
     return ChatPromptTask(base, tokenizer, style)

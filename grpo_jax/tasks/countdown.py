@@ -8,7 +8,7 @@ redrawn.
 
 The prompt ends with ``<think>`` (base-model style), so a completion normally continues
 the thought and closes with ``</think>\\n<answer>EXPR</answer>``. Scoring is
-:func:`grpo_jax.rewards.countdown_reward` (0.1 format + 1.0 answer), which also accepts
+:func:`grpo_jax.tasks.rewards.countdown_reward` (0.1 format + 1.0 answer), which also accepts
 completions that repeat the opening ``<think>``.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import random
 import zlib
 from typing import Any
 
-from grpo_jax import rewards
+from grpo_jax.tasks import rewards
 from grpo_jax.tasks import SPLITS, Example, Task, as_random
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}

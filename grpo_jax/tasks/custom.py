@@ -19,7 +19,7 @@ generated text only). That is the whole contract; everything else is optional:
   distinct draws of ``question`` whose prompt falls in the held-out split (a stable hash of
   the prompt text, `grpo_jax.tasks.split_of`): training then never draws those prompts.
 - ``shortcuts(train_examples) -> {name: guess(example) -> answer}``: rules that answer
-  without the skill, reported beside every held-out accuracy (`grpo_jax.shortcuts`; the
+  without the skill, reported beside every held-out accuracy (`grpo_jax.tasks.shortcuts`; the
   commonest answer is always reported).
 
 The reward function runs on untrusted model text: it must not ``eval`` it. A reward that

@@ -24,7 +24,7 @@ class DatasetTask(Task):
     # The paper does not print it; the models' published cards do: "Please use
     # chain-of-thought prompt to test DeepSeekMath-Instruct and DeepSeekMath-RL: English
     # questions: {question}\nPlease reason step by step, and put your final answer within
-    # \boxed{}." It is the user turn; `grpo_jax.evaluate_run.prompt_text` wraps it in the
+    # \boxed{}." It is the user turn; `grpo_jax.eval.evaluate_run.prompt_text` wraps it in the
     # model's chat template. ``{question}`` is ``Example.meta["question"]``.
     paper_prompt: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 

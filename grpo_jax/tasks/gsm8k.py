@@ -1,4 +1,4 @@
-"""GSM8K with a chain-of-thought prompt; scored by :func:`grpo_jax.rewards.gsm8k_reward`.
+"""GSM8K with a chain-of-thought prompt; scored by :func:`grpo_jax.tasks.rewards.gsm8k_reward`.
 
 Prompt::
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpo_jax import rewards
+from grpo_jax.tasks import rewards
 from grpo_jax.tasks import Example
 from grpo_jax.tasks.dataset_task import DatasetTask
 

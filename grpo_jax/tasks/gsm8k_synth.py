@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from grpo_jax import rewards
+from grpo_jax.tasks import rewards
 from grpo_jax.tasks import Example, draw_distinct
 from grpo_jax.tasks.arithmetic import apply_op
 from grpo_jax.tasks.gsm8k import PROMPT, Gsm8kTask
@@ -268,7 +268,7 @@ class Gsm8kSynthTask(Gsm8kTask):
     """Generated GSM8K-format problems, scored exactly like the ``gsm8k`` task.
 
     ``Example.prompt`` is the ``gsm8k`` task's plain-text prompt; ``meta["question"]``
-    holds the bare question (for chat-formatted prompts, see ``grpo_jax.prompts``).
+    holds the bare question (for chat-formatted prompts, see ``grpo_jax.tasks.prompts``).
     """
 
     name = "gsm8k_synth"

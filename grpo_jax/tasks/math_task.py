@@ -1,5 +1,5 @@
 """MATH (Hendrycks et al.) with a chain-of-thought prompt; scored by
-:func:`grpo_jax.rewards.math_reward` (last ``\\boxed{}``, normalised, bounded equivalence).
+:func:`grpo_jax.tasks.rewards.math_reward` (last ``\\boxed{}``, normalised, bounded equivalence).
 
 Prompt::
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_jax import rewards
+from grpo_jax.tasks import rewards
 from grpo_jax.tasks import Example
 from grpo_jax.tasks.dataset_task import DatasetTask
 

@@ -31,7 +31,7 @@ import itertools
 import random
 from typing import Any, Sequence
 
-from grpo_jax.shortcuts import lookup_rule
+from grpo_jax.tasks.shortcuts import lookup_rule
 from grpo_jax.tasks import SPLITS, Example, as_random, draw_distinct, split_of
 from grpo_jax.tasks.arithmetic import _STEP_RE, MAX_STEPS, ArithmeticTask, _lines
 

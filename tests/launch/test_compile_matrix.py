@@ -60,7 +60,7 @@ def _full_report(code=None):
 
 
 def test_expected_times_divide_each_programs_bound_by_the_chips_efficiency(tmp_path, capsys):
-    from grpo_jax.tpu_specs import EFFICIENCY
+    from grpo_jax.aot.tpu_specs import EFFICIENCY
 
     eff = EFFICIENCY["v5e"]
     exp = compile_matrix.expected(_full_report())
@@ -72,7 +72,7 @@ def test_expected_times_divide_each_programs_bound_by_the_chips_efficiency(tmp_p
 
 
 def test_a_report_is_current_until_the_code_that_wrote_it_changes(tmp_path, monkeypatch):
-    from grpo_jax import provenance
+    from grpo_jax.aot import provenance
 
     monkeypatch.setattr(provenance, "ROOT", tmp_path)
     (tmp_path / "pkg").mkdir()
@@ -90,7 +90,7 @@ def test_a_report_is_current_until_the_code_that_wrote_it_changes(tmp_path, monk
 
 
 def test_stale_reruns_only_the_rows_older_code_wrote(tmp_path, monkeypatch):
-    from grpo_jax import provenance
+    from grpo_jax.aot import provenance
 
     current = provenance.record()
     first, second = compile_matrix.MATRIX[0], compile_matrix.MATRIX[1]
@@ -131,9 +131,10 @@ def test_overlap_scales_each_half_and_adds_the_hand_off_to_the_slower(tmp_path, 
     decodes twice the rows (the KV read doubles, the weights' does not); 32 training chips
     take the update's micro-batches twice as often; the overlapped step is the slower half
     plus the hand-off of the bf16 policy, 8 replicas of tensor 4 fed by 32 chips."""
-    from grpo_jax import model as model_lib, split_mesh
+    from grpo_jax.model import transformer as model_lib
+    from grpo_jax.parallel import split_mesh
     from grpo_jax.config import get_preset
-    from grpo_jax.tpu_specs import CHIPS, EFFICIENCY
+    from grpo_jax.aot.tpu_specs import CHIPS, EFFICIENCY
 
     preset = "deepseekmath-rl-7b-v5p-128"
     policy = split_mesh.hand_off_bytes(model_lib.param_shapes(get_preset(preset).model), "bfloat16")

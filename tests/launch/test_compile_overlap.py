@@ -4,9 +4,10 @@ MFU over the whole slice, from the programs' reports (no compile)."""
 import jax
 import pytest
 
-from grpo_jax import model as model_lib, split_mesh
+from grpo_jax.model import transformer as model_lib
+from grpo_jax.parallel import split_mesh
 from grpo_jax.config import MeshConfig, get_preset
-from grpo_jax.tpu_specs import CHIPS, EFFICIENCY
+from grpo_jax.aot.tpu_specs import CHIPS, EFFICIENCY
 from launch.compile import overlap
 
 

@@ -275,7 +275,7 @@ def test_a_failing_run_on_a_healthy_tpu_is_not_restarted(tmp_path):
     assert "not restarting" in done.stderr
 
 
-PREEMPTED = 75  # grpo_jax.preemption.EXIT_CODE: the run saved its step on a SIGTERM
+PREEMPTED = 75  # grpo_jax.parallel.preemption.EXIT_CODE: the run saved its step on a SIGTERM
 
 
 def test_a_run_that_saved_on_sigterm_is_resumed_once_the_tpu_shows_the_preemption(tmp_path):

@@ -1,0 +1,110 @@
+"""experiments/figure5_sparse.py: which runs are left, the speed test's step, the claims' verdicts,
+the reward models' task and draws."""
+import json
+import math
+import os
+import sys
+import types
+
+import pytest
+
+from tests.cli.test_evaluate import script
+
+f5 = script("figure5_sparse")
+T975_DF2 = 4.302652729911275  # two-sided 95% Student t, 2 degrees of freedom (printed tables)
+
+
+def test_pending_skips_finished_seed_files(tmp_path):
+    (tmp_path / "GRPO_OS").mkdir()
+    (tmp_path / "GRPO_OS" / "seed1.json").write_text("{}")
+    (tmp_path / "GRPO_OS" / "seed0").mkdir()  # a run dir with checkpoints is not a finished seed
+    plan = {"GRPO+OS": [0, 1, 2], "Online RFT": [1]}
+    assert f5.pending(str(tmp_path), plan) == [("GRPO+OS", 0), ("Online RFT", 1), ("GRPO+OS", 2)]
+
+
+def test_steps_to_reach_first_step_at_the_level_else_censored():
+    steps, acc = [0, 10, 20, 30], [0.1, 0.49, 0.5, 0.9]
+    assert f5.steps_to_reach(steps, acc, 0.5, censor=40) == 20
+    assert f5.steps_to_reach(steps, acc, 0.95, censor=40) == 40
+    assert f5.steps_to_reach(steps, acc, 0.05, censor=40) == 0
+
+
+def test_judge_pairs_by_seed_and_signs_speed():
+    finals = {"A": {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.9}, "B": {0: 0.3, 1: 0.3, 2: 0.3}}
+    got = f5.judge(finals, {"A beats B": ("A", "B"), "A beats C": ("A", "C")})
+    assert list(got) == ["A beats B"]  # no seed of C: no verdict
+    half = T975_DF2 * 0.1 / math.sqrt(3)
+    c = got["A beats B"]
+    assert c["seeds"] == [0, 1, 2] and c["gaps"] == pytest.approx([0.2, 0.3, 0.4])
+    assert (c["mean"], c["low"], c["high"]) == pytest.approx((0.3, 0.3 - half, 0.3 + half))
+    assert c["verdict"] == "reproduces"
+    reach = {"A": {0: 10, 1: 20, 2: 30}, "B": {0: 50, 1: 50, 2: 50}}  # A gets there 40, 30, 20 steps sooner
+    speed = f5.judge(reach, {"A beats B": ("A", "B")}, sign=-1.0)["A beats B"]
+    assert speed["gaps"] == [40, 30, 20] and speed["mean"] == pytest.approx(30.0)
+    assert speed["verdict"] == "reproduces"  # 30 ± 4.30·10/√3 = 30 ± 24.8 lies above 0
+
+
+def test_reward_model_arm_seed_s_is_scored_by_draw_s_mod_n():
+    assert [f5.draw_of_seed(s, 3) for s in range(5)] == [0, 1, 2, 0, 1]
+    assert [f5.reward_model_name("orm", f5.draw_of_seed(s, 1), 1) for s in range(3)] == ["orm"] * 3
+    assert [f5.reward_model_name("prm", f5.draw_of_seed(s, 2), 2) for s in range(3)] == [
+        "prm_draw0", "prm_draw1", "prm_draw0"]
+
+
+def trained_reward_models(monkeypatch, tmp_path, overrides, draws):
+    """reward_model() for every kind and draw, experiments/train_reward_model.py replaced by a
+    stand-in that records its arguments: {run dir name: argv}."""
+    from grpo_jax import config as config_lib
+
+    monkeypatch.setitem(sys.modules, "common", script("common"))  # the script's sibling, not benchmarks'
+    calls = {}
+
+    def fake_main(argv):
+        run_dir = next(a.split("=", 1)[1] for a in argv if a.startswith("run.run_dir="))
+        calls[os.path.basename(run_dir)] = argv
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "metrics.json"), "w") as f:
+            json.dump({"held_out_pairwise_accuracy": 0.5}, f)
+
+    monkeypatch.setitem(sys.modules, "train_reward_model", types.SimpleNamespace(main=fake_main))
+    cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), overrides)
+    args = types.SimpleNamespace(rm_draws=draws, rm_trunk_steps=2, rm_steps=3, no_progress=True)
+    for kind in ("outcome", "process"):
+        for draw in range(draws):
+            path, metrics = f5.reward_model(kind, cfg, str(tmp_path), ("train.jsonl", "held_out.jsonl"), args, draw)
+            assert path == os.path.join(str(tmp_path), "reward_models", f5.reward_model_name(
+                f5.RM_NAMES[kind], draw, draws), "reward_model")
+            assert metrics == {"held_out_pairwise_accuracy": 0.5}
+    return calls
+
+
+def test_reward_model_draws_train_on_the_regimes_task_with_seed_d(monkeypatch, tmp_path):
+    modular = ["data.task=modular", "data.modulus=13", "data.num_operands=6", "data.num_subtractions=2"]
+    calls = trained_reward_models(monkeypatch, tmp_path, modular, draws=3)
+    assert sorted(calls) == ["orm_draw0", "orm_draw1", "orm_draw2", "prm_draw0", "prm_draw1", "prm_draw2"]
+    for name, argv in calls.items():
+        assert f"run.seed={name[-1]}" in argv
+        assert {"data.task=modular", "data.modulus=13", "data.num_operands=6", "data.num_subtractions=2"} <= set(argv)
+        assert "--operations" not in argv  # the arithmetic task's knob only
+        assert argv[argv.index("--kind") + 1] == ("outcome" if name.startswith("orm") else "process")
+    # One draw: the arithmetic studies' folders and options, as before draws existed.
+    calls = trained_reward_models(monkeypatch, tmp_path / "one", ["data.num_operands=8", "data.min_carries=4"], draws=1)
+    assert sorted(calls) == ["orm", "prm"]
+    for argv in calls.values():
+        assert not any(a.startswith("run.seed=") for a in argv)
+        assert argv[argv.index("--operations") + 1] == "+-"
+        assert {"data.num_operands=8", "data.min_carries=4"} <= set(argv)
+
+
+def test_reward_model_arms_only_needs_the_rule_arms_seeds_first(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "common", script("common"))  # the script's sibling, not benchmarks'
+    for arm in ("GRPO+OS-rule", "GRPO+PS-rule", "Online RFT", "RFT"):
+        (tmp_path / f5.slug(arm)).mkdir(exist_ok=True)
+        (tmp_path / f5.slug(arm) / "seed0.json").write_text("{}")
+    with pytest.raises(SystemExit):  # seed 1 of every rule arm is missing: stop before any training
+        f5.main(["--regime", "modular", "--reward-model-arms-only", "--seeds", "0", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "Online_RFT/seed1.json" in err and "seed0.json" not in err
+    with pytest.raises(SystemExit):
+        f5.main(["--rule-arms-only", "--reward-model-arms-only", "--out", str(tmp_path)])
+    assert "give one" in capsys.readouterr().err

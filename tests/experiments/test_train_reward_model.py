@@ -1,0 +1,58 @@
+"""experiments/train_reward_model.py: the task comes from data.task (--operations the arithmetic
+task's alone), the arithmetic default as it was."""
+import json
+
+import pytest
+
+from tests.cli.test_evaluate import script
+
+from grpo_jax import config as config_lib
+from grpo_jax.tasks.arithmetic import tokenizer_corpus
+
+trm = script("train_reward_model")
+TINY = ["model.embed_dim=16", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+        "model.head_dim=8", "model.mlp_dim=32"]
+
+
+def cfg_of(overrides=()):
+    return config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), trm.DEFAULTS + list(overrides))
+
+
+def test_arithmetic_default_task_and_tokenizer_text_as_before():
+    task = trm.build_task(cfg_of().data)
+    assert (task.name, task.operations, task.num_operands, task.max_digits) == ("arithmetic", "+", (3, 3), 1)
+    before = tokenizer_corpus(50, seed=0, num_operands=3, max_digits=1, operations="+", min_carries=0)
+    assert list(task.text_corpus(50, seed=0)) == list(before)
+    assert trm.build_task(cfg_of().data, "+-").operations == "+-"
+
+
+def test_operations_with_another_task_is_an_error(capsys):
+    with pytest.raises(ValueError, match="arithmetic task only"):
+        trm.build_task(cfg_of(["data.task=modular"]).data, "+-")
+    with pytest.raises(SystemExit):
+        trm.main(["--operations", "+-", "data.task=modular", "run.steps=1"])
+    assert "--operations applies to the arithmetic task only, not data.task=modular" in capsys.readouterr().err
+
+
+def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_path, monkeypatch):
+    held_out = []
+    labelled = trm.rm_lib.labelled_samples
+
+    def recorded(task, split, *a, **kw):
+        samples = labelled(task, split, *a, **kw)
+        if split == "test":
+            held_out.extend(samples)
+        return samples
+
+    monkeypatch.setattr(trm.rm_lib, "labelled_samples", recorded)
+    metrics = trm.main(["--kind", "process", "--trunk-steps", "0", "--train-prompts", "8", "--eval-prompts", "4",
+                        "--samples-per-prompt", "2", "--batch-size", "4", "--no-progress",
+                        "data.task=modular", "data.modulus=7", "data.num_operands=4", "data.num_subtractions=1",
+                        "run.steps=2", f"run.run_dir={tmp_path}", "model.max_seq_len=64", *TINY])
+    assert metrics["task"] == {"name": "modular", "num_operands": 4, "modulus": 7, "num_subtractions": 1}
+    assert json.loads((tmp_path / "metrics.json").read_text())["task"]["name"] == "modular"
+    assert (tmp_path / "reward_model" / "reward_model.json").is_file()
+    assert len(held_out) == 8 == metrics["held_out_samples"]
+    assert all(s.prompt.startswith("Q: ") and s.prompt.endswith(" mod 7=?\n") and s.prompt.count("-") == 1
+               for s in held_out)
+    assert 0 <= metrics["held_out_step_accuracy"] <= 1

@@ -1,0 +1,171 @@
+"""The programs a run executes are the ones the ahead-of-time check lowers (grpo_jax.rl.programs)."""
+
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+from tests.rl.test_trainer import SevensTask, tok  # noqa: F401  (tok: the fixture)
+
+from grpo_jax import aot, sampler
+from grpo_jax.sampler.calls import OnMesh
+from grpo_jax import config as config_lib
+from grpo_jax.model.transformer import init_params
+from grpo_jax.parallel.sharding import make_mesh
+from grpo_jax.rl.train_step import TrainStep
+from grpo_jax.rl.trainer import Trainer
+
+
+def _cfg(tmp_path, vocab, *overrides):
+    cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), [
+        "model.max_seq_len=64", "rl.group_size=4", "rl.max_new_tokens=8", "data.batch_size=4",
+        "run.eval_every=0", "run.checkpoint_every=0", "run.steps=1", f"run.run_dir={tmp_path}", *overrides])
+    return cfg.replace(model={"vocab_size": vocab}).validate()
+
+
+def _record(monkeypatch) -> dict:
+    """Lowered HLO text and abstract arguments of every sampler and train-step program the
+    trainer calls, recorded as it calls them: the rollout's sampler calls ("prefill",
+    "decode"), then the in-run evaluation's ("eval_prefill", "eval_decode")."""
+    seen = {}
+    real_call, real_lower = OnMesh.__call__, TrainStep.lower
+
+    def call(self, *args, **kwargs):
+        kind = "prefill" if "cache_len" in kwargs else "decode"
+        kind = f"eval_{kind}" if kind in seen else kind
+        seen.setdefault(kind, (self.lower(*args, **kwargs).as_text(), args))
+        return real_call(self, *args, **kwargs)
+
+    def lower(self, state, batch):
+        lowered = real_lower(self, state, batch)
+        seen.setdefault("train_step", (lowered.as_text(), batch))
+        return lowered
+
+    monkeypatch.setattr(OnMesh, "__call__", call)
+    monkeypatch.setattr(TrainStep, "lower", lower)
+    return seen
+
+
+@pytest.mark.parametrize("overrides", [[], ["rl.top_k=5", "rl.decode=shared"]])
+def test_the_trainer_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok, overrides):
+    """cpu-tiny on 8 fake devices: the sampler's prefill and decode, the train step and the
+    in-run evaluation's prefill and decode (other rows and prompts: data.eval_size greedy
+    questions), as one trainer step calls them, lower to the same HLO as `aot` lowers them
+    for the same config and mesh; the decode engine is rl.decode's (unrolled is auto's on a
+    CPU mesh)."""
+    cfg = _cfg(tmp_path, tok.vocab_size, "run.eval_every=1", "data.eval_size=3", *overrides)
+    seen = _record(monkeypatch)
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      progress=False, resume=False)
+    assert trainer.mesh.size == 8
+    assert trainer.sampler.engine.name == ("shared" if "rl.decode=shared" in overrides else "unrolled")
+    trainer.train(1)
+    trainer.close()
+    prompt_len = seen["prefill"][1][1].shape[1]
+    assert seen["decode"][1][1].k.dtype == jnp.float32 and seen["decode"][1][1].k_scale is None
+    lowered = aot.lower_sampler(cfg, trainer.sampler.mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
+    for name in ("prefill", "decode"):
+        assert lowered[name].as_text() == seen[name][0], name
+    eval_len = seen["eval_prefill"][1][1].shape[1]
+    lowered = aot.lower_sampler(cfg, trainer.sampler.mesh, cfg.data.eval_size, 1, eval_len, evaluation=True)
+    for name in ("prefill", "decode"):
+        assert lowered[name].as_text() == seen[f"eval_{name}"][0], name
+    assert seen["eval_decode"][1][3].row_ids.shape != seen["decode"][1][3].row_ids.shape
+    rows = cfg.data.batch_size * cfg.rl.group_size
+    assert aot.lower_train_step(cfg, trainer.mesh, rows, prompt_len).as_text() == seen["train_step"][0]
+
+
+def test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases(tmp_path, monkeypatch, tok):
+    """rl.kv_dtype=int8 and rl.decode_phases reach the trainer's sampler call; the programs
+    the run (and the AOT check) builds carry an int8 cache with its scales, and the check
+    decodes in the phases rl.decode_phases gives."""
+    cfg = _cfg(tmp_path, tok.vocab_size, "rl.kv_dtype=int8", "rl.decode_phases=2")
+    asked = {}
+
+    class Sampled(Exception):
+        pass
+
+    def sample_to_host(cfg, params, prompts, settings, **kwargs):
+        asked.update(dataclasses.asdict(settings))
+        raise Sampled
+
+    monkeypatch.setattr(sampler.host, "sample_to_host", sample_to_host)
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      progress=False, resume=False)
+    with pytest.raises(Sampled):
+        trainer.train(1)
+    trainer.close()
+    assert asked["kv_dtype"] == "int8" and trainer.sampler.engine.name == "unrolled"
+    assert asked["decode_phases"] == 2
+    cache = aot.sampler_calls(cfg, trainer.sampler.mesh, cfg.data.batch_size, cfg.rl.group_size, 16)["decode"][1][1]
+    assert cache.k.dtype == cache.v.dtype == jnp.int8 and cache.k_scale.shape == cache.k.shape[:3] + (16 + 16,)
+    for phases, windows in ((2, (64, 128)), (4, (32, 64, 96, 128))):
+        shared = cfg.replace(rl={"decode": "shared", "max_new_tokens": 128, "decode_phases": phases})
+        calls = aot.sampler_calls(shared, trainer.sampler.mesh, cfg.data.batch_size, cfg.rl.group_size, 16)
+        assert calls["decode"][2]["windows"] == windows
+
+
+def test_aot_sampler_arguments_are_the_trainers_on_a_tpu_topology(tmp_path, monkeypatch, tok):
+    """On a v5e:2x2 topology (no trainer can run there): the arguments `aot` builds for the
+    sampler have the shapes, dtypes and partition specs of a trainer's calls on a 4-device
+    CPU mesh of the same shape (the trainer there set to the engine auto picks on TPU:
+    shared)."""
+    if not aot.libtpu_available():
+        pytest.skip("libtpu not installed")
+    cfg = _cfg(tmp_path, tok.vocab_size, "mesh.ici_fsdp=4", "rl.decode=shared")
+    seen = _record(monkeypatch)
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      mesh=make_mesh(cfg.mesh, jax.devices()[:4]), progress=False, resume=False)
+    trainer.train(1)
+    trainer.close()
+    tpu_mesh, _ = aot.topology_mesh(cfg, "v5e:2x2")
+    auto = config_lib.apply_overrides(cfg, ["rl.decode=auto"])
+    assert aot.run_sampler(auto, tpu_mesh).engine.name == "shared"
+    assert aot.run_sampler(auto, trainer.mesh).engine.name == "unrolled"
+    prompt_len = seen["prefill"][1][1].shape[1]
+    calls = aot.sampler_calls(cfg, tpu_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
+    for name in ("prefill", "decode"):
+        ran, built = jax.tree.leaves(seen[name][1]), jax.tree.leaves(calls[name][1])
+        assert [(x.shape, x.dtype) for x in ran] == [(x.shape, x.dtype) for x in built], name
+        def spec(x):  # trailing Nones say nothing
+            parts = tuple(getattr(getattr(x, "sharding", None), "spec", ()) or ())
+            while parts and parts[-1] is None:
+                parts = parts[:-1]
+            return parts
+        assert [spec(x) for x in ran] == [spec(x) for x in built], name
+    lowered = aot.lower_sampler(cfg, tpu_mesh, cfg.data.batch_size, cfg.rl.group_size, prompt_len)
+    assert "while" in lowered["decode"].as_text()
+
+
+def test_grpo_evaluate_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypatch, tok):
+    """grpo-evaluate on a run dir samples its questions in chunks (--chunk-rows) on this
+    host's mesh: each chunk's greedy call and its --k draws (other rows than the run's
+    calls: 2 questions, then the last 1) lower to the HLO `aot` lowers for the run's
+    evaluation sampler on that mesh."""
+    from grpo_jax.cli import evaluate as evaluate_cli
+    from grpo_jax.config import MeshConfig
+
+    cfg = _cfg(tmp_path, tok.vocab_size)
+    trainer = Trainer(cfg, task=SevensTask(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      progress=False, resume=False)
+    trainer.save(1)
+    trainer.close()
+    seen, real_call = [], OnMesh.__call__
+
+    def call(self, *args, **kwargs):
+        seen.append(("prefill" if "cache_len" in kwargs else "decode", self.lower(*args, **kwargs).as_text(), args))
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(OnMesh, "__call__", call)
+    evaluate_cli.main(["--model", str(tmp_path), "--task", "tests.rl.test_trainer:SevensTask", "--limit", "3", "--k", "2",
+                       "--chunk-rows", "4", "--temperature", "1.0", "--no-progress", "--out", str(tmp_path / "eval")])
+    mesh = make_mesh(MeshConfig(), jax.local_devices())
+    prompt_len = seen[0][2][1].shape[1]
+    # (questions, rows per question) of each call: chunk [0, 1] greedy, drawn; chunk [2] greedy, drawn.
+    shapes = [(2, 1), (2, 2), (1, 1), (1, 2)]
+    assert [name for name, _, _ in seen] == ["prefill", "decode"] * len(shapes)
+    for (prompts, group), pair in zip(shapes, zip(seen[::2], seen[1::2])):
+        lowered = aot.lower_sampler(cfg, mesh, prompts, group, prompt_len, evaluation=True)
+        for name, text, _ in pair:
+            assert lowered[name].as_text() == text, (name, prompts, group)
