@@ -66,7 +66,6 @@ def sample_groups(cfg, params, task, tok, mesh, examples, group: int, seed: int)
     import jax
 
     from grpo_jax import sampler
-    from grpo_jax.rl.batching import completion_ids
     from grpo_jax.parallel.sharding import to_host
     from grpo_jax.text.tokenizer import encode_prompt
 
@@ -75,7 +74,7 @@ def sample_groups(cfg, params, task, tok, mesh, examples, group: int, seed: int)
                                                pad_id=tok.pad_id),
                         key=jax.random.key(seed), group_size=group, mesh=mesh)
     ro = jax.tree.map(to_host, ro)
-    texts = [tok.decode(completion_ids(ro, r, tok.stop_ids)) for r in range(len(examples) * group)]
+    texts = [tok.decode(ro.completion_ids(r, tok.stop_ids)) for r in range(len(examples) * group)]
     return [texts[i * group:(i + 1) * group] for i in range(len(examples))]
 
 

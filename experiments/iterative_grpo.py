@@ -35,7 +35,6 @@ import jax
 
 from grpo_jax import config as config_lib
 from grpo_jax import sampler
-from grpo_jax.rl.batching import completion_ids
 from grpo_jax.errors import CheckpointError
 from grpo_jax.eval.plots import plot_runs
 from grpo_jax.rl.reward_models import (ReplayBuffer, label_completions, labelled_samples,
@@ -55,7 +54,7 @@ def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt
                         sampler.SamplingParams(cfg.rl.max_new_tokens, stop_tokens=tok.stop_ids, pad_id=tok.pad_id),
                         key=jax.random.key(seed), group_size=per_prompt, mesh=mesh)
     ro = jax.tree.map(to_host, ro)
-    texts = [tok.decode(completion_ids(ro, r, tok.stop_ids)) for r in range(len(examples) * per_prompt)]
+    texts = [tok.decode(ro.completion_ids(r, tok.stop_ids)) for r in range(len(examples) * per_prompt)]
     return label_completions(task, [e for e in examples for _ in range(per_prompt)], texts)
 
 

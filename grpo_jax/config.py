@@ -48,6 +48,15 @@ DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
 KV_DTYPES = ("auto", "bfloat16", "int8")
 # The weights a LoRA adapter can target (grpo_jax.model.lora): attention q/k/v/o, MLP gate/up/down.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# The arithmetic task's SFT slips (data.slip; grpo_jax.tasks.arithmetic).
+SLIPS = ("random", "carry", "carry_habit")
+# The named chat formats (run.chat_format); their templates are grpo_jax.text.chat_templates.FORMATS.
+CHAT_FORMATS = ("chatml", "deepseek", "plain")
+
+
+def is_prime(n: int) -> bool:
+    """The modular task's modulus must be prime (data.modulus; grpo_jax.tasks.modular)."""
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
 
 
 
@@ -421,8 +430,6 @@ class DataConfig:
 
     def validate(self) -> None:
         _choice(self, "task", ("arithmetic", "modular", "chat_arithmetic", "countdown", "gsm8k", "math"))
-        from grpo_jax.tasks.arithmetic import SLIPS  # here, not at import: it loads numpy
-
         _choice(self, "slip", SLIPS)
         _positive(self, "batch_size")
         _positive(self, "num_operands")
@@ -432,8 +439,6 @@ class DataConfig:
         if not 0 <= self.format_reward < 1:
             raise ConfigError(f"data.format_reward must be in [0, 1) (a right answer earns 1), got {self.format_reward}")
         if self.task == "modular":
-            from grpo_jax.tasks.modular import is_prime
-
             if not (is_prime(self.modulus) and self.modulus >= 5):
                 raise ConfigError(f"data.modulus must be a prime >= 5 (a composite one leaks answers "
                                   f"to sign-flip rules), got {self.modulus}")
@@ -466,10 +471,8 @@ class RunConfig:
     chat_format: str = ""
 
     def validate(self) -> None:
-        from grpo_jax.text.chat_templates import FORMATS
-
-        if self.chat_format and self.chat_format not in FORMATS:
-            raise ConfigError(f"run.chat_format={self.chat_format!r}: choose one of {sorted(FORMATS)} "
+        if self.chat_format and self.chat_format not in CHAT_FORMATS:
+            raise ConfigError(f"run.chat_format={self.chat_format!r}: choose one of {sorted(CHAT_FORMATS)} "
                               "(or leave it empty for the model's own template)")
         if self.chat_format and not self.pretrained:
             raise ConfigError("run.chat_format names a pretrained model's chat format; without "

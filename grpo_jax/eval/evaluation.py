@@ -232,9 +232,7 @@ def summarize(records: Sequence[dict], ks: Iterable[int] | None = None, *, seed:
 
 def completion_texts(rollout, tokenizer) -> list[str]:
     """Decoded completion of every rollout row [B], without its trailing stop token."""
-    from grpo_jax.rl.batching import completion_ids  # jax-side; the metrics above stay jax-free
-
-    return [tokenizer.decode(completion_ids(rollout, r, tokenizer.stop_ids))
+    return [tokenizer.decode(rollout.completion_ids(r, tokenizer.stop_ids))
             for r in range(rollout.tokens.shape[0])]
 
 

@@ -3,7 +3,7 @@
 Everything here runs in Python/numpy between the jitted sampler and the jitted train step
 (the boundary of ``trainer.Trainer.make_batch``):
 
-    rollout (sampler) ─ completion_ids / decode ─ score_rollout ─▶ Scores (host, untrusted text)
+    rollout (sampler) ─ Rollout.completion_ids / decode ─ score_rollout ─▶ Scores (host, untrusted text)
     rollout + Scores ─ batch_from_rollout / preference_pairs ─▶ Batch ─▶ train step
     (prompt, completion) texts ─ texts_to_batch ─▶ Batch (SFT)
 
@@ -23,8 +23,8 @@ from grpo_jax import shapes
 from grpo_jax.tasks import Example, Task
 from grpo_jax.text.tokenizer import Tokenizer, char_to_token_index, encode_prompt
 
-__all__ = ["Batch", "Scores", "make_batch", "batch_from_rollout", "completion_ids",
-           "score_rollout", "texts_to_batch", "preference_pairs"]
+__all__ = ["Batch", "Scores", "make_batch", "batch_from_rollout", "score_rollout", "texts_to_batch",
+           "preference_pairs"]
 
 
 
@@ -105,14 +105,6 @@ class Scores:
     step_mask: np.ndarray  # [B,S] bool
 
 
-def completion_ids(rollout, row: int, stop_ids: Sequence[int]) -> list[int]:
-    """The real completion tokens of one row, without its trailing stop token."""
-    ids = np.asarray(rollout.tokens[row])[np.asarray(rollout.mask[row])].tolist()
-    if ids and ids[-1] in stop_ids:
-        ids = ids[:-1]
-    return ids
-
-
 def score_rollout(task: Task, tokenizer: Tokenizer, examples: Sequence[Example], rollout,
                   group_size: int, *, reward_model=None, process: bool = False) -> Scores:
     """Decode each completion and score it with the task's rules (or a reward model).
@@ -123,7 +115,7 @@ def score_rollout(task: Task, tokenizer: Tokenizer, examples: Sequence[Example],
     tokens = np.asarray(rollout.tokens)
     b = tokens.shape[0]
     stop_ids = list(tokenizer.stop_ids)
-    ids_per_row = [completion_ids(rollout, r, stop_ids) for r in range(b)]
+    ids_per_row = [rollout.completion_ids(r, stop_ids) for r in range(b)]
     texts = [tokenizer.decode(ids) for ids in ids_per_row]
     row_examples = [examples[r // group_size] for r in range(b)]
     correct = np.array([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(texts, row_examples)], bool)

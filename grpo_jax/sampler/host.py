@@ -40,6 +40,13 @@ class Rollout:
     lengths: jax.Array  # [B] int32 = mask.sum(1)
     finished: jax.Array  # [B] bool: True = stop token ("eos"), False = max_new_tokens ("length")
 
+    def completion_ids(self, row: int, stop_ids: Sequence[int]) -> list[int]:
+        """The real completion tokens of one row, without its trailing stop token."""
+        ids = np.asarray(self.tokens[row])[np.asarray(self.mask[row])].tolist()
+        if ids and ids[-1] in stop_ids:
+            ids = ids[:-1]
+        return ids
+
 
 @dataclasses.dataclass(frozen=True)
 class SampleInfo:

@@ -41,12 +41,12 @@ import re
 import zlib
 from typing import Any, Iterator, Sequence
 
+from grpo_jax.config import SLIPS
 from grpo_jax.tasks import rewards
 from grpo_jax.tasks.shortcuts import lookup_rule
 from grpo_jax.tasks import SPLITS, Example, Task, as_random, split_of
 
 MAX_STEPS = 64
-SLIPS = ("random", "carry", "carry_habit")
 _STEP_RE = re.compile(r"(-?\d{1,24})([-+*/])(\d{1,24})=(-?\d{1,48})")
 _ANSWER_RE = re.compile(r"A: (-?\d{1,48})")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}

@@ -31,13 +31,10 @@ import itertools
 import random
 from typing import Any, Sequence
 
+from grpo_jax.config import is_prime
 from grpo_jax.tasks.shortcuts import lookup_rule
 from grpo_jax.tasks import SPLITS, Example, as_random, draw_distinct, split_of
 from grpo_jax.tasks.arithmetic import _STEP_RE, MAX_STEPS, ArithmeticTask, _lines
-
-
-def is_prime(n: int) -> bool:
-    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
 
 
 def step(value: int, op: str, b: int, modulus: int) -> int:
@@ -222,4 +219,4 @@ class ModularTask(ArithmeticTask):
         return rules
 
 
-__all__ = ["ModularTask", "chain_value", "chain_values", "is_prime", "step"]
+__all__ = ["ModularTask", "chain_value", "chain_values", "step"]

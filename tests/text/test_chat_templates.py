@@ -291,3 +291,11 @@ def test_grpo_evaluate_refuses_a_model_without_a_template_unless_a_format_is_nam
     records = [json.loads(line) for f in (tmp_path / "named").glob("shard-*.jsonl") for line in f.read_text().splitlines()]
     assert len(records) == 2
     assert all(r["prompt"].startswith("User: ") and r["prompt"].endswith("\n\nAssistant:") for r in records)
+
+
+def test_the_config_names_every_format_there_is():
+    """run.chat_format is validated against config.CHAT_FORMATS (the config imports nothing
+    above it); the templates live here, one per name."""
+    from grpo_jax.config import CHAT_FORMATS
+
+    assert tuple(chat_templates.FORMATS) == CHAT_FORMATS

@@ -102,7 +102,6 @@ def policy_completer(sampler, params, tokenizer, *, key, max_new_tokens: int, te
     prefixes a call."""
     import jax
 
-    from grpo_jax.rl.batching import completion_ids
     from grpo_jax.parallel.sharding import to_host
     from grpo_jax.text.tokenizer import encode_prompt
 
@@ -126,7 +125,7 @@ def policy_completer(sampler, params, tokenizer, *, key, max_new_tokens: int, te
             ro = drawing.with_settings(max_new_tokens=budget).sample(
                 params, [ids[i] for i in rows], key=jax.random.fold_in(key, calls[0]), group_size=n)
             ro = jax.tree.map(to_host, ro)
-            texts = [tokenizer.decode(completion_ids(ro, r, tokenizer.stop_ids)) for r in range(len(rows) * n)]
+            texts = [tokenizer.decode(ro.completion_ids(r, tokenizer.stop_ids)) for r in range(len(rows) * n)]
             for k, i in enumerate(rows):
                 out[i] = texts[k * n:(k + 1) * n]
         return out
