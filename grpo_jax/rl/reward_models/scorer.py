@@ -22,6 +22,9 @@ from grpo_jax.text.tokenizer import Tokenizer, char_to_token_index
 
 KINDS = ("outcome", "process")
 LOSSES = ("pairwise", "pointwise")
+# Where a PRM's head reads a step: "end", the token that ends it (its newline), or "value",
+# the step's last token before the newline (on the testbed, the value the line writes).
+READS = ("end", "value")
 _FORMAT = "grpo_jax.reward_model/1"
 _META_FILE = "reward_model.json"
 _MIN_BUCKET = 16
@@ -59,6 +62,15 @@ def encode(tokenizer: Tokenizer, prompt: str, completion: str, step_ends: Sequen
                 idx = len(prompt_ids) + dropped + char_to_token_index(offsets, int(end)) - cut
                 steps.append(idx if idx >= 0 else -1)
     return Encoded(tuple(tokens[cut:]), tuple(steps))
+
+
+def read_ends(completion: str, step_ends: Sequence[int], read: str) -> list[int]:
+    """The character ends a PRM reads ``step_ends`` at: as they are for ``read="end"``; for
+    ``read="value"`` one character earlier where a step ends in a newline after text."""
+    if read == "end":
+        return [int(e) for e in step_ends]
+    return [int(e) - 1 if e >= 2 and completion[e - 1] == "\n" and completion[e - 2] != "\n" else int(e)
+            for e in step_ends]
 
 
 def bucket(n: int, cap: int | None = None) -> int:
@@ -113,19 +125,23 @@ class RewardModel:
     output r (the default for Bradley-Terry models, whose scores are defined only up to a
     shift). ``process_reduce``: how a PRM turns step scores into one `score`: 'min' (the
     weakest step decides; default) or 'last'. ``step_ends``: how a PRM splits a completion
-    into steps when none are given (default: non-blank lines, `line_step_ends`).
+    into steps when none are given (default: non-blank lines, `line_step_ends`). ``read``
+    (PRM): where the head reads each step, 'end' (the step's newline) or 'value' (the token
+    before it), as the model was trained (`READS`).
     """
 
     def __init__(self, cfg: ModelConfig, params, tokenizer: Tokenizer, kind: str, *,
                  transform: str | None = None, loss: str | None = None, process_reduce: str = "min",
                  step_ends: Callable[[str], list[int]] = line_step_ends, max_batch: int = 64,
-                 trained_steps: int = 0):
+                 trained_steps: int = 0, read: str = "end"):
         if kind not in KINDS:
             raise ValueError(f"reward model kind must be one of {KINDS}, got {kind!r}")
         loss = loss or ("pairwise" if kind == "outcome" else "pointwise")
         transform = transform or ("identity" if loss == "pairwise" else "sigmoid")
         if transform not in ("sigmoid", "identity"):
             raise ValueError(f"transform must be 'sigmoid' or 'identity', got {transform!r}")
+        if read not in READS:
+            raise ValueError(f"read must be one of {READS}, got {read!r}")
         if process_reduce not in ("min", "last"):
             raise ValueError(f"process_reduce must be 'min' or 'last', got {process_reduce!r}")
         if "value_head" not in params:
@@ -133,6 +149,7 @@ class RewardModel:
         self.cfg, self.params, self.tokenizer, self.kind = cfg, params, tokenizer, kind
         self.loss, self.transform, self.process_reduce = loss, transform, process_reduce
         self.step_ends, self.max_batch, self.trained_steps = step_ends, max_batch, trained_steps
+        self.read = read
         self._values = _values_fn(cfg)
 
     # ------------------------------------------------------------------ scoring
@@ -143,7 +160,7 @@ class RewardModel:
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         if step_ends is not None and len(step_ends) != len(completions):
             raise ValueError(f"{len(step_ends)} step_ends lists for {len(completions)} completions")
-        enc = [encode(self.tokenizer, p, c, () if step_ends is None else step_ends[i],
+        enc = [encode(self.tokenizer, p, c, () if step_ends is None else read_ends(c, step_ends[i], self.read),
                        self.cfg.max_seq_len) for i, (p, c) in enumerate(zip(prompts, completions))]
         final = np.zeros((len(enc),), np.float32)
         steps: list[np.ndarray] = []
@@ -201,7 +218,7 @@ class RewardModel:
         step = self.trained_steps if step is None else step
         tok_kind = _save_tokenizer(self.tokenizer, path)
         meta = {"format": _FORMAT, "kind": self.kind, "loss": self.loss, "transform": self.transform,
-                "process_reduce": self.process_reduce, "tokenizer": tok_kind,
+                "process_reduce": self.process_reduce, "read": self.read, "tokenizer": tok_kind,
                 "model": dataclasses.asdict(self.cfg)}
         ckpt = Checkpointer(path / "checkpoints", keep=keep)
         try:
@@ -273,6 +290,7 @@ class RewardModel:
             raise RewardModelError(f"no reward model checkpoint under {str(path)!r}; save the reward model again")
         restored_step, state, _ = out
         kwargs.setdefault("process_reduce", meta["process_reduce"])
+        kwargs.setdefault("read", meta.get("read", "end"))  # saved before `read` existed: "end"
         return cls(cfg, state["params"], tokenizer, meta["kind"], transform=meta["transform"],
                    loss=meta["loss"], trained_steps=restored_step, **kwargs)
 

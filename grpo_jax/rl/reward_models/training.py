@@ -14,9 +14,10 @@ import optax
 
 from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import ModelConfig, OptimizerConfig
+from grpo_jax.model.logprobs import token_logprobs
 from grpo_jax.rl.optimizer import make_optimizer
 from grpo_jax.rl.reward_models.data import LabelledSample, ReplayBuffer, replay_count
-from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, RewardModel, bucket, encode, pad_batch, token_values
+from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, READS, RewardModel, bucket, encode, pad_batch, read_ends
 from grpo_jax.text.tokenizer import Tokenizer
 
 
@@ -38,8 +39,17 @@ def pointwise_loss(scores: jax.Array, labels: jax.Array) -> jax.Array:
 
 # ============================================================================ training
 
-def _loss_and_metrics(cfg: ModelConfig, kind: str, loss: str, params, batch):
-    values = token_values(cfg, params, batch["tokens"], batch["mask"])  # [B, T]
+def next_token_loss(cfg: ModelConfig, params, hidden, tokens, mask, rows) -> jax.Array:
+    """Mean −log π(x_t | x_<t) over the real tokens (hidden [B, T, E], tokens / mask [B, T])
+    of the rows where ``rows`` [B] is True: the joint loss that keeps the trunk a language
+    model of right solutions."""
+    unembed, vocab_major = model_lib.unembedding(cfg, params)
+    logp = token_logprobs(hidden[:, :-1], unembed, tokens[:, 1:], vocab_major=vocab_major)
+    m = mask[:, 1:] & rows[:, None]
+    return -jnp.where(m, logp, 0.0).sum() / jnp.maximum(m.sum(), 1)
+
+
+def _reward_loss(kind: str, loss: str, values, batch):
     if kind == "process":
         r = jnp.take_along_axis(values, batch["step_index"], axis=1)  # [B, S]
         m = batch["step_mask"]
@@ -56,15 +66,27 @@ def _loss_and_metrics(cfg: ModelConfig, kind: str, loss: str, params, batch):
         "accuracy": ((r > 0) == (batch["label"] > 0.5)).mean()}
 
 
+def _loss_and_metrics(cfg: ModelConfig, kind: str, loss: str, lm_weight: float, params, batch):
+    hidden, _ = model_lib.forward_hidden(cfg, params, batch["tokens"], batch["mask"])
+    values = model_lib.value_outputs(params, hidden)  # [B, T]
+    value, metrics = _reward_loss(kind, loss, values, batch)
+    if lm_weight:
+        lm = next_token_loss(cfg, params, hidden, batch["tokens"], batch["mask"], batch["label"] > 0.5)
+        metrics = dict(metrics, reward_loss=value, lm_loss=lm)
+        value = value + lm_weight * lm
+    return value, metrics
+
+
 @functools.lru_cache(maxsize=16)
-def _train_step_fn(cfg: ModelConfig, kind: str, loss: str, opt_cfg: OptimizerConfig, total_steps: int):
+def _train_step_fn(cfg: ModelConfig, kind: str, loss: str, lm_weight: float, opt_cfg: OptimizerConfig,
+                   total_steps: int):
     """(jitted update, optimizer, lr schedule), cached so that repeated training runs with
     the same shapes and settings (continued training, tests) compile once."""
     tx, schedule = make_optimizer(opt_cfg, total_steps)
 
     def step(params, opt_state, batch):
         (value, metrics), grads = jax.value_and_grad(
-            lambda p: _loss_and_metrics(cfg, kind, loss, p, batch), has_aux=True)(params)
+            lambda p: _loss_and_metrics(cfg, kind, loss, lm_weight, p, batch), has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         metrics = dict(metrics, loss=value, grad_norm=optax.global_norm(grads))
         return optax.apply_updates(params, updates), opt_state, metrics
@@ -122,7 +144,8 @@ class BatchSource:
     """
 
     def __init__(self, tokenizer: Tokenizer, samples: list[LabelledSample], history: list[LabelledSample],
-                 *, kind: str, loss: str, batch_size: int, replay_fraction: float, max_len: int, seed: int):
+                 *, kind: str, loss: str, batch_size: int, replay_fraction: float, max_len: int, seed: int,
+                 read: str = "end"):
         rng = random.Random(f"train_reward_model/{seed}")
         self.kind, self.loss, self.pad_id = kind, loss, tokenizer.pad_id
         self.num_new = len(samples)
@@ -133,7 +156,8 @@ class BatchSource:
                              f"of {self.items}")
         self.pool = samples + history
         self.enc = [encode(tokenizer, s.prompt, s.completion,
-                           [e for e, _ in s.step_labels] if kind == "process" else (), max_len)
+                           read_ends(s.completion, [e for e, _ in s.step_labels], read) if kind == "process" else (),
+                           max_len)
                     for s in self.pool]
         self.length = bucket(max(len(e.tokens) for e in self.enc), max_len)
         self.max_steps = bucket(max(len(e.step_index) for e in self.enc), None) if kind == "process" else 1
@@ -223,6 +247,8 @@ def train_reward_model(
     progress: bool = True,
     optimizer: OptimizerConfig | None = None,
     process_reduce: str = "min",
+    read: str | None = None,
+    lm_weight: float = 0.0,
 ) -> tuple[RewardModel, list[dict[str, float]]]:
     """Train an ORM or PRM on labelled samples; returns (model, per-step metrics).
 
@@ -239,12 +265,21 @@ def train_reward_model(
     optimizer: AdamW settings (grpo_jax.rl.optimizer); default `OptimizerConfig(peak_lr=lr,
       warmup_steps=min(10, steps // 10))` with the multi-step schedule. `lr` is ignored
       when `optimizer` is given.
+    read: PRM, where the head reads a step (`READS`: 'end', its newline, or 'value', the token
+      before it); default that of ``init_params`` when it is a `RewardModel`, else 'end'.
+    lm_weight: weight of a joint next-token loss on the batch's correct samples (0: none).
     Metrics per step: loss, accuracy (pairs ranked right / outcomes or steps classified
       right at σ = ½), grad_norm, lr, replay_items (historical items in the batch), and
       for pairwise margin (mean r⁺ − r⁻) and same_prompt_pairs (fraction of the new pairs
       whose two completions answer the same prompt).
     """
     loss = _checked_loss(kind, loss, steps, batch_size)
+    if read is None:
+        read = init_params.read if isinstance(init_params, RewardModel) else "end"
+    if read not in READS:
+        raise ValueError(f"read must be one of {READS}, got {read!r}")
+    if lm_weight < 0:
+        raise ValueError(f"lm_weight must be >= 0, got {lm_weight}")
     samples = list(samples)
     history = replay.samples if isinstance(replay, ReplayBuffer) else list(replay or [])
     if not samples:
@@ -256,19 +291,19 @@ def train_reward_model(
                          f"{cfg_model.vocab_size}")
 
     source = BatchSource(tokenizer, samples, history, kind=kind, loss=loss, batch_size=batch_size,
-                         replay_fraction=replay_fraction, max_len=cfg_model.max_seq_len, seed=seed)
+                         replay_fraction=replay_fraction, max_len=cfg_model.max_seq_len, seed=seed, read=read)
 
     # Device side: params, AdamW, one jitted update.
     prior_steps = init_params.trained_steps if isinstance(init_params, RewardModel) else 0
     params = _initial_params(cfg_model, init_params, seed)
     opt_cfg = optimizer or OptimizerConfig(peak_lr=lr, warmup_steps=min(10, steps // 10))
-    train_step, tx, schedule = _train_step_fn(cfg_model, kind, loss, opt_cfg, steps)
+    train_step, tx, schedule = _train_step_fn(cfg_model, kind, loss, float(lm_weight), opt_cfg, steps)
     lrs = np.asarray(jax.vmap(schedule)(jnp.arange(steps)))
 
     params, history_out = _fit(train_step, params, tx.init(params), source, lrs, progress=progress,
                                desc=f"{kind} reward model")
     rm = RewardModel(cfg_model, params, tokenizer, kind, loss=loss, process_reduce=process_reduce,
-                     trained_steps=prior_steps + steps)
+                     trained_steps=prior_steps + steps, read=read)
     return rm, history_out
 
 
