@@ -41,6 +41,7 @@ import numpy as np
 
 from grpo_jax import config as config_lib
 from grpo_jax.rl import reward_models as rm_lib
+from grpo_jax.rl.reward_models.checks import ranking_warning
 from grpo_jax.cli.runs import make_task
 from grpo_jax.tasks.arithmetic import ArithmeticTask
 from grpo_jax.text.tokenizer import SentencePieceTokenizer, train_sentencepiece
@@ -100,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="labelled samples to train on (JSON lines) instead of synthetic solutions")
     p.add_argument("--held-out-samples", default=None,
                    help="labelled held-out samples (JSON lines); needed with --train-samples")
+    p.add_argument("--read", choices=rm_lib.READS, default="end",
+                   help="PRM: where the head reads a step, its newline (end) or the token before it (value)")
+    p.add_argument("--lm-weight", type=float, default=0.0,
+                   help="weight of a joint next-token loss on the correct samples (0: none)")
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
     return p
 
@@ -150,7 +155,7 @@ def main(argv=None) -> dict:
     model, history = rm_lib.train_reward_model(
         cfg.model, tokenizer, train, kind=args.kind, loss=args.loss, steps=cfg.run.steps,
         batch_size=args.batch_size, seed=seed, init_params=trunk, optimizer=cfg.optimizer,
-        progress=progress)
+        progress=progress, read=args.read, lm_weight=args.lm_weight)
 
     metrics = {"kind": model.kind, "loss": model.loss, "task": task_description(task), "steps": cfg.run.steps,
                "trunk_steps": args.trunk_steps, "train_samples": len(train),
@@ -167,6 +172,8 @@ def main(argv=None) -> dict:
         metrics["held_out_step_accuracy"] = acc
         metrics["majority_baseline"] = baseline
         metrics["held_out_pairwise_accuracy"] = rm_lib.pairwise_accuracy(model, held_out)
+    warning = ranking_warning(metrics["held_out_pairwise_accuracy"])
+    metrics["ranks"] = warning is None
     metrics["seconds"] = time.perf_counter() - t0
     metrics["config"] = cfg.to_dict()
     metrics["args"] = vars(args)
@@ -179,6 +186,8 @@ def main(argv=None) -> dict:
     shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
              if k not in ("config", "args")}
     print(f"[reward model] {json.dumps(shown)}")
+    if warning:
+        print(f"[reward model] {warning}")
     print(f"[reward model] wrote {run_dir}/reward_model, metrics.json, history.json "
           f"(use it in RL with rl.reward_model={os.path.join(run_dir, 'reward_model')})")
     return metrics

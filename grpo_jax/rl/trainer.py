@@ -45,6 +45,7 @@ from grpo_jax.config import Config, ConfigError
 from grpo_jax.errors import CheckpointError, UnreadableCheckpointError
 from grpo_jax.parallel.distributed import is_main_process
 from grpo_jax.eval.evaluation import evaluate
+from grpo_jax.rl.reward_models.checks import hacking_warning
 from grpo_jax.tasks.shortcuts import try_shortcut_baselines
 from grpo_jax.rl.metrics import MetricsWriter
 from grpo_jax.model.transformer import add_value_head, param_shardings
@@ -189,6 +190,7 @@ class Trainer:
             task.examples("test", cfg.data.eval_size, cfg.data.seed)
         self.shortcuts = _shortcuts(task, self.eval_examples)
         self.history: list[dict] = []
+        self.reward_model_evals: list[tuple[int, float, float]] = []  # (step, score, accuracy)
         self.bad_steps = 0
         self.start_step = 0  # the step this Trainer resumed from (0 for a fresh run)
         self.next_step = 0  # the first step the next `train` call takes
@@ -482,13 +484,7 @@ class Trainer:
                 else:
                     self.bad_steps = 0
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
-                    self._collect()  # a split run's sampler thread, done before its devices evaluate
-                    # The rollout's sampler and policy copy.
-                    ev = evaluate(self.sampler, self.sampler.copy(self.params), self.task, self.tokenizer,
-                                  self.eval_examples, key=jax.random.fold_in(self.rng, 10**9 + done))
-                    metrics.update({f"eval_{k}": v for k, v in ev.items()})
-                    if self.shortcuts is not None:
-                        metrics["eval_shortcut_best"] = self.shortcuts.best[1]
+                    metrics.update(self.evaluate_held_out(done))
                 metrics["step"] = done
                 self.history.append(metrics)
                 if done % cfg.run.log_every == 0 or done == total or self.bad_steps:
@@ -508,6 +504,29 @@ class Trainer:
                 if stop_check(done):
                     self._stop_preempted(done, saved=scheduled)
         return self.history
+
+    def evaluate_held_out(self, done: int) -> dict:
+        """The in-run evaluation after step ``done``: greedy accuracy on the held-out questions
+        (by the task's rule), the best shortcut beside it, and with a reward model its mean
+        score on the same greedy outputs; a warning when that score rose while accuracy fell
+        over consecutive evaluations of this process (`reward_models.checks.hacking_warning`)."""
+        self._collect()  # a split run's sampler thread, done before its devices evaluate
+        # The rollout's sampler and policy copy.
+        ev = evaluate(self.sampler, self.sampler.copy(self.params), self.task, self.tokenizer, self.eval_examples,
+                      key=jax.random.fold_in(self.rng, 10**9 + done), texts=self.reward_model is not None)
+        texts = ev.pop("texts", None)
+        ev.pop("correct", None)
+        out = {f"eval_{k}": v for k, v in ev.items()}
+        if self.shortcuts is not None:
+            out["eval_shortcut_best"] = self.shortcuts.best[1]
+        if texts is not None:
+            scores = self.reward_model.score([ex.prompt for ex in self.eval_examples], texts)
+            out["eval_reward_model_score"] = float(np.mean(scores))
+            self.reward_model_evals.append((done, out["eval_reward_model_score"], out["eval_accuracy"]))
+            warning = hacking_warning(self.reward_model_evals)
+            if warning and is_main_process():
+                log.warning("%s", warning)
+        return out
 
     @contextlib.contextmanager
     def _checking(self, stop_check):

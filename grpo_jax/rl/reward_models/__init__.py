@@ -32,17 +32,19 @@ The package by role:
   scorer    `RewardModel`: what the trainer scores completions with; save / load
   training  the reward-model losses, `train_reward_model` and its accuracy metrics
   pretrain  `pretrain_trunk`: next-token training of the trunk a reward model starts from
+  checks    the warnings: a model that ranks near chance, a score that rises as accuracy falls
 """
 from grpo_jax.rl.reward_models.data import (LabelledSample, ReplayBuffer, label_completions, labelled_samples,
                                          line_step_ends, read_samples, replay_count, write_samples)
 from grpo_jax.rl.reward_models.pretrain import pretrain_trunk
-from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, RewardModel
+from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, READS, RewardModel
 from grpo_jax.rl.reward_models.training import (bradley_terry_loss, outcome_accuracy, pairwise_accuracy,
                                              pointwise_loss, step_accuracy, train_reward_model)
 
 __all__ = [
     "KINDS",
     "LOSSES",
+    "READS",
     "LabelledSample",
     "ReplayBuffer",
     "RewardModel",

@@ -1,0 +1,49 @@
+"""Warnings that keep a run from optimising a reward model that does not measure the task.
+
+Two failures were measured on the testbed (docs/results.md, Figure 5's reward-model arms):
+reward models that ranked a right answer above a wrong one at chance, and GRPO runs scored by
+them whose reward-model score rose while held-out accuracy fell below the SFT start. Both
+were silent. `ranking_warning` speaks after a reward model is trained and evaluated;
+`hacking_warning` speaks during RL, from the trainer's evaluations.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+# Below this held-out pairwise accuracy (chance 0.5) a reward model is not worth training on.
+RANKS_AT = 0.7
+# Consecutive evaluation intervals over which the score rose and the accuracy fell.
+HACKING_INTERVALS = 2
+
+
+def ranking_warning(pairwise: float, *, threshold: float = RANKS_AT) -> str | None:
+    """One line when a reward model's held-out pairwise accuracy (same-question right output
+    ranked above wrong, `pairwise_accuracy`) is below ``threshold`` or unknown; else None."""
+    if math.isnan(pairwise):
+        return ("warning: the reward model's held-out pairwise accuracy is unknown (no question with a "
+                "right and a wrong sample); check it before RL trains on it")
+    if pairwise < threshold:
+        return (f"warning: the reward model ranks a right answer above a wrong one on {pairwise:.3f} of "
+                f"held-out pairs (chance 0.5, threshold {threshold}); RL scored by it optimises the "
+                "model, not the task")
+    return None
+
+
+def hacking_warning(evaluations: Sequence[tuple[int, float, float]], *,
+                    intervals: int = HACKING_INTERVALS) -> str | None:
+    """One line when, over the last ``intervals`` consecutive evaluation intervals, the reward
+    model's mean score on the greedy outputs rose every time while the rule's held-out accuracy
+    fell every time; else None. ``evaluations``: (step, reward-model score, accuracy), in order."""
+    if intervals < 1:
+        raise ValueError(f"intervals must be >= 1, got {intervals}")
+    last = list(evaluations)[-(intervals + 1):]
+    if len(last) < intervals + 1:
+        return None
+    pairs = list(zip(last, last[1:]))
+    if all(b[1] > a[1] and b[2] < a[2] for a, b in pairs):
+        (s0, r0, a0), (s1, r1, a1) = last[0], last[-1]
+        return (f"warning: reward hacking? from step {s0} to {s1} the reward model's score rose "
+                f"{r0:.3f} -> {r1:.3f} while held-out accuracy fell {a0:.3f} -> {a1:.3f}, at each of "
+                f"{intervals} evaluations")
+    return None
