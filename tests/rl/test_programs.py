@@ -27,13 +27,21 @@ def _cfg(tmp_path, vocab, *overrides):
 def _record(monkeypatch) -> dict:
     """Lowered HLO text and abstract arguments of every sampler and train-step program the
     trainer calls, recorded as it calls them: the rollout's sampler calls ("prefill",
-    "decode"), then the in-run evaluation's ("eval_prefill", "eval_decode")."""
-    seen = {}
-    real_call, real_lower = OnMesh.__call__, TrainStep.lower
+    "decode") and, made inside `Trainer.evaluate_held_out`, the in-run evaluation's
+    ("eval_prefill", "eval_decode")."""
+    seen, evaluating = {}, []
+    real_call, real_lower, real_evaluate = OnMesh.__call__, TrainStep.lower, Trainer.evaluate_held_out
+
+    def evaluate_held_out(self, done):
+        evaluating.append(done)
+        try:
+            return real_evaluate(self, done)
+        finally:
+            evaluating.pop()
 
     def call(self, *args, **kwargs):
         kind = "prefill" if "cache_len" in kwargs else "decode"
-        kind = f"eval_{kind}" if kind in seen else kind
+        kind = f"eval_{kind}" if evaluating else kind
         seen.setdefault(kind, (self.lower(*args, **kwargs).as_text(), args))
         return real_call(self, *args, **kwargs)
 
@@ -44,6 +52,7 @@ def _record(monkeypatch) -> dict:
 
     monkeypatch.setattr(OnMesh, "__call__", call)
     monkeypatch.setattr(TrainStep, "lower", lower)
+    monkeypatch.setattr(Trainer, "evaluate_held_out", evaluate_held_out)
     return seen
 
 
