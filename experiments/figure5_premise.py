@@ -62,17 +62,17 @@ def correlation(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def sample_groups(cfg, params, task, tok, mesh, examples, group: int, seed: int) -> list[list[str]]:
-    """``group`` completions of each example from ``params`` at rl.temperature."""
+    """``group`` completions of each example from ``params``, sampled as the run's rollout
+    samples (rl.temperature, top-k, top-p, decode engine)."""
     import jax
 
     from grpo_jax import sampler
     from grpo_jax.parallel.sharding import to_host
     from grpo_jax.text.tokenizer import encode_prompt
 
-    ro = sampler.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
-                        sampler.SamplingParams(cfg.rl.max_new_tokens, cfg.rl.temperature, stop_tokens=tok.stop_ids,
-                                               pad_id=tok.pad_id),
-                        key=jax.random.key(seed), group_size=group, mesh=mesh)
+    run_sampler = sampler.Sampler.for_run(cfg, mesh, tok)  # the rollout's settings
+    ro = run_sampler.sample(run_sampler.copy(params), [encode_prompt(tok, e.prompt) for e in examples],
+                            key=jax.random.key(seed), group_size=group)
     ro = jax.tree.map(to_host, ro)
     texts = [tok.decode(ro.completion_ids(r, tok.stop_ids)) for r in range(len(examples) * group)]
     return [texts[i * group:(i + 1) * group] for i in range(len(examples))]

@@ -50,9 +50,9 @@ def policy_samples(cfg, params, task, tok, mesh, *, num_prompts: int, per_prompt
                    split: str = "train"):
     """Fresh policy samples on `split` questions, labelled by the task's rule (the oracle)."""
     examples = task.examples(split, num_prompts, 7_000_000 + seed)
-    ro = sampler.sample(cfg.model, params, [encode_prompt(tok, e.prompt) for e in examples],
-                        sampler.SamplingParams(cfg.rl.max_new_tokens, stop_tokens=tok.stop_ids, pad_id=tok.pad_id),
-                        key=jax.random.key(seed), group_size=per_prompt, mesh=mesh)
+    run_sampler = sampler.Sampler.for_run(cfg, mesh, tok)  # the rollout's settings
+    ro = run_sampler.sample(run_sampler.copy(params), [encode_prompt(tok, e.prompt) for e in examples],
+                            key=jax.random.key(seed), group_size=per_prompt)
     ro = jax.tree.map(to_host, ro)
     texts = [tok.decode(ro.completion_ids(r, tok.stop_ids)) for r in range(len(examples) * per_prompt)]
     return label_completions(task, [e for e in examples for _ in range(per_prompt)], texts)

@@ -83,12 +83,11 @@ def main(argv=None) -> dict:
     examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     prompts = [encode_prompt(tok, e.prompt) for e in examples]
     out = {}
+    run_sampler = sampler.Sampler.for_run(cfg, mesh, tok)
     for name, params in policies.items():
         for temperature, g in ((0.0, 1), (1.0, args.samples)):
-            ro = sampler.sample(cfg.model, params, prompts,
-                                sampler.SamplingParams(cfg.rl.max_new_tokens, temperature, stop_tokens=tok.stop_ids,
-                                                       pad_id=tok.pad_id),
-                                key=jax.random.key(5), group_size=g, mesh=mesh)
+            at = run_sampler.evaluation(temperature)  # the run's engine and lengths, untruncated
+            ro = at.sample(at.copy(params), prompts, key=jax.random.key(5), group_size=g)
             steps, right = score(task, examples, completion_texts(jax.tree.map(to_host, ro), tok), g)
             cells = {f"{pos} {kind}": (r / n, n) for (pos, kind), (r, n) in sorted(steps.items())}
             out[f"{name}, T={temperature:g}"] = {"accuracy": float(right.mean()),
