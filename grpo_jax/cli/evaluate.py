@@ -13,7 +13,8 @@ training script writes it: grpo_jax.checkpoints.run_files): every saved checkpoi
 accuracy (and Pass@K / Maj@K at K = --k when k > 1) against the step. On a run dir the
 defaults are the run's own evaluation: its task (data.* knobs included), prompt (task.json:
 style and chat template), tokenizer and stop tokens, rl.max_new_tokens, rl.decode, and its
-held-out questions (data.eval_size of them, drawn with data.seed).
+held-out questions (data.eval_size of them, drawn with data.seed). A grpo-export of a run
+defaults to the run's task, data knobs, prompt and held-out questions the same way.
 --task: gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth, or a user's task
 as "module:Class".
 --prompt: on a model that is not a run dir, the default is the prompt a chat model is
@@ -110,13 +111,19 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
-    """Fill the options left unset with the run's own evaluation: its lengths and decode
-    engine, and when `task` is the run's task (task.json) its prompt and held-out questions."""
+def apply_held_out_defaults(args, cfg: Config, asked: dict, task) -> None:
+    """When `task` is the run's task (task.json), fill the prompt, --limit and --seed left
+    unset with the run's: its prompt form and held-out questions (data.eval_size, data.seed)."""
     if task.name == asked["task"]:
         args.prompt = args.prompt or asked["prompt"]
         args.limit = cfg.data.eval_size if args.limit is None else args.limit
         args.seed = cfg.data.seed if args.seed is None else args.seed
+
+
+def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
+    """Fill the options left unset with the run's own evaluation: its held-out defaults
+    (`apply_held_out_defaults`), its lengths and decode engine."""
+    apply_held_out_defaults(args, cfg, asked, task)
     args.max_new_tokens = args.max_new_tokens or cfg.rl.max_new_tokens
     args.decode = args.decode or cfg.rl.decode
 
@@ -187,9 +194,13 @@ def main(argv=None) -> dict:
     if cfg is None and args.step is not None:
         raise ConfigError(f"--step needs --model to be a training run dir; {args.model} is not one")
     asked = run_files.read_task(args.model, cfg) if cfg is not None else None
+    # A grpo-export of a run carries the run's task, its data section and prompt form.
+    exported = pretrained.export_record(args.model) if cfg is None else None
+    if exported and "task" in exported:
+        asked = exported["task"]
     args.task = args.task or (asked["task"] if asked else None)
     if args.task is None:
-        raise ConfigError("--task is required when --model is not a training run dir")
+        raise ConfigError("--task is required when --model is neither a training run dir nor a grpo-export of one")
     out = args.out or os.path.join("runs", "eval", "-".join(
         os.path.basename(os.path.normpath(x)) for x in (args.model, args.task.replace(":", "."), args.split)))
     if args.merge_only:
@@ -201,11 +212,15 @@ def main(argv=None) -> dict:
         return write_curve(out, points, f"{args.model} on {args.task} ({args.split})")
     shards = parse_shard(args.shard)
     # The run's own task: its data.* knobs (operands, digits, ...) decide the questions.
-    same_knobs = cfg is not None and cfg.data.task == args.task and args.manual_dir is None
-    task = runs.make_task(args.task, cfg.data if same_knobs else None, data_dir=args.data_dir,
+    run_cfg = cfg if cfg is not None else (Config.from_dict({"data": exported["data"]})
+                                             if exported and "data" in exported else None)
+    same_knobs = run_cfg is not None and run_cfg.data.task == args.task and args.manual_dir is None
+    task = runs.make_task(args.task, run_cfg.data if same_knobs else None, data_dir=args.data_dir,
                           manual_dir=args.manual_dir)
     if cfg is not None:
         apply_run_defaults(args, cfg, asked, task)
+    elif same_knobs:  # an export: the run's held-out questions and prompt; its lengths come below
+        apply_held_out_defaults(args, run_cfg, asked, task)
     args.limit = -1 if args.limit is None else args.limit
     args.seed = 0 if args.seed is None else args.seed
     if args.limit < 0 and not isinstance(task, DatasetTask):

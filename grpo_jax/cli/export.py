@@ -13,12 +13,14 @@ W + (α/r)·A·B, after the base is checked against the fingerprint the checkpoi
 the tokenizer as transformers reads it, encoding as the run did (BOS, the dummy-prefix "▁",
 special ids) with the chat template the run's prompts were written in (tokenizer.json +
 tokenizer_config.json; a run that trained its own sentencepiece model also keeps its
-tokenizer.model, which grpo-evaluate reads) and grpo_jax_export.json (run, step, LoRA base).
-`grpo-evaluate --model <out>` evaluates the export.
+tokenizer.model, which grpo-evaluate reads) and grpo_jax_export.json (run, step, LoRA base, the
+run's task and data section). `grpo-evaluate --model <out>` evaluates the export on the run's
+task and held-out questions unless told otherwise.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -80,6 +82,8 @@ def main(argv=None) -> dict:
     record = {"run_dir": os.path.abspath(args.run_dir), "step": step,
               "tokenizer": "bpe" if isinstance(tokenizer, BPETokenizer) else "sentencepiece",
               "max_new_tokens": cfg.rl.max_new_tokens,
+              # grpo-evaluate --model <out> evaluates the run's task and held-out set by default.
+              "task": run_files.read_task(args.run_dir, cfg), "data": dataclasses.asdict(cfg.data),
               "lora": None if pointer is None else {"rank": cfg.model.lora_rank, "alpha": cfg.model.lora_alpha,
                                                     "targets": cfg.model.lora_targets, "base": pointer}}
     if distributed.is_main_process():

@@ -139,3 +139,20 @@ def test_evaluate_reads_the_export_and_reproduces_the_run(run, exported, tmp_pat
         with torch.no_grad():
             theirs = model(torch.tensor([full])).logits[0].numpy()
         np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_evaluate_defaults_an_export_to_the_runs_task_and_held_out_questions(run, exported, tmp_path):
+    """No --task, --limit, --seed or --prompt: the export is evaluated as its run dir is, on the
+    run's task (its data.* knobs) and its data.eval_size held-out questions drawn with data.seed."""
+    run_dir, trainer = run
+    record = pretrained.export_record(exported)
+    assert record["task"] == {"task": trainer.task.name, "prompt": "task"}
+    assert record["data"]["eval_size"] == trainer.cfg.data.eval_size
+    same = ["--k", "0", "--decode", "shared", "--no-progress"]
+    evaluate_cli.main(["--model", run_dir, *same, "--out", str(tmp_path / "run")])
+    evaluate_cli.main(["--model", str(exported), *same, "--out", str(tmp_path / "export")])
+    run_summary, run_records = _summary_and_records(tmp_path / "run" / "step-1")
+    summary, records = _summary_and_records(tmp_path / "export")
+    held_out = trainer.task.examples("test", trainer.cfg.data.eval_size, trainer.cfg.data.seed)
+    assert [r["prompt"] for r in records] == [r["prompt"] for r in run_records] == [ex.prompt for ex in held_out]
+    assert summary["greedy"] == run_summary["greedy"]
