@@ -34,7 +34,7 @@ def test_operations_with_another_task_is_an_error(capsys):
     assert "--operations applies to the arithmetic task only, not data.task=modular" in capsys.readouterr().err
 
 
-def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_path, monkeypatch):
+def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_path, monkeypatch, capsys):
     held_out = []
     labelled = trm.rm_lib.labelled_samples
 
@@ -56,3 +56,6 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
     assert all(s.prompt.startswith("Q: ") and s.prompt.endswith(" mod 7=?\n") and s.prompt.count("-") == 1
                for s in held_out)
     assert 0 <= metrics["held_out_step_accuracy"] <= 1
+    # Two steps rank nothing: the run says so in one line, and metrics.json records it.
+    ranks = metrics["held_out_pairwise_accuracy"] >= 0.7
+    assert metrics["ranks"] is ranks and ("warning: the reward model ranks" in capsys.readouterr().out) is not ranks

@@ -165,8 +165,11 @@ def _rollout(texts, width=96):
         ids = [ord(c) for c in t] + [0]
         tokens[r, :len(ids)] = ids
         mask[r, :len(ids)] = True
-    from types import SimpleNamespace
-    return SimpleNamespace(tokens=tokens, mask=mask)
+    from grpo_jax.sampler import Rollout
+    b = len(texts)
+    return Rollout(prompt_tokens=np.zeros((b, 1), np.int32), prompt_mask=np.ones((b, 1), bool), tokens=tokens,
+                   mask=mask, logprobs=np.zeros((b, width), np.float32), lengths=mask.sum(1),
+                   finished=np.ones((b,), bool))
 
 
 @pytest.mark.parametrize("kind", ["outcome", "process"])

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.model import transformer as model_lib
+from grpo_jax.model.logprobs import token_logprobs
 from grpo_jax import shapes
 from grpo_jax.checkpoints.checkpointing import Checkpointer
 from grpo_jax.config import ModelConfig
@@ -36,6 +38,7 @@ _MIN_BUCKET = 16
 class Encoded:
     tokens: tuple[int, ...]  # [bos] prompt completion [eos], truncated from the left
     step_index: tuple[int, ...]  # token index of each step end (-1: cut off by truncation)
+    start: int = 0  # index of the first completion token in `tokens`
 
 
 def encode(tokenizer: Tokenizer, prompt: str, completion: str, step_ends: Sequence[int],
@@ -61,7 +64,7 @@ def encode(tokenizer: Tokenizer, prompt: str, completion: str, step_ends: Sequen
             else:
                 idx = len(prompt_ids) + dropped + char_to_token_index(offsets, int(end)) - cut
                 steps.append(idx if idx >= 0 else -1)
-    return Encoded(tuple(tokens[cut:]), tuple(steps))
+    return Encoded(tuple(tokens[cut:]), tuple(steps), max(0, len(prompt_ids) - cut))
 
 
 def read_ends(completion: str, step_ends: Sequence[int], read: str) -> list[int]:
@@ -82,9 +85,10 @@ def bucket(n: int, cap: int | None = None) -> int:
 
 def pad_batch(encoded: Sequence[Encoded], rows: int, length: int, steps: int, pad_id: int,
                step_labels: Sequence[Sequence[float]] | None = None) -> dict[str, np.ndarray]:
-    """Right-padded arrays: tokens/mask [rows, length], score_index [rows], step_index /
+    """Right-padded arrays: tokens/mask [rows, length], score_index / start [rows], step_index /
     step_mask / step_label [rows, steps]. Rows past len(encoded) are padding (mask all False)."""
     tokens = np.full((rows, length), pad_id, np.int32)
+    start = np.zeros((rows,), np.int32)
     mask = np.zeros((rows, length), bool)
     score_index = np.zeros((rows,), np.int32)
     step_index = np.zeros((rows, steps), np.int32)
@@ -95,18 +99,50 @@ def pad_batch(encoded: Sequence[Encoded], rows: int, length: int, steps: int, pa
         tokens[i, :n] = e.tokens
         mask[i, :n] = True
         score_index[i] = n - 1
+        start[i] = e.start
         for j, s in enumerate(e.step_index[:steps]):
             step_index[i, j] = max(s, 0)
             step_mask[i, j] = s >= 0
             if step_labels is not None:
                 step_label[i, j] = step_labels[i][j]
-    return {"tokens": tokens, "mask": mask, "score_index": score_index,
+    return {"tokens": tokens, "mask": mask, "score_index": score_index, "start": start,
             "step_index": step_index, "step_mask": step_mask, "step_label": step_label}
 
 
-def token_values(cfg: ModelConfig, params, tokens, mask):
+LIKELIHOOD_SCALE = "likelihood_scale"
+
+
+def add_likelihood_scale(params, value: float = 0.0):
+    """A copy of reward-model ``params`` whose score also reads the trunk's likelihood of the
+    completion (`token_values`), with the learned scale starting at ``value``."""
+    return dict(params, **{LIKELIHOOD_SCALE: jnp.asarray(value, jnp.float32)})
+
+
+def completion_loglik(cfg: ModelConfig, params, hidden, tokens, mask, start):
+    """C [B, T]: at token t, Σ log π(x_s | x_<s) over the completion's tokens s <= t (the
+    trunk read as a language model; 0 before the completion starts at ``start`` [B])."""
+    unembed, vocab_major = model_lib.unembedding(cfg, params)
+    logp = token_logprobs(hidden[:, :-1], unembed, tokens[:, 1:], vocab_major=vocab_major)  # [B, T-1]
+    logp = jnp.pad(logp, ((0, 0), (1, 0)))  # logp[:, t] is that of token t
+    t = jnp.arange(tokens.shape[1])[None, :]
+    return jnp.cumsum(jnp.where((t >= start[:, None]) & mask, logp, 0.0), axis=1)
+
+
+def values_from_hidden(cfg: ModelConfig, params, hidden, tokens, mask, start):
+    """The score at every token [B, T] float32: the value head, plus, for a model with a
+    `LIKELIHOOD_SCALE`, that scale times the completion's log-likelihood so far. A wrong
+    line is one the trunk, trained as a language model of right solutions, finds unlikely:
+    a head that must learn to see that from one bit per sample did not (docs/reward_models.md)."""
+    values = model_lib.value_outputs(params, hidden)
+    if LIKELIHOOD_SCALE in params:
+        values = values + params[LIKELIHOOD_SCALE] * completion_loglik(cfg, params, hidden, tokens, mask, start)
+    return values
+
+
+def token_values(cfg: ModelConfig, params, tokens, mask, start):
+    """tokens / mask [B, T], start [B] -> the score at every token [B, T] float32."""
     hidden, _ = model_lib.forward_hidden(cfg, params, tokens, mask)
-    return model_lib.value_outputs(params, hidden)  # [B, T] float32
+    return values_from_hidden(cfg, params, hidden, tokens, mask, start)
 
 
 @functools.lru_cache(maxsize=32)
@@ -169,7 +205,7 @@ class RewardModel:
             rows = max(len(chunk), min(shapes.bucket_length(len(chunk), 8), self.max_batch))
             length = bucket(max(len(e.tokens) for e in chunk), self.cfg.max_seq_len)
             batch = pad_batch(chunk, rows, length, 1, self.tokenizer.pad_id)
-            values = np.asarray(self._values(self.params, batch["tokens"], batch["mask"]))
+            values = np.asarray(self._values(self.params, batch["tokens"], batch["mask"], batch["start"]))
             for i, e in enumerate(chunk):
                 final[lo + i] = values[i, len(e.tokens) - 1]
                 idx = np.maximum(np.asarray(e.step_index, np.int64), 0)
@@ -218,7 +254,8 @@ class RewardModel:
         step = self.trained_steps if step is None else step
         tok_kind = _save_tokenizer(self.tokenizer, path)
         meta = {"format": _FORMAT, "kind": self.kind, "loss": self.loss, "transform": self.transform,
-                "process_reduce": self.process_reduce, "read": self.read, "tokenizer": tok_kind,
+                "process_reduce": self.process_reduce, "read": self.read,
+                "likelihood": LIKELIHOOD_SCALE in self.params, "tokenizer": tok_kind,
                 "model": dataclasses.asdict(self.cfg)}
         ckpt = Checkpointer(path / "checkpoints", keep=keep)
         try:
@@ -276,6 +313,8 @@ class RewardModel:
                 f"reward model {str(path)!r} has a vocabulary of {cfg.vocab_size} tokens, the policy's "
                 f"tokenizer {tokenizer.vocab_size}; train the reward model with the policy's tokenizer")
         shapes = model_lib.param_shapes(cfg, value_head=True)
+        if meta.get("likelihood"):  # saved before it existed: False
+            shapes = dict(shapes, **{LIKELIHOOD_SCALE: jax.ShapeDtypeStruct((), jnp.float32)})
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract = {"params": jax.tree.map(
             lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), shapes)}

@@ -17,7 +17,8 @@ from grpo_jax.config import ModelConfig, OptimizerConfig
 from grpo_jax.model.logprobs import token_logprobs
 from grpo_jax.rl.optimizer import make_optimizer
 from grpo_jax.rl.reward_models.data import LabelledSample, ReplayBuffer, replay_count
-from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, READS, RewardModel, bucket, encode, pad_batch, read_ends
+from grpo_jax.rl.reward_models.scorer import (KINDS, LIKELIHOOD_SCALE, LOSSES, READS, RewardModel, add_likelihood_scale,
+                                              bucket, encode, pad_batch, read_ends, values_from_hidden)
 from grpo_jax.text.tokenizer import Tokenizer
 
 
@@ -68,7 +69,7 @@ def _reward_loss(kind: str, loss: str, values, batch):
 
 def _loss_and_metrics(cfg: ModelConfig, kind: str, loss: str, lm_weight: float, params, batch):
     hidden, _ = model_lib.forward_hidden(cfg, params, batch["tokens"], batch["mask"])
-    values = model_lib.value_outputs(params, hidden)  # [B, T]
+    values = values_from_hidden(cfg, params, hidden, batch["tokens"], batch["mask"], batch["start"])  # [B, T]
     value, metrics = _reward_loss(kind, loss, values, batch)
     if lm_weight:
         lm = next_token_loss(cfg, params, hidden, batch["tokens"], batch["mask"], batch["label"] > 0.5)
@@ -249,6 +250,7 @@ def train_reward_model(
     process_reduce: str = "min",
     read: str | None = None,
     lm_weight: float = 0.0,
+    likelihood: bool | None = None,
 ) -> tuple[RewardModel, list[dict[str, float]]]:
     """Train an ORM or PRM on labelled samples; returns (model, per-step metrics).
 
@@ -268,6 +270,9 @@ def train_reward_model(
     read: PRM, where the head reads a step (`READS`: 'end', its newline, or 'value', the token
       before it); default that of ``init_params`` when it is a `RewardModel`, else 'end'.
     lm_weight: weight of a joint next-token loss on the batch's correct samples (0: none).
+    likelihood: the score also reads the trunk's log-likelihood of the completion so far,
+      times a learned scale (`scorer.values_from_hidden`); default that of ``init_params``
+      when it is a reward model, else False.
     Metrics per step: loss, accuracy (pairs ranked right / outcomes or steps classified
       right at σ = ½), grad_norm, lr, replay_items (historical items in the batch), and
       for pairwise margin (mean r⁺ − r⁻) and same_prompt_pairs (fraction of the new pairs
@@ -295,7 +300,14 @@ def train_reward_model(
 
     # Device side: params, AdamW, one jitted update.
     prior_steps = init_params.trained_steps if isinstance(init_params, RewardModel) else 0
+    had = isinstance(init_params, (dict, RewardModel)) and LIKELIHOOD_SCALE in (
+        init_params.params if isinstance(init_params, RewardModel) else init_params)
+    likelihood = had if likelihood is None else likelihood
     params = _initial_params(cfg_model, init_params, seed)
+    if likelihood and LIKELIHOOD_SCALE not in params:
+        params = add_likelihood_scale(params)
+    elif not likelihood:
+        params.pop(LIKELIHOOD_SCALE, None)
     opt_cfg = optimizer or OptimizerConfig(peak_lr=lr, warmup_steps=min(10, steps // 10))
     train_step, tx, schedule = _train_step_fn(cfg_model, kind, loss, float(lm_weight), opt_cfg, steps)
     lrs = np.asarray(jax.vmap(schedule)(jnp.arange(steps)))
