@@ -261,8 +261,8 @@ def main(argv=None):
     p.add_argument("--rm-questions", type=int, default=256, help="reward-model training questions")
     p.add_argument("--rm-group", type=int, default=16, help="SFT samples per reward-model question")
     p.add_argument("--rm-held-out", type=int, default=128, help="held-out (validation) questions")
-    p.add_argument("--rm-steps", type=int, default=500, help="reward-model training steps")
-    p.add_argument("--rm-trunk-steps", type=int, default=500, help="reward-model base-model steps")
+    p.add_argument("--rm-steps", type=int, default=1500, help="reward-model training steps (train_reward_model.py's default)")
+    p.add_argument("--rm-trunk-steps", type=int, default=1500, help="reward-model base-model steps (train_reward_model.py's default)")
     p.add_argument("--rm-draws", type=int, default=1,
                    help="draws of each reward model (run.seed = 0..N-1, the same labelled samples); a "
                         "reward-model arm's seed s is scored by draw s %% N (default 1: reward_models/{orm,prm})")

@@ -28,6 +28,7 @@ import numpy as np
 
 from grpo_jax.config import ModelConfig, OptimizerConfig
 from grpo_jax.rl import reward_models as rm_lib
+from grpo_jax.rl.reward_models.scorer import add_likelihood_scale
 from grpo_jax.tasks.modular import ModularTask
 from grpo_jax.text.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
@@ -62,7 +63,11 @@ RECIPES = {
     "prm-default": BASE_PRM,
     "orm-4l": DEEP_ORM,
     "prm-4l": DEEP_PRM,
+    # No reward-model training: the deep trunk's log-likelihood of the completion as the score.
+    "orm-4l-trunk-likelihood-only": dataclasses.replace(DEEP_ORM, steps=0, likelihood=True),
+    "orm-2l-trunk-likelihood-only": dataclasses.replace(BASE_ORM, steps=0, likelihood=True),
     "orm-4l-likelihood": dataclasses.replace(DEEP_ORM, likelihood=True, lm_weight=1.0),
+    "orm-4l-likelihood-no-joint-lm": dataclasses.replace(DEEP_ORM, likelihood=True),
     "prm-4l-likelihood": dataclasses.replace(DEEP_PRM, likelihood=True, lm_weight=1.0),
     "prm-4l-value": dataclasses.replace(DEEP_PRM, read="value"),
     "orm-4l-joint-lm": dataclasses.replace(DEEP_ORM, lm_weight=1.0),
@@ -117,6 +122,12 @@ def run(name: str, recipe: Recipe, out: str, seed: int) -> dict:
                                        wrong_step_prob=WRONG_STEP_PROB)
     trunk, trunk_info = trunk_for(recipe, cfg, tok, task, out, seed)
     t0 = time.perf_counter()
+    if recipe.steps == 0:  # the trunk's likelihood alone: a zero value head, scale 1
+        params = dict(jax.tree.map(np.asarray, trunk), value_head=np.zeros((cfg.embed_dim,), np.float32),
+                      value_bias=np.float32(0.0))
+        rm = rm_lib.RewardModel(cfg, add_likelihood_scale(params, 1.0), tok, recipe.kind, loss=recipe.loss)
+        return {"recipe": name, **dataclasses.asdict(recipe), "seed": seed, "trunk": trunk_info, "seconds": 0.0,
+                "final_train_loss": None, "train": accuracies(rm, train[:1024]), "held_out": accuracies(rm, held_out)}
     rm, history = rm_lib.train_reward_model(
         cfg, tok, train, kind=recipe.kind, loss=recipe.loss, steps=recipe.steps, batch_size=32, seed=seed,
         init_params=trunk, optimizer=OptimizerConfig(peak_lr=recipe.lr, warmup_steps=min(50, recipe.steps // 10)),
