@@ -300,10 +300,8 @@ def train_reward_model(
 
     # Device side: params, AdamW, one jitted update.
     prior_steps = init_params.trained_steps if isinstance(init_params, RewardModel) else 0
-    had = isinstance(init_params, (dict, RewardModel)) and LIKELIHOOD_SCALE in (
-        init_params.params if isinstance(init_params, RewardModel) else init_params)
-    likelihood = had if likelihood is None else likelihood
     params = _initial_params(cfg_model, init_params, seed)
+    likelihood = LIKELIHOOD_SCALE in params if likelihood is None else likelihood  # None: as init_params
     if likelihood and LIKELIHOOD_SCALE not in params:
         params = add_likelihood_scale(params)
     elif not likelihood:
