@@ -134,6 +134,42 @@ def reward_model_task_args(data) -> list[str]:
     raise ValueError(f"reward models for data.task={data.task} are not set up here (arithmetic or modular)")
 
 
+def published_name(arm: str, seed: int) -> str:
+    return f"{slug(arm)}_seed{seed}.json"
+
+
+def publish(folder: str, run: dict) -> None:
+    """A finished (arm, seed)'s curve, without its per-step history, into ``folder``."""
+    import common
+
+    varying = [h.get("groups_varying_fraction", 0.0) for h in run["history"][:10]]
+    common.write_json(os.path.join(folder, published_name(run["arm"], run["seed"])),
+                      {"arm": run["arm"], "seed": run["seed"], "steps": run["steps"],
+                       "eval_accuracy": run["eval_accuracy"],
+                       "groups_varying_first_10_steps": sum(varying) / max(1, len(varying))})
+
+
+def pool_finals(folder: str, finals: dict[str, dict[int, float]], steps: list[int]) -> dict[str, dict[int, float]]:
+    """``finals`` (arm -> seed -> step-``steps[-1]`` accuracy) joined with the published seed files
+    of an earlier study in ``folder``, for the arms ``finals`` has. Refuses a seed in both, or a
+    file evaluated at other steps: pooling is for the same design on fresh seeds."""
+    import common
+
+    pooled = {arm: dict(by_seed) for arm, by_seed in finals.items()}
+    for name in sorted(os.listdir(folder)):
+        arm_slug, _, rest = name.rpartition("_seed")
+        arm = next((a for a in pooled if slug(a) == arm_slug), None)
+        if arm is None or not rest.endswith(".json"):
+            continue
+        run = common.read_json(os.path.join(folder, name))
+        if run["steps"] != steps:
+            raise ValueError(f"{folder}/{name} was evaluated at steps {run['steps']}, this study at {steps}")
+        if run["seed"] in pooled[arm]:
+            raise ValueError(f"seed {run['seed']} of {arm} is in this study and in {folder}: pool fresh seeds only")
+        pooled[arm][run["seed"]] = run["eval_accuracy"][-1]
+    return pooled
+
+
 def steps_to_reach(steps: list[int], accuracy: list[float], level: float, censor: int) -> int:
     """The first evaluated step whose held-out accuracy is >= ``level``; ``censor`` (a step
     past the run's end) when none is."""
@@ -234,10 +270,9 @@ def reward_model(kind: str, cfg, root: str, data: tuple[str, str], args, draw: i
     metrics_path = os.path.join(run_dir, "metrics.json")
     if not os.path.exists(metrics_path):
         shutil.rmtree(run_dir, ignore_errors=True)  # a cut training run: its checkpoint would block the save
-        # Both kinds the per-label BCE on the same samples (Math-Shepherd's PRM loss), so the
-        # two differ only in where the labels sit: once per output, or once per step.
         train_reward_model.main([
-            "--kind", kind, "--loss", "pointwise", "--train-samples", data[0], "--held-out-samples", data[1],
+            "--kind", kind, *(["--loss", args.rm_loss] if args.rm_loss else []),
+            "--train-samples", data[0], "--held-out-samples", data[1],
             "--tokenizer", os.path.join(root, "tokenizer.model"), *reward_model_task_args(cfg.data),
             "--trunk-steps", str(args.rm_trunk_steps), *(["--no-progress"] if args.no_progress else []),
             f"run.run_dir={run_dir}", f"run.steps={args.rm_steps}", f"model.max_seq_len={cfg.model.max_seq_len}",
@@ -263,6 +298,10 @@ def main(argv=None):
     p.add_argument("--rm-held-out", type=int, default=128, help="held-out (validation) questions")
     p.add_argument("--rm-steps", type=int, default=1500, help="reward-model training steps (train_reward_model.py's default)")
     p.add_argument("--rm-trunk-steps", type=int, default=1500, help="reward-model base-model steps (train_reward_model.py's default)")
+    p.add_argument("--rm-loss", choices=["pairwise", "pointwise"], default=None,
+                   help="the ORM's loss (default: train_reward_model.py's, Bradley-Terry pairs); the studies "
+                        "before issue #71 trained both kinds pointwise, so the two differed only in where the "
+                        "labels sit")
     p.add_argument("--rm-draws", type=int, default=1,
                    help="draws of each reward model (run.seed = 0..N-1, the same labelled samples); a "
                         "reward-model arm's seed s is scored by draw s %% N (default 1: reward_models/{orm,prm})")
@@ -280,6 +319,16 @@ def main(argv=None):
     p.add_argument("--reward-model-arms-only", action="store_true",
                    help=f"the reward-model arms only ({', '.join(RM_ARMS)}), each on --seeds, judged against the "
                         f"rule arms' finished seeds of a --rule-arms-only study in the same --out")
+    p.add_argument("--rule-arms", nargs="+", choices=RULE_ARMS, default=list(RULE_ARMS),
+                   help="with --rule-arms-only, the arms to run (default all four; a replication of claims "
+                        "(b) and (c) needs no RFT)")
+    p.add_argument("--pool", default=None,
+                   help="a folder of an earlier run of the same design's seed files (<arm>_seed<N>.json, as "
+                        "docs/data/figure5_testbed holds them): the claims are judged again over its seeds "
+                        "and this study's together (summary's pooled_claims); no seed may be in both")
+    p.add_argument("--publish", default=None,
+                   help="a folder to copy each finished (arm, seed)'s curve into as <arm>_seed<N>.json, "
+                        "without the per-step history (what docs/data holds)")
     args = p.parse_intermixed_args(argv)  # overrides go before --seeds / --oracle-seeds, which take a list
     if args.rm_draws < 1:
         p.error(f"--rm-draws must be >= 1, got {args.rm_draws}")
@@ -288,8 +337,9 @@ def main(argv=None):
     regime = SPARSE_REGIME if args.regime == "arithmetic" else common.STUDY_REGIMES[args.regime] + TESTBED_RUN
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + regime)
     root = cfg.run.run_dir
-    if args.reward_model_arms_only:  # before any training: the rule arms' seeds must be there
-        missing = [seed_json(root, arm, s) for arm in RULE_ARMS for s in args.seeds
+    if args.reward_model_arms_only:  # before any training: the seeds its claims read must be there
+        needed = {arm for claim in RM_CLAIMS.values() for arm in claim if arm not in RM_ARMS}
+        missing = [seed_json(root, arm, s) for arm in sorted(needed) for s in args.seeds
                    if not os.path.exists(seed_json(root, arm, s))]
         if missing:
             p.error(f"--reward-model-arms-only reads the rule arms' finished seeds; missing {', '.join(missing)} "
@@ -305,10 +355,12 @@ def main(argv=None):
             return rm_metrics
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     if args.rule_arms_only:
-        plan = {arm: list(args.seeds) for arm in RULE_ARMS}
+        plan = {arm: list(args.seeds) for arm in RULE_ARMS if arm in args.rule_arms}
     elif args.reward_model_arms_only:
         plan = {arm: list(args.seeds) for arm in RM_ARMS}
-        read_only = {arm: list(args.seeds) for arm in RULE_ARMS}
+        # Every rule arm that finished these seeds is read; a replication without RFT has none of it.
+        read_only = {arm: list(args.seeds) for arm in RULE_ARMS
+                     if all(os.path.exists(seed_json(root, arm, s)) for s in args.seeds)}
         return run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics, mc, eval_examples,
                         read_only=read_only, claims=RM_CLAIMS, name="reward_models")
     else:
@@ -380,6 +432,8 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
             "arm": arm, "seed": seed, "steps": steps,
             "eval_accuracy": [start] + common.curve(history, "eval_accuracy", steps[1:]),
             "history": history})
+        if args.publish:
+            publish(args.publish, common.read_json(seed_json(root, arm, seed)))
 
     shown = plan | (read_only or {})
     runs = {arm: {s: common.read_json(seed_json(root, arm, s)) for s in seeds} for arm, seeds in shown.items()}
@@ -398,6 +452,7 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
     claims = CLAIMS if claims is None else claims
     claims, speed = judge(finals, claims), judge(reach, claims, sign=-1.0)
     against = judge(finals, {k: v for k, v in AGAINST_RULE_ARMS.items() if v[0] in plan}) if read_only else {}
+    pooled = judge(pool_finals(args.pool, finals, steps), claims) if args.pool else {}
     bar = shortcuts.best[1]
     beat_shortcut = {arm: clears(finals[arm], bar) for arm in shown}
     summary = {
@@ -406,7 +461,7 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
                           for rm, m in rm_metrics.items()},
         "reward_model_of_seed": scored_by, "read_not_run": read_only or {},
         "final_accuracy": finals, "steps_to_reach": reach, "groups_varying_first_10_steps": varying,
-        "claims": claims, "speed": speed, "against_rule_arms": against, "shortcuts": shortcuts.to_dict(),
+        "claims": claims, "pooled_with": args.pool, "pooled_claims": pooled, "speed": speed, "against_rule_arms": against, "shortcuts": shortcuts.to_dict(),
         "beats_best_shortcut_by_10_points_every_seed": beat_shortcut, "mc_check": mc, "config": cfg.to_dict()}
     suffix = f"_{name}" if name else ""
     summary_path = os.path.join(root, f"summary{suffix}.json")
@@ -429,6 +484,9 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
               f">= {args.reach}: {[reach[arm][s] for s in sorted(reach[arm])]} (never: {censor})")
     for claim, c in claims.items():
         print(f"[figure5] {claim}: {c['better']} − {c['worse']} = {c['mean']:+.3f} "
+              f"[{c['low']:+.3f}, {c['high']:+.3f}] (n={len(c['seeds'])}): {c['verdict']}")
+    for claim, c in pooled.items():
+        print(f"[figure5] {claim}, pooled with {args.pool}: {c['better']} − {c['worse']} = {c['mean']:+.3f} "
               f"[{c['low']:+.3f}, {c['high']:+.3f}] (n={len(c['seeds'])}): {c['verdict']}")
     for comparison, c in against.items():
         print(f"[figure5] {comparison} = {c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] (n={len(c['seeds'])}; "

@@ -51,7 +51,7 @@ def test_reward_model_arm_seed_s_is_scored_by_draw_s_mod_n():
         "prm_draw0", "prm_draw1", "prm_draw0"]
 
 
-def trained_reward_models(monkeypatch, tmp_path, overrides, draws):
+def trained_reward_models(monkeypatch, tmp_path, overrides, draws, rm_loss=None):
     """reward_model() for every kind and draw, experiments/train_reward_model.py replaced by a
     stand-in that records its arguments: {run dir name: argv}."""
     from grpo_jax import config as config_lib
@@ -68,7 +68,7 @@ def trained_reward_models(monkeypatch, tmp_path, overrides, draws):
 
     monkeypatch.setitem(sys.modules, "train_reward_model", types.SimpleNamespace(main=fake_main))
     cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), overrides)
-    args = types.SimpleNamespace(rm_draws=draws, rm_trunk_steps=2, rm_steps=3, no_progress=True)
+    args = types.SimpleNamespace(rm_draws=draws, rm_trunk_steps=2, rm_steps=3, no_progress=True, rm_loss=rm_loss)
     for kind in ("outcome", "process"):
         for draw in range(draws):
             path, metrics = f5.reward_model(kind, cfg, str(tmp_path), ("train.jsonl", "held_out.jsonl"), args, draw)
@@ -87,6 +87,7 @@ def test_reward_model_draws_train_on_the_regimes_task_with_seed_d(monkeypatch, t
         assert {"data.task=modular", "data.modulus=13", "data.num_operands=6", "data.num_subtractions=2"} <= set(argv)
         assert "--operations" not in argv  # the arithmetic task's knob only
         assert argv[argv.index("--kind") + 1] == ("outcome" if name.startswith("orm") else "process")
+        assert "--loss" not in argv  # train_reward_model.py's recipe decides
     # One draw: the arithmetic studies' folders and options, as before draws existed.
     calls = trained_reward_models(monkeypatch, tmp_path / "one", ["data.num_operands=8", "data.min_carries=4"], draws=1)
     assert sorted(calls) == ["orm", "prm"]
@@ -108,3 +109,36 @@ def test_reward_model_arms_only_needs_the_rule_arms_seeds_first(monkeypatch, tmp
     with pytest.raises(SystemExit):
         f5.main(["--rule-arms-only", "--reward-model-arms-only", "--out", str(tmp_path)])
     assert "give one" in capsys.readouterr().err
+
+
+def test_rm_loss_reaches_both_kinds(monkeypatch, tmp_path):
+    calls = trained_reward_models(monkeypatch, tmp_path, [], draws=1, rm_loss="pointwise")
+    assert {argv[argv.index("--loss") + 1] for argv in calls.values()} == {"pointwise"}
+
+
+def _run(arm, seed, finals, steps=(0, 10, 20)):
+    return {"arm": arm, "seed": seed, "steps": list(steps), "eval_accuracy": [0.1, 0.2, finals],
+            "history": [{"groups_varying_fraction": 0.5}] * 6 + [{"groups_varying_fraction": 1.0}] * 6}
+
+
+def test_publish_writes_the_curve_without_history(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "common", script("common"))
+    f5.publish(str(tmp_path), _run("GRPO+PS-rule", 7, 0.6))
+    got = json.loads((tmp_path / "GRPO_PS-rule_seed7.json").read_text())
+    assert got == {"arm": "GRPO+PS-rule", "seed": 7, "steps": [0, 10, 20], "eval_accuracy": [0.1, 0.2, 0.6],
+                   "groups_varying_first_10_steps": pytest.approx(0.7)}  # 6 x 0.5 and 4 x 1.0
+
+
+def test_pool_finals_joins_fresh_seeds_and_refuses_overlap_or_other_steps(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "common", script("common"))
+    for arm, seed, final in (("Online RFT", 0, 0.5), ("Online RFT", 1, 0.55), ("GRPO+OS-rule", 0, 0.6),
+                             ("RFT", 0, 0.3)):  # RFT is not in this study: not pooled
+        f5.publish(str(tmp_path), _run(arm, seed, final))
+    finals = {"Online RFT": {5: 0.4}, "GRPO+OS-rule": {5: 0.7}}
+    pooled = f5.pool_finals(str(tmp_path), finals, [0, 10, 20])
+    assert pooled == {"Online RFT": {0: 0.5, 1: 0.55, 5: 0.4}, "GRPO+OS-rule": {0: 0.6, 5: 0.7}}
+    assert finals == {"Online RFT": {5: 0.4}, "GRPO+OS-rule": {5: 0.7}}  # not modified
+    with pytest.raises(ValueError, match="seed 0 of Online RFT"):
+        f5.pool_finals(str(tmp_path), {"Online RFT": {0: 0.4}}, [0, 10, 20])
+    with pytest.raises(ValueError, match="evaluated at steps"):
+        f5.pool_finals(str(tmp_path), finals, [0, 10, 20, 30])
