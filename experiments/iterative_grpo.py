@@ -37,8 +37,8 @@ from grpo_jax import config as config_lib
 from grpo_jax import sampler
 from grpo_jax.errors import CheckpointError
 from grpo_jax.eval.plots import plot_runs
-from grpo_jax.rl.reward_models import (ReplayBuffer, label_completions, labelled_samples,
-                                    pairwise_accuracy, train_reward_model)
+from grpo_jax.rl.reward_models import (ReplayBuffer, RewardModel, label_completions, labelled_samples,
+                                       pairwise_accuracy, read_samples, train_reward_model)
 from grpo_jax.parallel.sharding import to_host
 from grpo_jax.tasks.shortcuts import clears
 from grpo_jax.eval.stats import format_interval
@@ -69,12 +69,16 @@ def run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0: float,
                                   f"Delete {root} to rerun seed {seed}.")
     progress, m = not args.no_progress, cfg.run.steps
     total = args.iterations * m
-    held_out = labelled_samples(task, "validation", 64, seed, wrong_step_prob=0.5)
-    # Iteration 0's reward model: trained from the SFT policy on SFT-style labelled samples.
+    held_out = (read_samples(args.rm_held_out) if args.rm_held_out else
+                labelled_samples(task, "validation", 64, seed, wrong_step_prob=0.5))
     buffer = ReplayBuffer(seed=seed)
-    first = labelled_samples(task, "train", 512, seed, wrong_step_prob=0.5)
-    rm, _ = train_reward_model(cfg.model, tok, first, kind="outcome", steps=args.rm_steps,
-                               init_params=sft_policy, seed=seed, progress=progress)
+    if args.reward_model:  # iteration 0's reward model trained elsewhere, on --rm-samples
+        rm = RewardModel.load(args.reward_model.format(draw=seed % args.rm_draws), tok)
+        first = read_samples(args.rm_samples)
+    else:  # trained here from the SFT policy on SFT-style labelled samples
+        first = labelled_samples(task, "train", 512, seed, wrong_step_prob=0.5)
+        rm, _ = train_reward_model(cfg.model, tok, first, kind="outcome", steps=args.rm_steps,
+                                   init_params=sft_policy, seed=seed, progress=progress)
     buffer.add(first)
     fixed_rm = rm
 
@@ -101,9 +105,10 @@ def run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0: float,
         if it + 1 < args.iterations:
             new = policy_samples(cfg, trainer.params, task, tok, mesh, num_prompts=args.rm_prompts, per_prompt=4,
                                  seed=seed * 100 + it)
-            rm, _ = train_reward_model(cfg.model, tok, new, kind="outcome", steps=args.rm_continue_steps,
+            rm, _ = train_reward_model(rm.cfg, tok, new, kind="outcome", steps=args.rm_continue_steps,
                                        init_params=rm, replay=buffer, replay_fraction=args.replay_fraction,
-                                       seed=seed * 100 + it + 1, progress=progress)
+                                       seed=seed * 100 + it + 1, progress=progress, lr=args.rm_lr,
+                                       batch_size=args.rm_batch, lm_weight=args.rm_lm_weight)
             buffer.add(new)
             rm_acc.append(pairwise_accuracy(rm, held_out))
             rm_on_policy.append(on_policy_accuracy(trainer.params, it + 1))
@@ -113,6 +118,7 @@ def run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0: float,
     steps = [0] + list(range(cfg.run.eval_every, total + 1, cfg.run.eval_every))
     result = {"seed": seed, "steps": steps, "iteration_ends": [m * (i + 1) for i in range(args.iterations)],
               "iterative": [acc0] + common.curve(history, "eval_accuracy", steps[1:]),
+              "reward_model": args.reward_model.format(draw=seed % args.rm_draws) if args.reward_model else None,
               "reward_model_pairwise_accuracy": rm_acc,
               "reward_model_on_policy_pairwise_accuracy": rm_on_policy,
               "reward_model_on_final_policy_pairwise_accuracy": policy_end}
@@ -134,6 +140,20 @@ def main(argv=None):
     p.add_argument("--rm-steps", type=int, default=300, help="reward-model steps at iteration 0")
     p.add_argument("--rm-continue-steps", type=int, default=200, help="reward-model steps per later iteration")
     p.add_argument("--rm-prompts", type=int, default=256, help="new questions sampled per RM update")
+    p.add_argument("--rm-lr", type=float, default=3e-4, help="peak learning rate of each RM update")
+    p.add_argument("--rm-batch", type=int, default=16, help="sequences per RM update step")
+    p.add_argument("--rm-lm-weight", type=float, default=0.0,
+                   help="joint next-token loss weight of each RM update (the recipe of docs/reward_models.md: 1)")
+    p.add_argument("--reward-model", default=None,
+                   help="iteration 0's reward model, a saved RewardModel folder (e.g. one of "
+                        "experiments/figure5_sparse.py's; '{draw}' in it becomes seed %% --rm-draws), instead "
+                        "of one trained here from the SFT policy (--rm-steps); needs --rm-samples")
+    p.add_argument("--rm-draws", type=int, default=1, help="draws '{draw}' in --reward-model ranges over")
+    p.add_argument("--rm-samples", default=None,
+                   help="the labelled samples (JSON lines) --reward-model was trained on: the replay buffer's start")
+    p.add_argument("--rm-held-out", default=None,
+                   help="labelled held-out samples (JSON lines) the reward model's pairwise accuracy is measured "
+                        "on at every iteration (default: 64 validation questions x 4 SFT-style samples)")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the fixed-reward-model baseline run")
     p.add_argument("--replay-fraction", type=float, default=0.1, help="historical share of RM batches")
@@ -147,6 +167,11 @@ def main(argv=None):
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}", "run.steps=20", "run.eval_every=10", *regime])
     if args.iterations < 1:
         p.error(f"--iterations must be >= 1, got {args.iterations}")
+    if (args.reward_model is None) != (args.rm_samples is None):
+        p.error("--reward-model and --rm-samples go together (the replay buffer starts with the samples it was "
+                "trained on)")
+    if args.rm_draws < 1:
+        p.error(f"--rm-draws must be >= 1, got {args.rm_draws}")
     if not cfg.run.eval_every or cfg.run.steps % cfg.run.eval_every:
         p.error(f"run.steps (steps per iteration, {cfg.run.steps}) must be a multiple of run.eval_every "
                 f"({cfg.run.eval_every}) so both arms are evaluated at every iteration boundary")
