@@ -143,6 +143,7 @@ def publish(folder: str, run: dict) -> None:
     import common
 
     varying = [h.get("groups_varying_fraction", 0.0) for h in run["history"][:10]]
+    os.makedirs(folder, exist_ok=True)
     common.write_json(os.path.join(folder, published_name(run["arm"], run["seed"])),
                       {"arm": run["arm"], "seed": run["seed"], "steps": run["steps"],
                        "eval_accuracy": run["eval_accuracy"],

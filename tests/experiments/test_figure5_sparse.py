@@ -123,8 +123,8 @@ def _run(arm, seed, finals, steps=(0, 10, 20)):
 
 def test_publish_writes_the_curve_without_history(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "common", script("common"))
-    f5.publish(str(tmp_path), _run("GRPO+PS-rule", 7, 0.6))
-    got = json.loads((tmp_path / "GRPO_PS-rule_seed7.json").read_text())
+    f5.publish(str(tmp_path / "new"), _run("GRPO+PS-rule", 7, 0.6))  # the folder is made
+    got = json.loads((tmp_path / "new" / "GRPO_PS-rule_seed7.json").read_text())
     assert got == {"arm": "GRPO+PS-rule", "seed": 7, "steps": [0, 10, 20], "eval_accuracy": [0.1, 0.2, 0.6],
                    "groups_varying_first_10_steps": pytest.approx(0.7)}  # 6 x 0.5 and 4 x 1.0
 
