@@ -450,10 +450,10 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
     varying = {arm: {s: sum(h.get("groups_varying_fraction", 0.0) for h in r["history"][:10]) /
                      len(r["history"][:10]) for s, r in by_seed.items()}
                for arm, by_seed in runs.items() if arm.startswith("GRPO")}
-    claims = CLAIMS if claims is None else claims
-    claims, speed = judge(finals, claims), judge(reach, claims, sign=-1.0)
+    pairs = CLAIMS if claims is None else claims
+    claims, speed = judge(finals, pairs), judge(reach, pairs, sign=-1.0)
     against = judge(finals, {k: v for k, v in AGAINST_RULE_ARMS.items() if v[0] in plan}) if read_only else {}
-    pooled = judge(pool_finals(args.pool, finals, steps), claims) if args.pool else {}
+    pooled = judge(pool_finals(args.pool, finals, steps), pairs) if args.pool else {}
     bar = shortcuts.best[1]
     beat_shortcut = {arm: clears(finals[arm], bar) for arm in shown}
     summary = {
