@@ -37,6 +37,7 @@ data.modulus, data.num_operands, data.num_subtractions), data.wrong_step_prob.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -64,6 +65,11 @@ DEFAULTS = [
 
 
 ARITHMETIC_OPERATIONS = "+"
+
+# Base models trained in this process, by everything that determines one: an ORM and a PRM of
+# the same run.seed (experiments/figure5_sparse.py trains both for each draw) share a trunk
+# instead of training the same one twice.
+_TRUNKS: dict[str, tuple] = {}
 
 
 def build_task(data, operations: str | None = None):
@@ -143,14 +149,21 @@ def main(argv=None) -> dict:
         section.validate()
     print(f"[reward model] {args.kind}; tokenizer {tokenizer.vocab_size} pieces; task {task_description(task)}")
 
-    trunk = None
+    trunk, trunk_reused = None, False
     if args.trunk_steps > 0:
-        docs = [ex.prompt + sol for ex, sol in task.sft_examples("train", args.train_prompts, seed)]
-        trunk, trunk_history = rm_lib.pretrain_trunk(
-            cfg.model, tokenizer, docs, steps=args.trunk_steps, batch_size=args.batch_size,
-            lr=args.trunk_lr, seed=seed, progress=progress)
+        key = json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.data), args.trunk_steps,
+                          args.trunk_lr, args.batch_size, args.train_prompts, seed, args.operations,
+                          args.tokenizer, args.tokenizer_vocab], sort_keys=True)
+        trunk_reused = key in _TRUNKS
+        if not trunk_reused:
+            docs = [ex.prompt + sol for ex, sol in task.sft_examples("train", args.train_prompts, seed)]
+            _TRUNKS[key] = rm_lib.pretrain_trunk(
+                cfg.model, tokenizer, docs, steps=args.trunk_steps, batch_size=args.batch_size,
+                lr=args.trunk_lr, seed=seed, progress=progress)
+        trunk, trunk_history = _TRUNKS[key]
         print(f"[reward model] base model next-token loss {trunk_history[0]['loss']:.3f} -> "
-              f"{np.mean([h['loss'] for h in trunk_history[-20:]]):.3f}")
+              f"{np.mean([h['loss'] for h in trunk_history[-20:]]):.3f}"
+              + (" (trained earlier in this process, reused)" if trunk_reused else ""))
 
     if args.train_samples:
         train, held_out = rm_lib.read_samples(args.train_samples), rm_lib.read_samples(args.held_out_samples)
@@ -167,7 +180,7 @@ def main(argv=None) -> dict:
         progress=progress, read=args.read, lm_weight=args.lm_weight, likelihood=args.likelihood)
 
     metrics = {"kind": model.kind, "loss": model.loss, "task": task_description(task), "steps": cfg.run.steps,
-               "trunk_steps": args.trunk_steps, "train_samples": len(train),
+               "trunk_steps": args.trunk_steps, "trunk_reused": trunk_reused, "train_samples": len(train),
                "held_out_samples": len(held_out),
                "held_out_fraction_correct": float(np.mean([s.correct for s in held_out])),
                "final_train_loss": float(np.mean([h["loss"] for h in history[-20:]]))}

@@ -59,3 +59,21 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
     # Two steps rank nothing: the run says so in one line, and metrics.json records it.
     ranks = metrics["held_out_pairwise_accuracy"] >= 0.7
     assert metrics["ranks"] is ranks and ("warning: the reward model ranks" in capsys.readouterr().out) is not ranks
+
+
+def test_an_orm_and_a_prm_of_one_seed_share_the_base_model(tmp_path, monkeypatch):
+    calls, pretrain = [], trm.rm_lib.pretrain_trunk
+
+    def counted(*a, **kw):
+        calls.append(kw["seed"])
+        return pretrain(*a, **kw)
+
+    monkeypatch.setattr(trm.rm_lib, "pretrain_trunk", counted)
+    monkeypatch.setattr(trm, "_TRUNKS", {})
+    common = ["--trunk-steps", "2", "--train-prompts", "8", "--eval-prompts", "4", "--samples-per-prompt", "2",
+              "--batch-size", "4", "--no-progress", "run.steps=1", "model.max_seq_len=48", *TINY]
+    runs = [("outcome", 0), ("process", 0), ("outcome", 1)]
+    metrics = [trm.main(["--kind", kind, *common, f"run.seed={seed}", f"run.run_dir={tmp_path / f'{kind}{seed}'}"])
+               for kind, seed in runs]
+    assert calls == [0, 1]  # seed 0's trunk once, for both kinds; seed 1's its own
+    assert [m["trunk_reused"] for m in metrics] == [False, True, False]
