@@ -208,9 +208,13 @@ class LocalSandbox:
             return ExecutionResult("output_limit", out, err, None, f"output over {self.limits.output_bytes} bytes",
                                    seconds)
         report = b"".join(chunks[report_r])
-        if not report:  # the launcher itself was killed (by the code's signal to its group, say)
+        if not report:
             returncode = proc.wait()
-            return ExecutionResult("killed", out, err, None, f"launcher ended with {returncode}", seconds)
+            if returncode >= 0:  # it failed on its own before it could report: not the code's doing
+                raise SandboxError(f"the sandbox's launcher failed (exit status {returncode}): {err.strip()[-500:]}")
+            # killed by a signal: where no PID namespace or seccomp holds, the code can reach its group
+            return ExecutionResult("killed", out, err, None, f"launcher killed by {signal.Signals(-returncode).name}",
+                                   seconds)
         record = json.loads(report)
         unenforced = unenforced_protections(record)
         if "signal" in record:

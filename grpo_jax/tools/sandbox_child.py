@@ -249,8 +249,11 @@ def main() -> None:
     for name, value in (("RLIMIT_CORE", 0), ("RLIMIT_CPU", limits["cpu_seconds"]),
                         ("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_FSIZE", limits["file_bytes"]),
                         ("RLIMIT_NOFILE", limits["open_files"])):
-        hard = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU first, SIGKILL a second later
-        resource.setrlimit(getattr(resource, name), (value, hard))
+        kind = getattr(resource, name)
+        ceiling = resource.getrlimit(kind)[1]  # an unprivileged process cannot raise its hard limit
+        value = value if ceiling == resource.RLIM_INFINITY else min(value, ceiling)
+        hard = value + 1 if name == "RLIMIT_CPU" and value != ceiling else value  # SIGXCPU, then SIGKILL
+        resource.setrlimit(kind, (value, hard))
     enter_namespaces(record)
     # After the user namespace: the new namespace then counts only its own processes and threads.
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["threads"], limits["threads"]))
