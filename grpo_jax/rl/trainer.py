@@ -367,7 +367,8 @@ class Trainer:
                                                 between_calls=between_calls)
             statuses = [run.status for row in runs for run in row]
             info = {"tool_calls": float(np.mean([len(row) for row in runs])),
-                    "tool_failures": float(np.mean([s != "ok" for s in statuses])) if statuses else 0.0}
+                    "tool_failures": float(np.mean([s != "ok" for s in statuses])) if statuses else 0.0,
+                    "tool_tokens": float(np.asarray(rollout.tool_mask).sum(axis=1).mean())}
         t_score = time.perf_counter()
         scores = score_rollout(self.task, self.tokenizer, examples, rollout, rl.group_size,
                                reward_model=self.reward_model, process=rl.supervision == "process")
