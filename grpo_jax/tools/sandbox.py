@@ -126,6 +126,8 @@ def unenforced_protections(record: dict) -> tuple[str, ...]:
         missing.append(f"files outside the work folder (no Landlock: {unapplied.get('landlock')})")
     if not (seccomp or "nproc" not in unapplied):
         missing.append(f"processes (no seccomp: {unapplied.get('seccomp')}; {unapplied.get('nproc')})")
+    if not seccomp:  # Landlock does not cover chmod, chown, utime or xattrs
+        missing.append(f"modes, owners and times of files outside the work folder (no seccomp: {unapplied['seccomp']})")
     if not (pidns or seccomp or landlock and abi >= 6):
         missing.append(f"signals to the trainer (no PID namespace, no seccomp, Landlock ABI {abi} < 6)")
     if "capabilities" in unapplied:
@@ -219,7 +221,9 @@ class LocalSandbox:
         unenforced = unenforced_protections(record)
         if "signal" in record:
             sig = record["signal"]
-            status = "timeout" if sig == signal.SIGXCPU else "killed"
+            # SIGXCPU at the soft CPU limit, SIGKILL at the hard one (code that ignores SIGXCPU)
+            out_of_cpu = sig == signal.SIGXCPU or sig == signal.SIGKILL and record["cpu_seconds"] >= self.limits.cpu_seconds
+            status = "timeout" if out_of_cpu else "killed"
             detail = f"CPU time {self.limits.cpu_seconds} s" if status == "timeout" else signal.Signals(sig).name
             return ExecutionResult(status, out, err, None, detail, seconds, unenforced)
         code_ = record["exit_code"]
@@ -243,13 +247,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _remove(work: str) -> None:
-    """Remove the work folder even where the code took its permissions away."""
-    def writable_again(func, path, _):
-        os.chmod(os.path.dirname(path), 0o700)
-        if os.path.isdir(path):
-            os.chmod(path, 0o700)
-        func(path)
-    shutil.rmtree(work, onerror=writable_again)
+    """Remove the work folder, even where the code took its folders' permissions away (it
+    can only where the seccomp filter, which refuses chmod, is missing)."""
+    try:
+        shutil.rmtree(work)
+    except PermissionError:
+        os.chmod(work, 0o700)
+        for root, folders, _ in os.walk(work):  # top-down: each folder opened before it is listed
+            for folder in folders:
+                os.chmod(os.path.join(root, folder), 0o700)
+        shutil.rmtree(work)
 
 
 @dataclass(frozen=True)

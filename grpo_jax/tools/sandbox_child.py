@@ -282,7 +282,8 @@ def main() -> None:
         record["unapplied"] = json.loads(runner)
     else:
         record["unapplied"]["runner"] = "the runner ended before it was confined"
-    _, status = os.waitpid(pid, 0)
+    _, status, usage = os.wait4(pid, 0)
+    record["cpu_seconds"] = usage.ru_utime + usage.ru_stime
     if os.WIFSIGNALED(status):
         record["signal"] = os.WTERMSIG(status)
     else:

@@ -14,16 +14,20 @@ from grpo_jax.tools.sandbox import LocalSandbox, SandboxLimits
 # Small enough that every hostile case ends within a few seconds and never strains the machine.
 LIMITS = SandboxLimits(wall_seconds=3, cpu_seconds=2, memory_bytes=192 << 20, output_bytes=1 << 16,
                        file_bytes=1 << 20, open_files=32, threads=8)
-SYSCALLS = {"x86_64": {"unshare": 272, "landlock_create_ruleset": 444},
-            "aarch64": {"unshare": 97, "landlock_create_ruleset": 444}}
+# name: (number, the first argument it is refused for, None for any)
+SYSCALLS = {"x86_64": {"unshare": (272, None), "landlock_create_ruleset": (444, None), "seccomp": (157, 22)},
+            "aarch64": {"unshare": (97, None), "landlock_create_ruleset": (444, None), "seccomp": (167, 22)}}
 REFUSING = '''#!{python} -S
 import ctypes, os, struct, sys
 libc = ctypes.CDLL(None, use_errno=True)
 def op(code, k, jt=0, jf=0):
     return struct.pack("=HBBI", code, jt, jf, k)
-prog = [op(0x20, 0)]
-for nr in {numbers}:
-    prog += [op(0x15, nr, 0, 1), op(0x06, 0x00050000 | 1)]  # EPERM
+prog = []
+for nr, arg in {numbers}:  # EPERM for the syscall (with that first argument)
+    prog += [op(0x20, 0), op(0x15, nr, 0, 3 if arg is not None else 1)]
+    if arg is not None:
+        prog += [op(0x20, 16), op(0x15, arg, 0, 1)]
+    prog += [op(0x06, 0x00050000 | 1)]
 prog += [op(0x06, 0x7FFF0000)]
 code = b"".join(prog)
 buf = ctypes.create_string_buffer(code, len(code))
@@ -34,7 +38,8 @@ os.execv(sys.executable, [sys.executable] + sys.argv[1:])
 
 
 def refusing_interpreter(folder, *syscalls: str) -> str:
-    """An executable that runs this Python with ``syscalls`` answering EPERM."""
+    """An executable that runs this Python with ``syscalls`` answering EPERM ("seccomp": the
+    prctl that installs a seccomp filter)."""
     if platform.machine() not in SYSCALLS:
         pytest.skip(f"no syscall table for {platform.machine()}")
     path = os.path.join(folder, "python-refusing-" + "-".join(syscalls))

@@ -81,6 +81,7 @@ def test_unenforced_protections_name_each_missing_layer():
                              "nproc": "the kernel exempts uid 0 from RLIMIT_NPROC"}}
     missing = unenforced_protections(nothing)
     assert [m.split(" (")[0] for m in missing] == ["network", "files outside the work folder", "processes",
+                                                   "modes, owners and times of files outside the work folder",
                                                    "signals to the trainer"]
     assert "Operation not permitted" in missing[0] and "riscv64" in missing[0]
     # seccomp alone covers network, processes and signals; Landlock files
@@ -101,6 +102,20 @@ def test_what_the_kernel_refuses_is_said_once_in_one_line(tmp_path, work_root):
     found = {p.name: p for p in capabilities(sandbox)}
     assert not found["files"].enforced and not found["write"].enforced
     assert found["network"].enforced and found["processes"].enforced and found["signals"].enforced
+
+
+def test_without_seccomp_the_gaps_are_named_and_the_work_folder_still_goes(tmp_path, work_root):
+    """The seccomp filter refused: the namespaces and Landlock still hold the network, the
+    files and the signals; what is lost is said, and a folder the code locked is removed."""
+    sandbox = LocalSandbox(LIMITS, python=refusing_interpreter(str(tmp_path), "seccomp"))
+    code = "import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0)\nos.chmod('a', 0)\n"
+    with pytest.warns(SandboxWarning):
+        result = sandbox.run(code)
+    assert result.status == "ok"
+    lost = [m.split(" (")[0] for m in result.unenforced]
+    assert lost == (["processes"] if os.getuid() == 0 else []) + ["modes, owners and times of files outside the work folder"]
+    found = {p.name: p for p in capabilities(sandbox)}
+    assert found["network"].enforced and found["files"].enforced and found["signals"].enforced
 
 
 def test_the_sandbox_here_warns_about_nothing(local, work_root):
