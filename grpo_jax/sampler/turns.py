@@ -115,7 +115,7 @@ def generate_with_tools(sampler: Sampler, weights, prompts: Sequence[Sequence[in
             padded = running + running[:1] * (_power_of_two(len(running)) - len(running))
             contexts = [list(prompts[r // group_size]) + rows[r].ids for r in padded]
             out = this.generate(weights, contexts, key=jax.random.fold_in(key, call), group_size=1,
-                                prompts_per_call=prompts_per_call * group_size)
+                                prompts_per_call=prompts_per_call * group_size, between_calls=between_calls)
         tokens, mask, logps = (np.asarray(x) for x in (out.tokens, out.mask, out.logprobs))
         for i, r in enumerate(running):
             row, real = rows[r], mask[i]
