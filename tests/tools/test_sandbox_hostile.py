@@ -6,6 +6,7 @@ Every case runs in the sandbox as it is here and again with the namespaces refus
 """
 import hashlib
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -232,7 +233,6 @@ def test_ctypes(sandbox, work_root, checkpoints):
     code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "print(libc.kill(PARENT, 9), libc.syscall(62 if X86 else 129, PARENT, 9), libc.unshare(0x10000000),\n"
             "      libc.open(CKPT.encode() + b'/latest', 1), libc.fork())\n")
-    import platform
     result = run_contained(sandbox, code, PARENT=os.getpid(), CKPT=str(checkpoints), X86=platform.machine() == "x86_64")
     assert result.status == "ok" and result.stdout.split() == ["-1"] * 5, result
     assert snapshot(checkpoints) == before
