@@ -218,20 +218,25 @@ class LocalSandbox:
             return ExecutionResult("killed", out, err, None, f"launcher killed by {signal.Signals(-returncode).name}",
                                    seconds)
         record = json.loads(report)
-        unenforced = unenforced_protections(record)
-        if "signal" in record:
-            sig = record["signal"]
-            # SIGXCPU at the soft CPU limit, SIGKILL at the hard one (code that ignores SIGXCPU)
-            out_of_cpu = sig == signal.SIGXCPU or sig == signal.SIGKILL and record["cpu_seconds"] >= self.limits.cpu_seconds
-            status = "timeout" if out_of_cpu else "killed"
-            detail = f"CPU time {self.limits.cpu_seconds} s" if status == "timeout" else signal.Signals(sig).name
-            return ExecutionResult(status, out, err, None, detail, seconds, unenforced)
-        code_ = record["exit_code"]
-        if code_ == EXIT_UNCONFINED:
+        if record.get("exit_code") == EXIT_UNCONFINED:
             raise SandboxError(f"the sandbox's process could not confine itself; nothing ran: {err.strip()}")
-        status = "ok" if code_ == 0 else "memory" if code_ == EXIT_MEMORY else "error"
-        return ExecutionResult(status, out, err, code_, "" if code_ == 0 else f"exit status {code_}", seconds,
-                               unenforced)
+        status, exit_code, detail = status_of(record, self.limits)
+        return ExecutionResult(status, out, err, exit_code, detail, seconds, unenforced_protections(record))
+
+
+def status_of(record: dict, limits: SandboxLimits) -> tuple[str, int | None, str]:
+    """(status, exit status, detail) of a call whose code's process ended, from the launcher's
+    record of how it ended (a signal or an exit status) and the CPU time it used."""
+    if "signal" in record:
+        sig = record["signal"]
+        # SIGXCPU at the soft CPU limit, SIGKILL at the hard one (code that ignores SIGXCPU)
+        if sig == signal.SIGXCPU or sig == signal.SIGKILL and record["cpu_seconds"] >= limits.cpu_seconds:
+            return "timeout", None, f"CPU time {limits.cpu_seconds} s"
+        return "killed", None, signal.Signals(sig).name
+    code = record["exit_code"]
+    if code == 0:
+        return "ok", 0, ""
+    return "memory" if code == EXIT_MEMORY else "error", code, f"exit status {code}"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

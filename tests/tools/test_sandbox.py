@@ -73,6 +73,20 @@ def test_a_missing_interpreter_is_a_sandbox_error(work_root):
         LocalSandbox(LIMITS, python="/nonexistent/python").run("print(1)")
 
 
+@pytest.mark.parametrize("record, expected", [
+    ({"exit_code": 0}, ("ok", 0, "")),
+    ({"exit_code": 1}, ("error", 1, "exit status 1")),
+    ({"exit_code": 3}, ("memory", 3, "exit status 3")),
+    ({"signal": 24, "cpu_seconds": 2.0}, ("timeout", None, "CPU time 2 s")),  # SIGXCPU
+    # SIGKILL: the hard CPU limit (the code ignored SIGXCPU) when the CPU time is spent, else a kill
+    ({"signal": 9, "cpu_seconds": 3.0}, ("timeout", None, "CPU time 2 s")),
+    ({"signal": 9, "cpu_seconds": 0.1}, ("killed", None, "SIGKILL")),
+    ({"signal": 11, "cpu_seconds": 0.1}, ("killed", None, "SIGSEGV")),
+])
+def test_the_status_of_how_the_code_ended(record, expected):
+    assert sb.status_of(record, SandboxLimits(cpu_seconds=2)) == expected
+
+
 def test_unenforced_protections_name_each_missing_layer():
     everything = {"landlock_abi": 6, "unapplied": {}, "network_namespace": True, "pid_namespace": True}
     assert unenforced_protections(everything) == ()
