@@ -9,6 +9,7 @@ import pytest
 from grpo_jax.config import ALGORITHM_NAMES, Config, RLConfig
 from grpo_jax.rl import algorithms as alg
 from tests.random_batches import B, G, TC, random_batch, random_logps
+from tests.rl.test_train_step import params  # noqa: F401 (the tiny model's params, a fixture)
 
 
 def _with_tool_tokens(batch):
@@ -104,3 +105,21 @@ def test_without_tools_the_mask_is_the_loss_mask():
     batch = random_batch(1)
     assert batch.tool_mask is None
     np.testing.assert_array_equal(alg.own_tokens(batch), np.asarray(batch.mask))
+
+
+def test_a_train_step_on_tool_tokens_packed_or_padded(params):  # noqa: F811 (the fixture)
+    """The model's step on a batch with tool tokens: the same loss, metrics and update padded
+    or packed (rl.pack: the tool's tokens are context in both); ``tokens`` counts the
+    model's; the log-probs recorded at the tool's tokens are never read."""
+    from tests.rl.test_train_step import BATCH, _cfg as step_cfg, _flat, _run
+
+    batch, own = _with_tool_tokens(BATCH)
+    padded_state, (padded,) = _run(step_cfg(), params, batch=batch)
+    packed_state, (packed,) = _run(step_cfg(pack=True), params, batch=batch)
+    assert padded["tokens"] == own.sum() < np.asarray(BATCH.mask).sum()
+    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
+        assert packed[key] == pytest.approx(padded[key], rel=1e-5, abs=1e-7), key
+    np.testing.assert_allclose(_flat(packed_state.params), _flat(padded_state.params), rtol=1e-5, atol=1e-6)
+    noisy = batch.replace(sample_logprobs=np.where(np.asarray(batch.tool_mask), -30.0, batch.sample_logprobs))
+    _, (noisy_metrics,) = _run(step_cfg(), params, batch=noisy)
+    assert noisy_metrics["loss"] == padded["loss"] and noisy_metrics["logprob_mismatch_max"] == padded["logprob_mismatch_max"]
