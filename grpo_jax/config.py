@@ -245,6 +245,11 @@ class RLConfig:
     top_k: int = _rl(0, "sampling", _SAMPLED)  # 0 = off
     top_p: float = _rl(1.0, "sampling", _SAMPLED)
     max_new_tokens: int = _rl(64, "sampling")
+    # Tool-integrated rollouts (grpo_jax.sampler.turns): the most code blocks of a completion
+    # the task's tool runs (Task.tool), each output appended to the completion and masked out
+    # of the loss; max_new_tokens bounds the model's and the tool's tokens together.
+    # 0 = no tool: one decode per rollout, as before.
+    max_tool_calls: int = _rl(0, "sampling", _SAMPLED)
     num_micro_batches: int = _rl(1, "mode")
     logprob_chunk_size: int = _rl(64, "mode")  # sequence positions per chunk of full-vocab log-softmax
     # Keep each chunk's softmax for the backward pass ([micro-batch rows, Tc, V] float32)
@@ -306,6 +311,8 @@ class RLConfig:
             raise ConfigError(f"rl.sample_prompts must be >= 0 (0 = one call), got {self.sample_prompts}")
         if self.tis_cap < 0:
             raise ConfigError(f"rl.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
+        if self.max_tool_calls < 0:
+            raise ConfigError(f"rl.max_tool_calls must be >= 0 (0 = no tool), got {self.max_tool_calls}")
         if self.async_steps < 0:
             raise ConfigError(f"rl.async_steps must be >= 0 (0 = on-policy), got {self.async_steps}")
         if self.async_steps and self.algorithm not in ("ppo", "grpo"):

@@ -51,3 +51,8 @@ class UnreadableCheckpointError(CheckpointError):
 
 class RewardModelError(GrpoJaxError):
     """A reward-model path or checkpoint that cannot be used."""
+
+
+class SandboxError(GrpoJaxError):
+    """A sandbox that cannot run code at all (its interpreter missing, its process unable to
+    confine itself, a remote service unreachable): not the code's fault, so no status."""

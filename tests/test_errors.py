@@ -16,7 +16,7 @@ def test_error_family_keeps_old_names():
     assert sharding.MeshError is errors.MeshError
     assert pretrained.PretrainedError is errors.PretrainedError
     for cls in (errors.ConfigError, errors.MeshError, errors.DataError, errors.PretrainedError,
-                errors.CheckpointError, errors.RewardModelError):
+                errors.CheckpointError, errors.RewardModelError, errors.SandboxError):
         assert issubclass(cls, errors.GrpoJaxError)
 
 

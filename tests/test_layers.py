@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grpo_jax"
 
 # Bottom to top. The root modules (config, errors, shapes, loops) are below every package and
 # import none of them.
-LAYERS = ("parallel", "text", "data", "tasks", "model", "checkpoints", "sampler", "eval", "rl", "aot", "cli")
+LAYERS = ("tools", "parallel", "text", "data", "tasks", "model", "checkpoints", "sampler", "eval", "rl", "aot", "cli")
 ROOT_MODULES = ("config", "errors", "shapes", "loops")
 
 

@@ -200,9 +200,19 @@ def _masked_mean_std(x, mask) -> tuple[jax.Array, jax.Array]:
     return mean, jnp.sqrt(var)
 
 
-def _truncation_mask(batch, cfg: Config) -> jax.Array:
-    """Completion mask, minus truncated rows when rl.mask_truncated."""
+def own_tokens(batch) -> jax.Array:
+    """``[B, Tc]`` bool: the completion tokens the policy wrote, the only ones the loss, the KL
+    and the entropy read: ``batch.mask`` without the tokens a tool wrote (``batch.tool_mask``,
+    None for a rollout without tools). The tool's tokens stay in the context: the forward
+    passes read ``batch.mask``."""
     mask = batch.mask.astype(bool)
+    return mask if batch.tool_mask is None else mask & ~batch.tool_mask.astype(bool)
+
+
+def _truncation_mask(batch, cfg: Config) -> jax.Array:
+    """The policy's own completion tokens (`own_tokens`), minus truncated rows when
+    rl.mask_truncated."""
+    mask = own_tokens(batch)
     if cfg.rl.mask_truncated:
         mask = mask & ~batch.truncated.astype(bool)[:, None]
     return mask
@@ -233,7 +243,7 @@ def _sampler_was_older(cfg: Config) -> bool:
 
 
 def _common_loss_metrics(algo: "Algorithm", logp, batch, entropy) -> Metrics:
-    mask = batch.mask.astype(bool)
+    mask = own_tokens(batch)
     metrics: Metrics = {}
     if entropy is not None:
         metrics["entropy"] = _token_mean_parts(entropy, mask)
@@ -342,7 +352,7 @@ class Algorithm:
                              old_values=None) -> tuple[Extras, Metrics]:
         """Pure part of ``prepare``: per-row extras from the batch and precomputed
         log-probs / values (all ``[B, Tc]``)."""
-        return Extras(loss_mask=batch.mask.astype(bool)), {}
+        return Extras(loss_mask=own_tokens(batch)), {}
 
     # -- per micro-batch, differentiated
     def loss_parts(self, params: Any, micro_batch: Any, extras: Extras, cfg: Config,
@@ -474,7 +484,7 @@ class DPO(Algorithm):
                              f"{batch.tokens.shape[0]}")
         if ref_logp is None:
             raise ValueError("DPO needs reference log-probs")
-        return Extras(loss_mask=batch.mask.astype(bool), ref_logp=losses.as_float(ref_logp)), {}
+        return Extras(loss_mask=own_tokens(batch), ref_logp=losses.as_float(ref_logp)), {}
 
     def loss_parts_from_logprobs(self, logp, batch, extras, cfg, hp=None, *, values=None,
                                  entropy=None):
@@ -548,7 +558,7 @@ class PPO(Algorithm):
         hp = _hp(cfg, hp)
         if old_logp is None or old_values is None:
             raise ValueError("PPO needs old log-probs and old values")
-        mask = batch.mask.astype(bool)
+        mask = own_tokens(batch)  # GAE steps from one of the policy's tokens to the next
         loss_mask = _truncation_mask(batch, cfg)
         old_logp, old_values = losses.as_float(old_logp), losses.as_float(old_values)
         ref = losses.as_float(ref_logp) if (self.needs_reference(cfg) and ref_logp is not None) else old_logp

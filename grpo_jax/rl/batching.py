@@ -44,13 +44,16 @@ class Batch:
     step_rewards: Any  # [B, S] f32, process-supervision reward per step
     step_end: Any  # [B, S] int32, completion token index where each step ends
     step_mask: Any  # [B, S] bool, real steps
+    # [B, Tc] bool, the tokens a tool wrote (multi-turn rollouts, ``sampler.turns``): in the
+    # context (``mask`` holds them), out of the loss (``algorithms.own_tokens``); None: no tool.
+    tool_mask: Any = None
     # The rows' sequences packed for the forward passes (rl.pack; ``packing.pack``), or None.
     packing: Any = None
 
 
 def make_batch(prompt_tokens, prompt_mask, tokens, mask, *, sample_logprobs=None, rewards=None,
                correct=None, truncated=None, step_rewards=None, step_end=None,
-               step_mask=None) -> Batch:
+               step_mask=None, tool_mask=None) -> Batch:
     """A Batch with defaults for what is not given: zero log-probs and rewards, not
     correct, not truncated, and one empty step slot (S = 1, step_mask False). The one place
     these defaults live (``batch_from_rollout`` and ``texts_to_batch`` come through here)."""
@@ -68,7 +71,8 @@ def make_batch(prompt_tokens, prompt_mask, tokens, mask, *, sample_logprobs=None
         truncated=zeros((rows,), bool) if truncated is None else _host(truncated, bool),
         step_rewards=step_rewards,
         step_end=zeros((rows, s), np.int32) if step_end is None else _host(step_end, np.int32),
-        step_mask=zeros((rows, s), bool) if step_mask is None else _host(step_mask, bool))
+        step_mask=zeros((rows, s), bool) if step_mask is None else _host(step_mask, bool),
+        tool_mask=None if tool_mask is None else _host(tool_mask, bool))
 
 
 def batch_from_rollout(rollout, rewards, correct, step_rewards=None, step_end=None,
@@ -82,7 +86,8 @@ def batch_from_rollout(rollout, rewards, correct, step_rewards=None, step_end=No
     return make_batch(rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens, rollout.mask,
                       sample_logprobs=rollout.logprobs, rewards=np.asarray(rewards).reshape(rows),
                       correct=np.asarray(correct).reshape(rows), truncated=~_host(rollout.finished, bool),
-                      step_rewards=step_rewards, step_end=step_end, step_mask=step_mask)
+                      step_rewards=step_rewards, step_end=step_end, step_mask=step_mask,
+                      tool_mask=rollout.tool_mask)
 
 
 def _host(x, dtype):

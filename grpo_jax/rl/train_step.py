@@ -46,7 +46,7 @@ from grpo_jax.model import fused_attention, lora, packing, splash
 from grpo_jax import loops
 from grpo_jax.rl import losses
 from grpo_jax.model import transformer as model_lib
-from grpo_jax.rl.algorithms import (MAX_METRICS, Algorithm, RLHParams, algorithm_of,
+from grpo_jax.rl.algorithms import (MAX_METRICS, Algorithm, RLHParams, algorithm_of, own_tokens,
                                  split_micro_batches)
 from grpo_jax.rl.batching import Batch
 from grpo_jax.config import Config, ModelConfig
@@ -267,7 +267,7 @@ def _build_step(cfg: Config, algo: Algorithm, tx, value_tx, group_size: int) -> 
         out["groups_kept_fraction"] = jnp.ones((), jnp.float32)
         out.update({k: jnp.asarray(v, jnp.float32) for k, v in prep_metrics.items()})
         out.update(metrics)
-        out["tokens"] = jnp.sum(batch.mask.astype(jnp.float32))
+        out["tokens"] = jnp.sum(own_tokens(batch).astype(jnp.float32))
         out["reward_mean"] = jnp.mean(batch.rewards.astype(jnp.float32))
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                                   value_params=value_params, value_opt_state=value_opt_state)

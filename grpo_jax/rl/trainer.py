@@ -52,6 +52,7 @@ from grpo_jax.model.transformer import add_value_head, param_shardings
 from grpo_jax.rl.optimizer import updates_applied
 from grpo_jax.parallel.sharding import replicated, shard_batch, to_global
 from grpo_jax.sampler import Rollout, Sampler
+from grpo_jax.sampler.turns import ToolUse, generate_with_tools
 from grpo_jax.tasks import Example, Task
 from grpo_jax.text.tokenizer import Tokenizer, encode_prompt
 from grpo_jax.rl.train_step import init_train_state, reset_reference
@@ -72,6 +73,17 @@ def _reward_model(cfg: Config, algorithm: Algorithm, reward_model, tokenizer: To
             f"{algorithm.reward!r} rewards (its gradient coefficient reads the rule's "
             "correctness), so the reward model would be ignored; use ppo or grpo, or unset it")
     return reward_model
+
+
+def _tool_use(cfg: Config, task: Task, tokenizer: Tokenizer) -> ToolUse | None:
+    """The run's tool use (rl.max_tool_calls > 0), built once: the task's tool, its fence
+    tokens in this tokenizer. ConfigError when the task has no tool to call."""
+    if not cfg.rl.max_tool_calls:
+        return None
+    if task.tool is None:
+        raise ConfigError(f"rl.max_tool_calls={cfg.rl.max_tool_calls} but task {task.name!r} has no tool: "
+                          "give it one (CustomTask(..., tool=PythonTool())) or set rl.max_tool_calls=0")
+    return ToolUse.build(task.tool, tokenizer, cfg.rl.max_tool_calls)
 
 
 def _shortcuts(task: Task, examples: list[Example]):
@@ -105,7 +117,7 @@ def _in_flight_meta(in_flight: dict[int, _InFlight]) -> list[dict]:
 
     fields = [f.name for f in dataclasses.fields(Batch) if f.name != "packing"]  # packed at the step
     return [{"step": s, "sampled_at": e.sampled_at, "info": e.info,
-             "batch": {name: array(getattr(e.batch, name)) for name in fields}}
+             "batch": {name: array(getattr(e.batch, name)) for name in fields if getattr(e.batch, name) is not None}}
             for s, e in sorted(in_flight.items())]
 
 
@@ -181,6 +193,7 @@ class Trainer:
             elif cfg.mesh.sample_devices:
                 log.info("mesh.sample_devices=%d on one device: sampling %d step(s) ahead on it, not overlapped",
                          cfg.mesh.sample_devices, cfg.rl.async_steps)
+        self.tool_use = _tool_use(cfg, task, tokenizer)
         self.step_fn = programs.train_step(cfg, self.mesh)
         self.state, self.sft_params = self._initial_state(params)
         self.rng = jax.random.key(cfg.run.seed)
@@ -344,14 +357,24 @@ class Trainer:
         else:
             weights = self.sampler.copy(self.state.base_params if self.sft_params is None else self.sft_params)
         prompts = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
-        rollout = self.sampler.generate(weights, prompts, key=key, group_size=rl.group_size,
-                                        prompts_per_call=rl.sample_prompts, between_calls=between_calls)
+        info = {}
+        if self.tool_use is None:
+            rollout = self.sampler.generate(weights, prompts, key=key, group_size=rl.group_size,
+                                            prompts_per_call=rl.sample_prompts, between_calls=between_calls)
+        else:
+            rollout, runs = generate_with_tools(self.sampler, weights, prompts, key=key, group_size=rl.group_size,
+                                                tools=self.tool_use, prompts_per_call=rl.sample_prompts,
+                                                between_calls=between_calls)
+            statuses = [run.status for row in runs for run in row]
+            info = {"tool_calls": float(np.mean([len(row) for row in runs])),
+                    "tool_failures": float(np.mean([s != "ok" for s in statuses])) if statuses else 0.0,
+                    "tool_tokens": float(np.asarray(rollout.tool_mask).sum(axis=1).mean())}
         t_score = time.perf_counter()
         scores = score_rollout(self.task, self.tokenizer, examples, rollout, rl.group_size,
                                reward_model=self.reward_model, process=rl.supervision == "process")
-        info = {"reward_mean": float(scores.rewards.mean()), "accuracy_train": float(scores.correct.mean()),
-                "completion_length": float(np.asarray(rollout.lengths).mean()),
-                "score_time_s": time.perf_counter() - t_score}
+        info.update({"reward_mean": float(scores.rewards.mean()), "accuracy_train": float(scores.correct.mean()),
+                     "completion_length": float(np.asarray(rollout.lengths).mean()),
+                     "score_time_s": time.perf_counter() - t_score})
         return rollout, scores, info
 
     def _on_mesh(self, batch):

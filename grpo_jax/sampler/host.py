@@ -39,6 +39,9 @@ class Rollout:
     logprobs: jax.Array  # [B, Tc] float32, log-prob of the token under the distribution sampled (top-k/p renormalised); 0 where ~mask
     lengths: jax.Array  # [B] int32 = mask.sum(1)
     finished: jax.Array  # [B] bool: True = stop token ("eos"), False = max_new_tokens ("length")
+    # [B, Tc] bool: the tokens a tool wrote into the completion (``turns``: in the context,
+    # masked out of the loss); None for a rollout without tools.
+    tool_mask: jax.Array | None = None
 
     def completion_ids(self, row: int, stop_ids: Sequence[int]) -> list[int]:
         """The real completion tokens of one row, without its trailing stop token."""

@@ -68,6 +68,9 @@ class Task:
     # What `Example.prompt` is: "task" (the task's own text) or the prompt style a chat
     # wrapper put the question in. A run records it, so its evaluation asks the same way.
     prompt_form: str = "task"
+    # The tool the policy may call while it answers (a `grpo_jax.tools.PythonTool`), when
+    # rl.max_tool_calls > 0; its outputs are part of the completion the reward reads.
+    tool = None
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` examples of ``split``; the same (split, n, seed) always gives the same list."""

@@ -18,6 +18,8 @@ generated text only). That is the whole contract; everything else is optional:
 - ``eval_prompts``: held-out ``(prompt, answer)`` pairs; default: the list itself, or
   distinct draws of ``question`` whose prompt falls in the held-out split (a stable hash of
   the prompt text, `grpo_jax.tasks.split_of`): training then never draws those prompts.
+- ``tool``: a `grpo_jax.tools.PythonTool` the policy may call (rl.max_tool_calls > 0): its
+  code blocks run in a sandbox and their outputs join the completion the reward reads.
 - ``shortcuts(train_examples) -> {name: guess(example) -> answer}``: rules that answer
   without the skill, reported beside every held-out accuracy (`grpo_jax.tasks.shortcuts`; the
   commonest answer is always reported).
@@ -57,7 +59,8 @@ class CustomTask(Task):
                  step_reward: Callable[[str, str, str], Sequence[float]] | None = None,
                  solution: Callable[[str, str, random.Random], str] | None = None,
                  correct_reward: float = 1.0, eval_prompts: Sequence[Pair] | None = None,
-                 shortcuts: Callable[[list[Example]], dict] | None = None, name: str = "custom"):
+                 shortcuts: Callable[[list[Example]], dict] | None = None, name: str = "custom",
+                 tool=None):
         if callable(prompts):
             self._question, self._pairs = prompts, None
         else:
@@ -69,6 +72,7 @@ class CustomTask(Task):
             self._checked_pair(p, f"eval_prompts[{i}]") for i, p in enumerate(eval_prompts)]
         self._reward, self._step_reward, self._solution = reward, step_reward, solution
         self.correct_reward, self.name, self._shortcuts = correct_reward, name, shortcuts
+        self.tool = tool
 
     @staticmethod
     def _checked_pair(pair, where: str) -> Pair:

@@ -181,6 +181,7 @@ def test_batch_from_rollout_fields():
         mask: np.ndarray
         logprobs: np.ndarray
         finished: np.ndarray
+        tool_mask: np.ndarray | None = None
 
     rollout = FakeRollout(BATCH.prompt_tokens, BATCH.prompt_mask, BATCH.tokens, BATCH.mask,
                           np.full((B, TC), -1.0, np.float32), ~BATCH.truncated)
@@ -189,6 +190,11 @@ def test_batch_from_rollout_fields():
     assert batch.rewards.dtype == np.float32 and batch.correct.all()
     assert batch.step_rewards.shape == (B, 1) and not batch.step_mask.any()
     np.testing.assert_array_equal(batch.sample_logprobs, -1.0)
+    assert batch.tool_mask is None  # no tool: the train step's inputs are as before
+    tool_mask = np.asarray(BATCH.mask) & (np.arange(TC) == 1)
+    with_tools = batching.batch_from_rollout(dataclasses.replace(rollout, tool_mask=tool_mask), rewards=[0.0] * B,
+                                             correct=[True] * B)
+    np.testing.assert_array_equal(with_tools.tool_mask, tool_mask)
 
 
 def _count_step_eqns(cfg, params, predicate) -> int:

@@ -1,0 +1,162 @@
+"""Multi-turn rollouts: the model writes code, the host runs it, the output joins the context.
+
+``generate_with_tools(sampler, weights, prompts, key=..., group_size=G, tools=ToolUse)`` is
+`Sampler.generate` for a policy that may call a tool (``grpo_jax.tools.PythonTool``) up to
+``tools.max_calls`` times per completion (rl.max_tool_calls). Host-side Python between
+sampler calls; each call is an ordinary `sample_to_host`:
+
+1. Decode every running row until it stops: on a stop token (the completion ends), on a
+   token that may close a code block (`ToolUse.fence_ids`, stop tokens of this call while a
+   row has calls left), or at the call's length.
+2. For a row stopped where its text since the last output holds a complete block
+   (`PythonTool.code`): run it in the tool's sandbox and append its output
+   (`PythonTool.output`, tokenized) to the row. A fence that opened a block, or a block
+   after the last allowed call, is just text: the row decodes on.
+3. Sample the running rows again, each with its prompt and completion so far as the prompt
+   (a fresh prefill: no cache is carried between calls), until every row has stopped or
+   filled ``max_new_tokens``.
+
+The result is one `Rollout` of exactly the shapes `Sampler.generate` returns: the
+completion holds the model's tokens and the tool's, in order; ``mask`` is True on both (the
+tool's output is context: the train step's forward pass reads it), ``tool_mask`` on the
+tool's only (the loss, the KL and the entropy skip them: ``rl.algorithms.own_tokens``), and
+``logprobs`` are the model's own (0 on the tool's). The tool runs' results come back beside it.
+
+Randomness: call k draws with ``fold_in(key, k)``, the running rows in their order as its
+rows, so a rollout is a function of (key, prompts, params, settings, the code's outputs).
+Unlike a single-turn rollout, a row's draws depend on which other rows were still running
+at each call. The running rows of a call are padded to a power of two (repeats of the first,
+discarded), so a rollout compiles for few batch shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from grpo_jax.sampler.host import Rollout, Sampler
+from grpo_jax.text.tokenizer import Tokenizer
+from grpo_jax.tools.python_tool import PythonTool
+from grpo_jax.tools.sandbox import ExecutionResult
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolUse:
+    """A run's tool use, built once (`build`): the ``tool``, the ``tokenizer`` its output is
+    encoded with, the most calls per completion, and ``fence_ids``, every token whose text
+    holds the last character of the tool's closing marker (a marker split over several
+    tokens ends on one of them)."""
+
+    tool: PythonTool
+    tokenizer: Tokenizer
+    max_calls: int
+    fence_ids: tuple[int, ...]
+
+    @classmethod
+    def build(cls, tool: PythonTool, tokenizer: Tokenizer, max_calls: int) -> "ToolUse":
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be >= 1 (0 is a rollout without tools), got {max_calls}")
+        last = tool.close[-1]
+        fence = tuple(i for i in range(tokenizer.vocab_size) if last in tokenizer.decode([i]))
+        if not fence:
+            raise ValueError(f"no token of the vocabulary holds {last!r}: the model cannot close a "
+                             f"code block with {tool.close!r}")
+        return cls(tool, tokenizer, max_calls, fence)
+
+
+@dataclasses.dataclass
+class _Row:
+    """One completion as it grows: its tokens, which are the model's, their log-probs."""
+
+    ids: list[int] = dataclasses.field(default_factory=list)
+    own: list[bool] = dataclasses.field(default_factory=list)
+    logps: list[float] = dataclasses.field(default_factory=list)
+    turn_start: int = 0  # where the model's text since the last output starts
+    calls: list[ExecutionResult] = dataclasses.field(default_factory=list)
+    done: bool = False
+    finished: bool = False  # ended on a stop token
+
+    def extend(self, ids, logps, own: bool) -> None:
+        self.ids += [int(i) for i in ids]
+        self.logps += [float(x) for x in logps]
+        self.own += [own] * len(ids)
+
+
+def generate_with_tools(sampler: Sampler, weights, prompts: Sequence[Sequence[int]], *, key, group_size: int,
+                        tools: ToolUse, prompts_per_call: int = 0,
+                        between_calls: Callable[[], None] | None = None
+                        ) -> tuple[Rollout, list[list[ExecutionResult]]]:
+    """The multi-turn rollout (module docstring): host arrays of [P * group_size] rows, and
+    each row's tool runs. ``prompts_per_call`` (questions of the first call; later calls take
+    that many times G rows) and ``between_calls`` are `Sampler.generate`'s."""
+    budget = sampler.settings.max_new_tokens
+    stops = set(sampler.settings.stop_tokens)
+    fence = set(tools.fence_ids) - stops
+    rows = [_Row() for _ in range(len(prompts) * group_size)]
+    first = None
+    for call in range(budget):  # every call adds a token to every running row
+        running = [r for r, row in enumerate(rows) if not row.done]
+        if not running:
+            break
+        if call and between_calls is not None:
+            between_calls()
+        calls_left = any(len(rows[r].calls) < tools.max_calls for r in running)
+        settings = dict(max_new_tokens=budget - max(len(rows[r].ids) for r in running),
+                        stop_tokens=tuple(sorted(stops | (fence if calls_left else set()))))
+        this = sampler.with_settings(**settings)
+        if call == 0:
+            out = this.generate(weights, prompts, key=jax.random.fold_in(key, 0), group_size=group_size,
+                                prompts_per_call=prompts_per_call, between_calls=between_calls)
+            first = out
+        else:
+            padded = running + running[:1] * (_power_of_two(len(running)) - len(running))
+            contexts = [list(prompts[r // group_size]) + rows[r].ids for r in padded]
+            out = this.generate(weights, contexts, key=jax.random.fold_in(key, call), group_size=1,
+                                prompts_per_call=prompts_per_call * group_size, between_calls=between_calls)
+        tokens, mask, logps = (np.asarray(x) for x in (out.tokens, out.mask, out.logprobs))
+        for i, r in enumerate(running):
+            row, real = rows[r], mask[i]
+            row.extend(tokens[i][real], logps[i][real], own=True)
+            _after_turn(row, tools, stops, fence, budget)
+    return _rollout(first, rows, budget, sampler.settings.pad_id), [row.calls for row in rows]
+
+
+def _after_turn(row: _Row, tools: ToolUse, stops: set[int], fence: set[int], budget: int) -> None:
+    """What follows a row's decoding: the end (a stop token, the budget), a tool run whose
+    output is appended (a complete block after a fence), or more decoding."""
+    last = row.ids[-1]
+    if last in stops:
+        row.done = row.finished = True
+        return
+    if last in fence and len(row.calls) < tools.max_calls:
+        code = tools.tool.code(tools.tokenizer.decode(row.ids[row.turn_start:]))
+        if code is not None:
+            result = tools.tool.sandbox.run(code)
+            row.calls.append(result)
+            output = tools.tokenizer.encode(tools.tool.output(result))[: budget - len(row.ids)]
+            row.extend(output, [0.0] * len(output), own=False)
+            row.turn_start = len(row.ids)
+    row.done = len(row.ids) >= budget
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _rollout(first: Rollout, rows: list[_Row], budget: int, pad_id: int) -> Rollout:
+    """The rows as one Rollout of the first call's prompts and ``budget`` completion columns."""
+    b = len(rows)
+    tokens = np.full((b, budget), pad_id, np.int32)
+    mask = np.zeros((b, budget), bool)
+    tool_mask = np.zeros((b, budget), bool)
+    logps = np.zeros((b, budget), np.float32)
+    for r, row in enumerate(rows):
+        n = len(row.ids)
+        tokens[r, :n], mask[r, :n], logps[r, :n] = row.ids, True, row.logps
+        tool_mask[r, :n] = ~np.asarray(row.own, bool)
+    return Rollout(prompt_tokens=np.asarray(first.prompt_tokens), prompt_mask=np.asarray(first.prompt_mask),
+                   tokens=tokens, mask=mask, logprobs=logps, lengths=mask.sum(axis=1, dtype=np.int32),
+                   finished=np.array([row.finished for row in rows]), tool_mask=tool_mask)

@@ -1,0 +1,197 @@
+"""Multi-turn rollouts (``sampler.turns``): the host's side with a scripted model (which
+text it writes is fixed, so every case is exact), then the real sampler on a tiny model:
+the shapes of a rollout without tools, the model's own log-probs, determinism given the key."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax.sampler import SamplingParams
+from grpo_jax.sampler.host import Rollout
+from grpo_jax.sampler.turns import ToolUse, generate_with_tools
+from grpo_jax.tools import LocalSandbox, PythonTool, SandboxLimits
+from grpo_jax.tools.python_tool import statuses
+
+EOS = 3
+SANDBOX = LocalSandbox(SandboxLimits(wall_seconds=2, cpu_seconds=1, memory_bytes=192 << 20))
+
+
+class Chars:
+    """A tokenizer of one token per character (ids = code points below 128; 3 is eos)."""
+
+    vocab_size = 128
+    stop_ids = [EOS]
+    pad_id = 0
+
+    def encode(self, text, add_bos=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids if i != EOS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scripted:
+    """A sampler whose model writes ``turns[p][k]`` (then eos) for prompt p after the k-th
+    tool output: each call continues the current turn's text from where the context left it,
+    stops on the call's stop tokens or at its length, and logs -(id / 1000) per token.
+    ``seen`` records each call's (rows, max_new_tokens, stop tokens)."""
+
+    turns: tuple
+    settings: SamplingParams
+    seen: list = dataclasses.field(default_factory=list)
+
+    def with_settings(self, **changes):
+        return dataclasses.replace(self, settings=self.settings.replace(**changes))
+
+    def generate(self, weights, prompts, *, key, group_size=1, prompts_per_call=0, between_calls=None):
+        tok, s = Chars(), self.settings
+        contexts = [list(p) for p in prompts for _ in range(group_size)]
+        self.seen.append((len(contexts), s.max_new_tokens, set(s.stop_tokens)))
+        rows = np.full((len(contexts), s.max_new_tokens), 0, np.int32)
+        for i, ctx in enumerate(contexts):
+            text = tok.decode(ctx)
+            prompt_index = int(text[1])  # prompts are "P<p>:"
+            k = text.count("```output")
+            tail = text[text.rfind("```\n") + 4:] if k else text[3:]
+            plan = tok.encode(self.turns[prompt_index][k]) + [EOS]
+            new = plan[len(tail):]
+            for j, t in enumerate(new[: s.max_new_tokens]):
+                rows[i, j] = t
+                if t in s.stop_tokens:
+                    break
+        mask = np.zeros_like(rows, bool)
+        for i in range(len(rows)):
+            nz = np.flatnonzero(rows[i])
+            mask[i, : (nz[-1] + 1 if len(nz) else 0)] = True
+        tp = max(len(c) for c in contexts)
+        pt = np.array([[0] * (tp - len(c)) + c for c in contexts], np.int32)
+        return Rollout(prompt_tokens=pt, prompt_mask=pt > 0, tokens=rows, mask=mask,
+                       logprobs=np.where(mask, -rows / 1000.0, 0.0).astype(np.float32),
+                       lengths=mask.sum(1), finished=np.isin(rows, [EOS]).any(1))
+
+
+def _run(turns, *, budget=64, max_calls=2, tool=None, group_size=1):
+    sampler = Scripted(tuple(turns), SamplingParams(max_new_tokens=budget, stop_tokens=(EOS,)))
+    tools = ToolUse.build(tool or PythonTool(SANDBOX), Chars(), max_calls)
+    prompts = [Chars().encode(f"P{p}:") for p in range(len(turns))]
+    rollout, runs = generate_with_tools(sampler, None, prompts, key=jax.random.key(0), group_size=group_size,
+                                        tools=tools)
+    texts = [Chars().decode(np.asarray(rollout.tokens[r])[np.asarray(rollout.mask[r])]) for r in range(len(runs))]
+    return rollout, runs, texts, sampler.seen
+
+
+def test_a_closed_block_runs_and_its_output_joins_the_completion():
+    turns = [("I compute.\n```python\nprint(6 * 7)\n```", " So 42."), ("No code here.",)]
+    rollout, runs, texts, seen = _run(turns)
+    assert texts[0] == "I compute.\n```python\nprint(6 * 7)\n```\n```output\n42\n```\n So 42."
+    assert texts[1] == "No code here."
+    assert [[r.status for r in row] for row in runs] == [["ok"], []]
+    tool = np.asarray(rollout.tool_mask[0])
+    written = Chars().decode(np.asarray(rollout.tokens[0])[tool])
+    assert written == "\n```output\n42\n```\n"  # exactly the tool's tokens are marked
+    assert np.all(np.asarray(rollout.logprobs[0])[tool] == 0.0)
+    own = np.asarray(rollout.mask[0]) & ~tool
+    np.testing.assert_allclose(np.asarray(rollout.logprobs[0])[own], -np.asarray(rollout.tokens[0])[own] / 1000,
+                               rtol=1e-6)
+    assert rollout.finished.tolist() == [True, True]
+    assert rollout.tokens.shape == rollout.mask.shape == rollout.tool_mask.shape == (2, 64)
+    # an opening fence stops the row too (it may close a block), then it decodes on
+    assert len(seen) >= 3 and all({ord("`"), EOS} <= stops for _, _, stops in seen[:2])
+
+
+def test_a_tool_that_times_out_ends_the_turn_with_a_status_the_reward_reads():
+    turns = [("```python\nwhile True:\n    pass\n```", " It timed out.")]
+    _, runs, texts, _ = _run(turns, budget=128)
+    assert [r.status for r in runs[0]] == ["timeout"]
+    assert f"[timeout: {runs[0][0].detail}]\n```\n It timed out." in texts[0]  # wall or CPU time
+    assert statuses(texts[0]) == ["timeout"]
+
+
+def test_errors_say_their_exception_and_calls_stop_at_max_calls():
+    block = "```python\nprint(1 / 0)\n```"
+    turns = [(block, block, block + " done")]
+    _, runs, texts, _ = _run(turns, budget=256, max_calls=2)
+    assert [r.status for r in runs[0]] == ["error", "error"]
+    assert statuses(texts[0]) == ["error", "error"]
+    assert "[error: ZeroDivisionError: division by zero]" in texts[0]
+    assert texts[0].endswith(block + " done")  # the third block is only text
+    assert texts[0].count("```output") == 2
+
+
+def test_the_budget_bounds_the_models_and_the_tools_tokens_together():
+    turns = [("```python\nprint('x' * 300)\n```", " never written")]
+    rollout, runs, texts, seen = _run(turns, budget=48)
+    assert len(runs[0]) == 1 and int(rollout.lengths[0]) == 48 and not rollout.finished[0]
+    assert texts[0] == "```python\nprint('x' * 300)\n```\n```output\n" + "x" * 7
+    assert all(rows and new >= 1 for rows, new, _ in seen)
+
+
+def test_rows_of_a_group_each_call_their_own_tool_and_keep_their_row():
+    turns = [("```python\nprint(1)\n```", " a"), ("plain",)]
+    rollout, runs, texts, seen = _run(turns, group_size=3)
+    assert texts == [texts[0]] * 3 + ["plain"] * 3
+    assert [len(r) for r in runs] == [1, 1, 1, 0, 0, 0]
+    # later calls sample the running rows only, padded to a power of two
+    assert seen[0][0] == 6 and all(rows in (1, 2, 4) for rows, _, _ in seen[1:])
+
+
+def test_tool_use_needs_a_closing_token_and_a_call():
+    with pytest.raises(ValueError, match="max_calls must be >= 1"):
+        ToolUse.build(PythonTool(SANDBOX), Chars(), 0)
+    with pytest.raises(ValueError, match="no token of the vocabulary holds"):
+        ToolUse.build(PythonTool(SANDBOX, close="\u20ac"), Chars(), 1)
+
+
+class Alphabet:
+    """Four tokens (pad, eos, "a", "b"), so a random model writes the tool's markers ("a"
+    opens a block, "b" closes it) all the time; other characters encode as "a"."""
+
+    chars = ["", "", "a", "b"]
+    vocab_size, stop_ids, pad_id = 4, [1], 0
+
+    def encode(self, text, add_bos=False):
+        return [3 if c == "b" else 2 for c in text]
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from grpo_jax.config import cpu_tiny
+    from grpo_jax.model import transformer as model
+    from grpo_jax.sampler import Sampler
+
+    cfg = dataclasses.replace(cpu_tiny().model, vocab_size=4, max_seq_len=64, tie_embeddings=False)
+    params = model.init_params(cfg, jax.random.key(1))
+    # no stop token: every row runs to the budget, through several tool calls
+    sampler = Sampler(cfg, None, SamplingParams(max_new_tokens=16, pad_id=0))
+    tools = ToolUse.build(PythonTool(SANDBOX, open="a", close="b"), Alphabet(), 2)
+    return cfg, params, sampler, tools
+
+
+def test_a_real_rollout_is_deterministic_given_its_key_and_logs_the_models_own_tokens(tiny):
+    from grpo_jax.model.logprobs import sequence_logprobs
+
+    cfg, params, sampler, tools = tiny
+    prompts = [[2, 3, 2]]
+    run = lambda seed: generate_with_tools(sampler, params, prompts, key=jax.random.key(seed), group_size=2,
+                                           tools=tools)
+    (a, runs_a), (b, runs_b), (c, _) = run(0), run(0), run(1)
+    for field in ("tokens", "mask", "tool_mask", "logprobs", "finished"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    assert [[r.stderr for r in row] for row in runs_a] == [[r.stderr for r in row] for row in runs_b]
+    assert not np.array_equal(a.tokens, c.tokens)
+    # the shapes of a rollout without tools; the tool was called
+    plain = sampler.generate(params, prompts, key=jax.random.key(0), group_size=2)
+    assert a.tokens.shape == plain.tokens.shape == (2, 16) and a.prompt_tokens.shape == plain.prompt_tokens.shape
+    assert sum(map(len, runs_a)) >= 1 and np.asarray(a.tool_mask).any()
+    # log-probs: the model's own tokens', as one forward pass over the whole completion
+    # (the tool's output in the context) gives them; 0 on the tool's tokens
+    full = np.asarray(sequence_logprobs(cfg, params, a, temperature=1.0, chunk_size=16))
+    own = np.asarray(a.mask) & ~np.asarray(a.tool_mask)
+    np.testing.assert_allclose(np.asarray(a.logprobs)[own], full[own], atol=2e-5)
+    assert np.all(np.asarray(a.logprobs)[np.asarray(a.tool_mask)] == 0.0)
