@@ -134,6 +134,11 @@ def reward_model_task_args(data) -> list[str]:
     raise ValueError(f"reward models for data.task={data.task} are not set up here (arithmetic or modular)")
 
 
+# A reward-model arm's per-step training metrics, as its published curve names them.
+TRAINING_SERIES = {"reward_mean": "train_reward_mean", "accuracy_train": "train_rule_accuracy",
+                   "completion_length": "train_completion_length"}
+
+
 def published_name(arm: str, seed: int) -> str:
     return f"{slug(arm)}_seed{seed}.json"
 
@@ -144,10 +149,14 @@ def publish(folder: str, run: dict) -> None:
 
     varying = [h.get("groups_varying_fraction", 0.0) for h in run["history"][:10]]
     os.makedirs(folder, exist_ok=True)
-    common.write_json(os.path.join(folder, published_name(run["arm"], run["seed"])),
-                      {"arm": run["arm"], "seed": run["seed"], "steps": run["steps"],
-                       "eval_accuracy": run["eval_accuracy"],
-                       "groups_varying_first_10_steps": sum(varying) / max(1, len(varying))})
+    out = {"arm": run["arm"], "seed": run["seed"], "steps": run["steps"], "eval_accuracy": run["eval_accuracy"],
+           "groups_varying_first_10_steps": sum(varying) / max(1, len(varying))}
+    if ARMS[run["arm"]][1] is not None:  # a reward-model arm: what it optimised against what the rule says
+        for key, name in TRAINING_SERIES.items():
+            out[name] = [h[key] for h in run["history"] if key in h]
+        out["eval_reward_model_score"] = [h["eval_reward_model_score"] for h in run["history"]
+                                          if "eval_reward_model_score" in h]
+    common.write_json(os.path.join(folder, published_name(run["arm"], run["seed"])), out)
 
 
 def pool_finals(folder: str, finals: dict[str, dict[int, float]], steps: list[int]) -> dict[str, dict[int, float]]:

@@ -142,3 +142,18 @@ def test_pool_finals_joins_fresh_seeds_and_refuses_overlap_or_other_steps(monkey
         f5.pool_finals(str(tmp_path), {"Online RFT": {0: 0.4}}, [0, 10, 20])
     with pytest.raises(ValueError, match="evaluated at steps"):
         f5.pool_finals(str(tmp_path), finals, [0, 10, 20, 30])
+
+
+def test_publish_keeps_a_reward_model_arms_training_series(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "common", script("common"))
+    run = _run("GRPO+OS", 5, 0.4)
+    run["history"] = [{"reward_mean": 0.1 * i, "accuracy_train": 0.5, "completion_length": 40.0 - i,
+                       "groups_varying_fraction": 1.0} for i in range(3)]
+    run["history"][1]["eval_reward_model_score"] = 0.7
+    f5.publish(str(tmp_path), run)
+    got = json.loads((tmp_path / "GRPO_OS_seed5.json").read_text())
+    assert got["train_reward_mean"] == pytest.approx([0.0, 0.1, 0.2])
+    assert got["train_rule_accuracy"] == [0.5] * 3 and got["train_completion_length"] == [40.0, 39.0, 38.0]
+    assert got["eval_reward_model_score"] == [0.7]
+    f5.publish(str(tmp_path), _run("Online RFT", 5, 0.4))  # a rule arm: its curve only
+    assert "train_reward_mean" not in json.loads((tmp_path / "Online_RFT_seed5.json").read_text())
