@@ -32,7 +32,8 @@ Both sides are timed alike: the median of ``--reps`` calls after one warm-up (th
 call blocked until done. The rollout runs 1 and N new tokens; its decode is t(N) − t(1) for
 rows × (N − 1) tokens, on either side.
 
-Formulas (``update_flops``, ``decode_floor``):
+Formulas (``update_flops``; ``decode_model.decode_floor``, beside the model of each engine's
+step, part by part: ``decode_model.py``):
 
 * MFU = (6N policy + 2N reference) × rows × (prompt + completion) / seconds / peak, N = the
   matmul weights (every layer's projections and MLP, and the unembedding; not the embedding
@@ -47,6 +48,9 @@ Formulas (``update_flops``, ``decode_floor``):
   question's prompt cache among its rows (``shared``), each prompt once plus every row's N/2
   (``shared_prompt``). floor tok/s = rows / (bytes / HBM bandwidth); the table gives measured
   decode tok/s / floor. The issue's target is against the shared-prompt floor, whichever side.
+  The JSON also gives each side's modelled step (``decode_model.decode_step`` of the engine
+  that ran; ``generate`` for the peer: weights, KV, cache update, logits) and the measured
+  tok/s over what that step allows (``of_modelled_step``).
 * peak memory: the device allocator's peak (``memory_stats``, a fresh process per part) where
   the device has one, else the compiled program's own (arguments + temporaries + outputs −
   aliases) for the update; torch: ``cuda.max_memory_allocated``.
@@ -69,6 +73,8 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu" if "--tiny" in sys.argv else "")
 
 import common  # noqa: E402  (after JAX_PLATFORMS)
+import decode_model  # noqa: E402
+from decode_model import decode_floor, matmul_weights, weight_read_bytes  # noqa: E402
 
 PARTS = ("jax_update", "torch_update", "jax_rollout", "torch_generate")
 
@@ -97,46 +103,9 @@ SHAPES = {  # the issue's shapes (qwen2.5-1.5b's: one H100), and seconds on a CP
 
 # ============================================================================ counts
 
-def matmul_weights(m) -> int:
-    """N: the weights a token is multiplied by: per layer q, k, v, o and the MLP's gate, up and
-    down; the unembedding once (tied or not). Not the embedding lookup, norms or biases."""
-    e, h, k, d, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
-    return m.num_layers * (e * h * d + 2 * e * k * d + h * d * e + 3 * e * f) + e * m.vocab_size
-
-
 def update_flops(m, rows: int, prompt: int, completion: int, reference: bool) -> float:
     """Model FLOPs of one update: (6N + 2N for the reference) per token of every row."""
     return (6 + (2 if reference else 0)) * matmul_weights(m) * rows * (prompt + completion)
-
-
-def weight_read_bytes(m, itemsize: int) -> int:
-    """Bytes of weights one decode step reads: every parameter but an untied input embedding
-    (a step gathers only its rows' tokens from it)."""
-    e, h, k, d, f, layers, v = (m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim,
-                                m.num_layers, m.vocab_size)
-    per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f + 2 * e
-    if m.attention_bias:
-        per_layer += h * d + 2 * k * d
-    return itemsize * (layers * per_layer + e + e * v)
-
-
-def kv_bytes_per_slot(m, kv_itemsize: float) -> float:
-    """KV bytes of one token of one row, every layer (k and v)."""
-    return m.num_layers * 2 * m.num_kv_heads * m.head_dim * kv_itemsize
-
-
-def decode_floor(m, *, questions: int, group: int, prompt: int, new_tokens: int, weight_bytes: float,
-                 kv_itemsize: float, hbm_bandwidth: float) -> dict:
-    """Bytes per decode step and floor tokens/s (module docstring), "per_row" and
-    "shared_prompt"."""
-    rows, slot = questions * group, kv_bytes_per_slot(m, kv_itemsize)
-    mean_new = new_tokens / 2
-    out = {"weight_bytes": weight_bytes, "kv_bytes_per_slot": slot}
-    for name, kv in (("per_row", rows * (prompt + mean_new) * slot),
-                     ("shared_prompt", (questions * prompt + rows * mean_new) * slot)):
-        step = weight_bytes + kv
-        out[name] = {"bytes_per_step": step, "tokens_per_s": rows / (step / hbm_bandwidth)}
-    return out
 
 
 def device_peaks(kind: str) -> tuple[float | None, float | None, str]:
@@ -579,6 +548,16 @@ def derive(args, parts: dict, pk: dict) -> None:
             for kind in ("per_row", "shared_prompt"):
                 r[f"of_{kind}_floor"] = (r["decode_tokens_per_s"] / floor[kind]["tokens_per_s"]
                                          if pk["hbm_bandwidth"] else None)
+            phases = build_config(args).rl.decode_phases
+            engine = r["engine"] if r["side"] == "ours" else "generate"
+            step = decode_model.decode_step(m, engine, questions=r["questions"], group=r["group"], prompt=r["prompt"],
+                                            new_tokens=r["new_tokens"], phases=phases,
+                                            weight_itemsize=r["weight_itemsize"], kv_itemsize=r["kv_itemsize"])
+            r["modelled_step"] = step
+            r["of_modelled_step"] = None
+            if pk["hbm_bandwidth"] and pk["peak_flops"]:
+                seconds = decode_model.step_seconds(step, hbm_bandwidth=pk["hbm_bandwidth"], peak_flops=pk["peak_flops"])
+                r["of_modelled_step"] = r["decode_tokens_per_s"] / (step["rows"] / seconds)
 
 
 def ratios(parts: dict) -> dict:

@@ -63,27 +63,6 @@ def test_matmul_weights_equal_the_peer_models_linear_weights(bench):
         assert bench.matmul_weights(shape) == linear
 
 
-def test_weight_bytes_read_per_decode_step_are_the_sampling_copys_bytes(bench):
-    m = cpu_tiny().model  # tied: the step reads every parameter
-    params = model_lib.param_shapes(m)
-    assert bench.weight_read_bytes(m, 4) == 4 * sum(x.size for x in jax.tree.leaves(params))
-    untied = m.__class__(**{**vars(m), "tie_embeddings": False})
-    params = model_lib.param_shapes(untied)
-    assert bench.weight_read_bytes(untied, 2) == 2 * (sum(x.size for x in jax.tree.leaves(params))
-                                                      - untied.vocab_size * untied.embed_dim)
-
-
-def test_decode_floor_by_hand(bench):
-    m = cpu_tiny().model
-    slot = 2 * 2 * 2 * 32 * 4  # layers x (k, v) x kv heads x head_dim x float32
-    f = bench.decode_floor(m, questions=2, group=4, prompt=16, new_tokens=8, weight_bytes=1000,
-                           kv_itemsize=4, hbm_bandwidth=1e9)
-    assert f["kv_bytes_per_slot"] == slot
-    assert f["per_row"]["bytes_per_step"] == 1000 + 8 * (16 + 4) * slot
-    assert f["shared_prompt"]["bytes_per_step"] == 1000 + (2 * 16 + 8 * 4) * slot
-    assert f["per_row"]["tokens_per_s"] == pytest.approx(8 / (f["per_row"]["bytes_per_step"] / 1e9))
-
-
 @pytest.mark.parametrize("kind,flops,bandwidth", [
     ("NVIDIA H100 80GB HBM3", 989e12, 3.35e12), ("NVIDIA H100 PCIe", 756e12, 2.0e12),
     ("NVIDIA H200", 989e12, 4.8e12), ("NVIDIA A100-SXM4-80GB", 312e12, 2.039e12),
