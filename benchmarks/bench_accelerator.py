@@ -553,10 +553,10 @@ def derive(args, parts: dict, pk: dict) -> None:
             step = decode_model.decode_step(m, engine, questions=r["questions"], group=r["group"], prompt=r["prompt"],
                                             new_tokens=r["new_tokens"], phases=phases,
                                             weight_itemsize=r["weight_itemsize"], kv_itemsize=r["kv_itemsize"])
-            r["modelled_step"] = step
-            r["of_modelled_step"] = None
+            r["modelled_step"], r["of_modelled_step"] = step, None
             if pk["hbm_bandwidth"] and pk["peak_flops"]:
-                seconds = decode_model.step_seconds(step, hbm_bandwidth=pk["hbm_bandwidth"], peak_flops=pk["peak_flops"])
+                seconds = decode_model.step_seconds(step, hbm_bandwidth=pk["hbm_bandwidth"],
+                                                    peak_flops=pk["peak_flops"])
                 r["of_modelled_step"] = r["decode_tokens_per_s"] / (step["rows"] / seconds)
 
 
