@@ -214,7 +214,11 @@ def part_jax_update(args) -> dict:
 
     warm, times = timed(one, args.reps)
     loss = float(jax.device_get(box["metrics"])["loss"])
-    profile = _profile(one, compiled.as_text()) if args.profile and not args.this_variant else None
+    profile = None
+    if args.profile and not args.this_variant:
+        import profile_ops
+
+        profile = _profile(one, compiled.as_text(), profile_ops.summarize_program)
     peak, source = _jax_peak_memory(), "device allocator (peak_bytes_in_use)"
     if peak is None:
         peak, source = common.peak_bytes(compiled.memory_analysis()), "compiled program (memory_analysis)"
@@ -228,17 +232,19 @@ def part_jax_update(args) -> dict:
             | {"logprob_chunk_size": cfg.rl.logprob_chunk_size, "beta": cfg.rl.beta}, "profile": profile}
 
 
-def _profile(one, hlo_text: str) -> dict:
-    """One more call of the update under jax's profiler, its kernels summed by part of the
-    model, pass and op (``profile_ops.summarize_program``). Run after the timed reps, so the
-    profiler's overhead touches no timing."""
+def _profile(one, hlo_text: str, summarize) -> dict:
+    """One more call of ``one`` under jax's profiler, summarized from the trace and the
+    program's optimised HLO text: the update's kernels by part of the model, pass and op
+    (``profile_ops.summarize_program``), the rollout's decode by part of its step
+    (``profile_ops.summarize_decode``). Run after the timed reps, so the profiler's overhead
+    touches no timing."""
     import tempfile
 
     import profile_ops
 
     with tempfile.TemporaryDirectory(prefix="bench_accelerator_trace_") as d:
         trace = profile_ops.trace_of(one, Path(d))
-    return profile_ops.summarize_program(trace, hlo_text)
+    return summarize(trace, hlo_text)
 
 
 def probe(tiny: bool) -> dict:
@@ -296,6 +302,15 @@ def part_jax_rollout(args) -> dict:
                           else np.dtype(sampler_cache.dtype(m, rl.kv_dtype)).itemsize)
     peak = _jax_peak_memory()
     out["peak_bytes"], out["peak_source"] = peak, "device allocator (peak_bytes_in_use)" if peak else "not measured"
+    out["profile"] = None
+    if args.profile:  # after the timed calls and the peak, as the update's
+        import profile_ops
+
+        n = args.new_tokens
+        drawn = run_sampler.evaluation(1.0).with_settings(max_new_tokens=n)
+        text = profile_ops.decode_program_text(drawn, copy, prompts, g, jax.random.key(0))
+        out["profile"] = _profile(lambda: run(n), text,
+                                  lambda trace, hlo: profile_ops.summarize_decode(trace, hlo, n - 1))
     out["probe"] = probe(args.tiny)
     return out
 
@@ -633,7 +648,8 @@ def parse_args(argv):
     ap.add_argument("--profile", action="store_true",
                     help="profile one more call of our update (not the variants') and print where its kernel "
                          "time goes: by part of the model, by pass (forward, remat's recomputation, backward), "
-                         "by op (profile_ops.summarize_program)")
+                         "by op (profile_ops.summarize_program); and one more rollout, its decode split by part "
+                         "of the step (profile_ops.summarize_decode)")
     ap.add_argument("--reps", type=int, default=None, help="timed calls per part after the warm-up (3; --tiny 2)")
     ap.add_argument("--peak-flops", type=float, default=0.0, help="MFU's peak FLOP/s (default: DEVICE_PEAKS)")
     ap.add_argument("--hbm-bandwidth", type=float, default=0.0, help="the floor's bytes/s (default: DEVICE_PEAKS)")
@@ -702,12 +718,14 @@ def main(argv=None) -> int:
     print(common.markdown_table(TABLE_HEADERS, table_rows(report)))
     for k, v in report["ratios"].items():
         print(f"{k}: {v:.2f}x")
-    update = parts.get("jax_update", {})
-    if update.get("status") == "ok" and update["result"].get("profile"):
-        import profile_ops
+    for part, what, tables in (("jax_update", "update's kernel time", "summary_tables"),
+                               ("jax_rollout", "decode's time", "decode_tables")):
+        p = parts.get(part, {})
+        if p.get("status") == "ok" and p["result"].get("profile"):
+            import profile_ops
 
-        print("\nwhere our update's kernel time goes (one more call under jax's profiler):\n")
-        print("\n".join(profile_ops.summary_tables(update["result"]["profile"])))
+            print(f"\nwhere our {what} goes (one more call under jax's profiler):\n")
+            print("\n".join(getattr(profile_ops, tables)(p["result"]["profile"])))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=common.jsonable))
         print(f"wrote {args.json}")

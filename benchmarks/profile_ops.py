@@ -312,7 +312,8 @@ def library_calls(hlo_text: str) -> dict[str, list[str]]:
         return out
 
     return {name: [c for called in _CALLED.findall(rest) for c in calls_in(called, frozenset({called}))]
-            for instructions in comps.values() for name, _, _, rest in instructions if name.startswith("command_buffer")}
+            for instructions in comps.values() for name, _, _, rest in instructions
+            if name.startswith("command_buffer")}
 
 
 def library_kernel_ops(events: list[dict], names: dict[str, str], calls: dict[str, list[str]]) -> dict[int, str]:
@@ -345,7 +346,7 @@ def library_kernel_ops(events: list[dict], names: dict[str, str], calls: dict[st
 # op runs (launches, the loop's condition read on the host).
 DECODE_SCOPES = (("cache_update", "cache update"), ("attend", "attention"), ("embed", "embedding"),
                  ("unembed", "unembedding"), ("sample", "sampling"), ("layers", "layers"), ("final_norm", "layers"))
-NO_SOURCE = "no JAX op (library kernels in command buffers; XLA's ops feeding none)"
+NO_SOURCE = "no JAX op: XLA's own (copies of the loop's carry), or a library kernel in a command buffer"
 IDLE = "loop: no op running"
 DECODE_PARTS = ("embedding", "layers", "attention", "cache update", "unembedding", "sampling", "loop: its ops",
                 NO_SOURCE, IDLE)

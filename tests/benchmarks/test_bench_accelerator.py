@@ -145,3 +145,33 @@ def test_peak_flops_override_and_a_variant_row(bench, tmp_path):
         assert sum(profile[table].values()) == pytest.approx(profile["kernel_ms"])
     assert any("layers/mlp" in r["op"] and "dot_general" in r["op"] for r in profile["top_ops"])
     assert "where our update's kernel time goes" in out.getvalue()
+
+
+@pytest.mark.parametrize("engine", ["feature_major", "shared"])
+def test_the_tiny_rollouts_decode_profile_is_split_by_part(bench, benchmark_module, tmp_path, engine):
+    """--profile on our rollout: one more call under jax's profiler, its decode split by part of
+    the step; every part the model's and the sampler's named scopes mark is found, whichever
+    engine ran (shared is the GPU's), and the parts add up to the program's span."""
+    profile_ops = benchmark_module("profile_ops")
+    path = tmp_path / "r.json"
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = bench.main(["--tiny", "--in-process", "--parts", "jax_rollout", "--profile", "--reps", "1",
+                           "--threads", "1", "--json", str(path), f"rl.decode={engine}"])
+    assert code == 0, out.getvalue()
+    r = json.loads(path.read_text())["parts"]["jax_rollout"]["result"]
+    profile = r["profile"]
+    assert r["engine"] == engine and profile["module"] == "jit_decode"
+    assert profile["steps"] == r["new_tokens"] - 1 == 7 and profile["events"] > 7
+    parts = profile["by_part"]
+    assert list(parts) == list(profile_ops.DECODE_PARTS)
+    assert sum(parts.values()) == pytest.approx(profile["span_ms"])
+    assert min(parts.values()) >= 0
+    for part in ("embedding", "layers", "attention", "cache update", "unembedding", "sampling"):
+        assert parts[part] > 0, part
+    tops = profile["top_ops"]
+    assert all("/attend/" in o["op"] for o in tops["attention"])
+    assert all(o["op"].startswith("sample/") for o in tops["sampling"])
+    assert any("mlp/" in o["op"] and "dot_general" in o["op"] for o in tops["layers"])
+    assert "where our decode's time goes" in out.getvalue()
+    # the modelled step of the engine that ran, beside the measurement
+    assert r["modelled_step"]["engine"] == engine and r["of_modelled_step"] > 0
