@@ -718,6 +718,11 @@ def main(argv=None) -> int:
     print(common.markdown_table(TABLE_HEADERS, table_rows(report)))
     for k, v in report["ratios"].items():
         print(f"{k}: {v:.2f}x")
+    for name in ("jax_rollout", "torch_generate"):
+        r = parts.get(name, {}).get("result", {})
+        if r.get("of_modelled_step") is not None:
+            print(f"{name}: {r['of_modelled_step']:.2f} of its modelled step's tok/s "
+                  f"(decode_model.py, {r['modelled_step']['engine']})")
     for part, what, tables in (("jax_update", "update's kernel time", "summary_tables"),
                                ("jax_rollout", "decode's time", "decode_tables")):
         p = parts.get(part, {})

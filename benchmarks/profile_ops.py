@@ -421,7 +421,7 @@ def summary_tables(summary: dict) -> list[str]:
     lines = [f"{summary['module']}: {summary['events']} kernels, {summary['kernel_ms']:.1f} ms of kernel time "
              f"({100 * summary['matmul_ms'] / total:.1f}% in matmuls) over a {summary['span_ms']:.1f} ms span", ""]
     for key, title in (("by_part", "part | kind"), ("by_phase", "pass | kind")):
-        lines += [f"| {title} | ms | share |", "|---|---|---|"]
+        lines += [f"| {title} | ms | share |", "|---|---|---|---|"]
         lines += [f"| {k} | {ms:.1f} | {100 * ms / total:.1f}% |" for k, ms in summary[key].items()] + [""]
     lines += ["| op (HLO result shape) | calls | ms | share |", "|---|---|---|---|"]
     lines += [f"| {r['op'].strip() or '(no op_name)'} | {r['calls']} | {r['ms']:.1f} | {100 * r['ms'] / total:.1f}% |"
