@@ -32,7 +32,8 @@ Both sides are timed alike: the median of ``--reps`` calls after one warm-up (th
 call blocked until done. The rollout runs 1 and N new tokens; its decode is t(N) − t(1) for
 rows × (N − 1) tokens, on either side.
 
-Formulas (``update_flops``, ``decode_floor``):
+Formulas (``update_flops``; ``decode_model.decode_floor``, beside the model of each engine's
+step, part by part: ``decode_model.py``):
 
 * MFU = (6N policy + 2N reference) × rows × (prompt + completion) / seconds / peak, N = the
   matmul weights (every layer's projections and MLP, and the unembedding; not the embedding
@@ -47,6 +48,9 @@ Formulas (``update_flops``, ``decode_floor``):
   question's prompt cache among its rows (``shared``), each prompt once plus every row's N/2
   (``shared_prompt``). floor tok/s = rows / (bytes / HBM bandwidth); the table gives measured
   decode tok/s / floor. The issue's target is against the shared-prompt floor, whichever side.
+  The JSON also gives each side's modelled step (``decode_model.decode_step`` of the engine
+  that ran; ``generate`` for the peer: weights, KV, cache update, logits) and the measured
+  tok/s over what that step allows (``of_modelled_step``).
 * peak memory: the device allocator's peak (``memory_stats``, a fresh process per part) where
   the device has one, else the compiled program's own (arguments + temporaries + outputs −
   aliases) for the update; torch: ``cuda.max_memory_allocated``.
@@ -69,6 +73,8 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu" if "--tiny" in sys.argv else "")
 
 import common  # noqa: E402  (after JAX_PLATFORMS)
+import decode_model  # noqa: E402
+from decode_model import decode_floor, matmul_weights, weight_read_bytes  # noqa: E402
 
 PARTS = ("jax_update", "torch_update", "jax_rollout", "torch_generate")
 
@@ -97,46 +103,9 @@ SHAPES = {  # the issue's shapes (qwen2.5-1.5b's: one H100), and seconds on a CP
 
 # ============================================================================ counts
 
-def matmul_weights(m) -> int:
-    """N: the weights a token is multiplied by: per layer q, k, v, o and the MLP's gate, up and
-    down; the unembedding once (tied or not). Not the embedding lookup, norms or biases."""
-    e, h, k, d, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
-    return m.num_layers * (e * h * d + 2 * e * k * d + h * d * e + 3 * e * f) + e * m.vocab_size
-
-
 def update_flops(m, rows: int, prompt: int, completion: int, reference: bool) -> float:
     """Model FLOPs of one update: (6N + 2N for the reference) per token of every row."""
     return (6 + (2 if reference else 0)) * matmul_weights(m) * rows * (prompt + completion)
-
-
-def weight_read_bytes(m, itemsize: int) -> int:
-    """Bytes of weights one decode step reads: every parameter but an untied input embedding
-    (a step gathers only its rows' tokens from it)."""
-    e, h, k, d, f, layers, v = (m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim,
-                                m.num_layers, m.vocab_size)
-    per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f + 2 * e
-    if m.attention_bias:
-        per_layer += h * d + 2 * k * d
-    return itemsize * (layers * per_layer + e + e * v)
-
-
-def kv_bytes_per_slot(m, kv_itemsize: float) -> float:
-    """KV bytes of one token of one row, every layer (k and v)."""
-    return m.num_layers * 2 * m.num_kv_heads * m.head_dim * kv_itemsize
-
-
-def decode_floor(m, *, questions: int, group: int, prompt: int, new_tokens: int, weight_bytes: float,
-                 kv_itemsize: float, hbm_bandwidth: float) -> dict:
-    """Bytes per decode step and floor tokens/s (module docstring), "per_row" and
-    "shared_prompt"."""
-    rows, slot = questions * group, kv_bytes_per_slot(m, kv_itemsize)
-    mean_new = new_tokens / 2
-    out = {"weight_bytes": weight_bytes, "kv_bytes_per_slot": slot}
-    for name, kv in (("per_row", rows * (prompt + mean_new) * slot),
-                     ("shared_prompt", (questions * prompt + rows * mean_new) * slot)):
-        step = weight_bytes + kv
-        out[name] = {"bytes_per_step": step, "tokens_per_s": rows / (step / hbm_bandwidth)}
-    return out
 
 
 def device_peaks(kind: str) -> tuple[float | None, float | None, str]:
@@ -245,7 +214,11 @@ def part_jax_update(args) -> dict:
 
     warm, times = timed(one, args.reps)
     loss = float(jax.device_get(box["metrics"])["loss"])
-    profile = _profile(one, compiled.as_text()) if args.profile and not args.this_variant else None
+    profile = None
+    if args.profile and not args.this_variant:
+        import profile_ops
+
+        profile = _profile(one, compiled.as_text(), profile_ops.summarize_program)
     peak, source = _jax_peak_memory(), "device allocator (peak_bytes_in_use)"
     if peak is None:
         peak, source = common.peak_bytes(compiled.memory_analysis()), "compiled program (memory_analysis)"
@@ -259,17 +232,19 @@ def part_jax_update(args) -> dict:
             | {"logprob_chunk_size": cfg.rl.logprob_chunk_size, "beta": cfg.rl.beta}, "profile": profile}
 
 
-def _profile(one, hlo_text: str) -> dict:
-    """One more call of the update under jax's profiler, its kernels summed by part of the
-    model, pass and op (``profile_ops.summarize_program``). Run after the timed reps, so the
-    profiler's overhead touches no timing."""
+def _profile(one, hlo_text: str, summarize) -> dict:
+    """One more call of ``one`` under jax's profiler, summarized from the trace and the
+    program's optimised HLO text: the update's kernels by part of the model, pass and op
+    (``profile_ops.summarize_program``), the rollout's decode by part of its step
+    (``profile_ops.summarize_decode``). Run after the timed reps, so the profiler's overhead
+    touches no timing."""
     import tempfile
 
     import profile_ops
 
     with tempfile.TemporaryDirectory(prefix="bench_accelerator_trace_") as d:
         trace = profile_ops.trace_of(one, Path(d))
-    return profile_ops.summarize_program(trace, hlo_text)
+    return summarize(trace, hlo_text)
 
 
 def probe(tiny: bool) -> dict:
@@ -327,6 +302,15 @@ def part_jax_rollout(args) -> dict:
                           else np.dtype(sampler_cache.dtype(m, rl.kv_dtype)).itemsize)
     peak = _jax_peak_memory()
     out["peak_bytes"], out["peak_source"] = peak, "device allocator (peak_bytes_in_use)" if peak else "not measured"
+    out["profile"] = None
+    if args.profile:  # after the timed calls and the peak, as the update's
+        import profile_ops
+
+        n = args.new_tokens
+        drawn = run_sampler.evaluation(1.0).with_settings(max_new_tokens=n)
+        text = profile_ops.decode_program_text(drawn, copy, prompts, g, jax.random.key(0))
+        out["profile"] = _profile(lambda: run(n), text,
+                                  lambda trace, hlo: profile_ops.summarize_decode(trace, hlo, n - 1))
     out["probe"] = probe(args.tiny)
     return out
 
@@ -579,6 +563,16 @@ def derive(args, parts: dict, pk: dict) -> None:
             for kind in ("per_row", "shared_prompt"):
                 r[f"of_{kind}_floor"] = (r["decode_tokens_per_s"] / floor[kind]["tokens_per_s"]
                                          if pk["hbm_bandwidth"] else None)
+            phases = build_config(args).rl.decode_phases
+            engine = r["engine"] if r["side"] == "ours" else "generate"
+            step = decode_model.decode_step(m, engine, questions=r["questions"], group=r["group"], prompt=r["prompt"],
+                                            new_tokens=r["new_tokens"], phases=phases,
+                                            weight_itemsize=r["weight_itemsize"], kv_itemsize=r["kv_itemsize"])
+            r["modelled_step"], r["of_modelled_step"] = step, None
+            if pk["hbm_bandwidth"] and pk["peak_flops"]:
+                seconds = decode_model.step_seconds(step, hbm_bandwidth=pk["hbm_bandwidth"],
+                                                    peak_flops=pk["peak_flops"])
+                r["of_modelled_step"] = r["decode_tokens_per_s"] / (step["rows"] / seconds)
 
 
 def ratios(parts: dict) -> dict:
@@ -654,7 +648,8 @@ def parse_args(argv):
     ap.add_argument("--profile", action="store_true",
                     help="profile one more call of our update (not the variants') and print where its kernel "
                          "time goes: by part of the model, by pass (forward, remat's recomputation, backward), "
-                         "by op (profile_ops.summarize_program)")
+                         "by op (profile_ops.summarize_program); and one more rollout, its decode split by part "
+                         "of the step (profile_ops.summarize_decode)")
     ap.add_argument("--reps", type=int, default=None, help="timed calls per part after the warm-up (3; --tiny 2)")
     ap.add_argument("--peak-flops", type=float, default=0.0, help="MFU's peak FLOP/s (default: DEVICE_PEAKS)")
     ap.add_argument("--hbm-bandwidth", type=float, default=0.0, help="the floor's bytes/s (default: DEVICE_PEAKS)")
@@ -723,12 +718,19 @@ def main(argv=None) -> int:
     print(common.markdown_table(TABLE_HEADERS, table_rows(report)))
     for k, v in report["ratios"].items():
         print(f"{k}: {v:.2f}x")
-    update = parts.get("jax_update", {})
-    if update.get("status") == "ok" and update["result"].get("profile"):
-        import profile_ops
+    for name in ("jax_rollout", "torch_generate"):
+        r = parts.get(name, {}).get("result", {})
+        if r.get("of_modelled_step") is not None:
+            print(f"{name}: {r['of_modelled_step']:.2f} of its modelled step's tok/s "
+                  f"(decode_model.py, {r['modelled_step']['engine']})")
+    for part, what, tables in (("jax_update", "update's kernel time", "summary_tables"),
+                               ("jax_rollout", "decode's time", "decode_tables")):
+        p = parts.get(part, {})
+        if p.get("status") == "ok" and p["result"].get("profile"):
+            import profile_ops
 
-        print("\nwhere our update's kernel time goes (one more call under jax's profiler):\n")
-        print("\n".join(profile_ops.summary_tables(update["result"]["profile"])))
+            print(f"\nwhere our {what} goes (one more call under jax's profiler):\n")
+            print("\n".join(getattr(profile_ops, tables)(p["result"]["profile"])))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=common.jsonable))
         print(f"wrote {args.json}")

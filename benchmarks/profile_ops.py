@@ -5,9 +5,16 @@ weights) once to compile, once more under `jax.profiler`, and prints for the dec
 prefill program a table of wall time per HLO op, named by the JAX operation it came from
 (`layers/mlp/dot_general f32[32,1536]`) and summed over layers and steps.
 
+A rollout's decode is also split by part of its step (``summarize_decode``): embedding,
+layers (projections, MLP, norms), attention over the cache, cache update, unembedding,
+sampling, and the loop's own work (its ops outside those, and the instants no op runs). The
+parts are the named scopes of the model and the sampler (``DECODE_SCOPES``), so the split
+holds for every engine; they add up to the decode program's span.
+
 Wall time, not thunk time: XLA's CPU runtime runs independent thunks at the same time on
 its threads, so each instant of the program is shared equally among the thunks running
-then. The op names come from the compiled HLO (`XLA_FLAGS=--xla_dump_to`, set here before
+then; a control-flow thunk (a while, a conditional) takes only the instants when none of its
+body's thunks runs. The op names come from the compiled HLO (`XLA_FLAGS=--xla_dump_to`, set here before
 jax loads), the times from the trace JSON the profiler writes; no TensorBoard or xprof
 needed. Profiling slows the run down (about 1.3x here), so read shares, not absolute
 times, and time things with `bench_rollout.py`.
@@ -36,7 +43,7 @@ FLOPs (from the lowered program, as the model wrote it, before a backend's own r
 CPU backend upcasts bf16 dots to float32), and the largest copies and transposes of the
 compiled program (a weight-sized one is a copy of a weight).
 
-Usage:  python benchmarks/profile_ops.py [--batch 32] [--new-tokens 64] [--top 25]
+Usage:  python benchmarks/profile_ops.py [--batch 32] [--group 1] [--engine auto] [--new-tokens 64] [--top 25]
         python benchmarks/profile_ops.py --update [--rows 16] [--device] [--preset NAME]
         python benchmarks/profile_ops.py --hlo [--preset qwen2.5-1.5b] [--layers 2] [--rows 8]
 """
@@ -58,32 +65,72 @@ from pathlib import Path
 import numpy as np
 
 DUMP_FLAGS = "--xla_dump_hlo_as_text --xla_dump_hlo_pass_re=NONE"
-_INSTR = re.compile(r"^\s*%?([\w.\-]+) = (\S+) .*?op_name=\"([^\"]*)\"", re.M)
 _NOISE = re.compile(r"jit\(\w+\)/|closed_call/|while/body/|Transformer/")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
     """instruction name -> 'jax op path result-shape', from an optimised HLO module's text
-    (the `op_name` metadata XLA keeps on each instruction; jit and loop prefixes dropped)."""
-    return {m.group(1): f"{_NOISE.sub('', m.group(3))} {m.group(2)}" for m in _INSTR.finditer(hlo_text)}
+    (the `op_name` metadata XLA keeps on each instruction; jit and loop prefixes dropped).
+
+    An instruction XLA made without one (a layout copy, a cumsum rewritten as reduce-windows)
+    is named after the first op it feeds, directly or through others like it, that has one:
+    that op's path, then ``(XLA's <opcode>)``, so it counts in that op's part of the model
+    and still reads as XLA's own."""
+    named, unnamed, users = {}, {}, {}
+    for instructions in hlo_computations(hlo_text).values():
+        for name, shape, opcode, rest in instructions:
+            shape = "(tuple)" if shape.startswith("(") else shape
+            jax_op = _OP_NAME.search(rest)
+            if jax_op:
+                named[name] = (_NOISE.sub("", jax_op.group(1)), shape)
+            else:
+                unnamed[name] = (opcode, shape)
+            for operand in _OPERAND.findall(rest):
+                users.setdefault(operand, name)
+    out = {name: f"{path} {shape}" for name, (path, shape) in named.items()}
+    for name, (opcode, shape) in unnamed.items():
+        user, seen = users.get(name), {name}
+        while user in unnamed and user not in seen:
+            seen.add(user)
+            user = users.get(user)
+        if user in named:
+            scope = named[user][0].rpartition("/")[0]  # the user's scopes, not its primitive
+            out[name] = f"{scope + '/' if scope else ''}(XLA's {opcode}) {shape}"
+    return out
 
 
-def wall_time_by_op(events: list[dict], label) -> dict[str, tuple[int, float]]:
+def wall_time_by_op(events: list[dict], label, containers=frozenset()) -> dict[str, tuple[int, float]]:
     """label(event) -> key. Returns key -> (count, wall microseconds), where each instant
     covered by n overlapping events is split equally among them (trace 'X' events with
-    'ts' and 'dur' in microseconds)."""
+    'ts' and 'dur' in microseconds).
+
+    ``containers``: the names of events that run others inside them (a CPU trace's while,
+    conditional and call thunks, ``control_flow_ops``; their body's thunks run on any
+    thread): such an event takes only the instants when no other event runs, the innermost
+    (latest started) of them, so that the time inside it is its body's, never shared with it."""
     edges = sorted([(e["ts"], 1, i) for i, e in enumerate(events)] +
                    [(e["ts"] + e["dur"], 0, i) for i, e in enumerate(events)])
     share = [0.0] * len(events)
     running: set[int] = set()
+    holding: dict[int, float] = {}  # running containers -> their start
     last = None
     for t, starts, i in edges:
-        if running and last is not None:
-            for j in running:
-                share[j] += (t - last) / len(running)
+        if last is not None and t > last:
+            if running:
+                for j in running:
+                    share[j] += (t - last) / len(running)
+            elif holding:
+                share[max(holding, key=holding.get)] += t - last
         last = t
-        if starts:
+        container = events[i]["name"] in containers
+        if starts and container:
+            holding[i] = t
+        elif starts:
             running.add(i)
+        elif container:
+            holding.pop(i, None)
         else:
             running.discard(i)
     out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
@@ -189,7 +236,7 @@ def summarize_program(trace: dict, hlo_text: str, top: int = 30) -> dict:
     if not events:
         raise ValueError(f"no events of {module} in the trace (modules there: "
                          f"{sorted({e.get('args', {}).get('hlo_module', '?') for e in trace['traceEvents']})[:12]})")
-    rows = wall_time_by_op(events, lambda e: (op_of(names, e), e["name"]))
+    rows = wall_time_by_op(events, lambda e: (op_of(names, e), e["name"]), _containers(trace, hlo_text))
     sums: dict[str, dict] = {"by_part": collections.defaultdict(float), "by_phase": collections.defaultdict(float),
                              "by_op": collections.defaultdict(lambda: [0, 0.0]),
                              "by_kernel": collections.defaultdict(lambda: [0, 0.0])}
@@ -212,13 +259,169 @@ def summarize_program(trace: dict, hlo_text: str, top: int = 30) -> dict:
             "top_kernels": [{"kernel": k, "calls": c, "ms": ms} for k, (c, ms) in top_of(sums["by_kernel"])]}
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_OPCODE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$")
+_CALLED = re.compile(r"\b(?:to_apply|calls|body)=%?([\w.\-]+)")
+CONTROL_FLOW = ("while", "conditional", "call")
+
+
+def hlo_computations(hlo_text: str) -> dict[str, list[tuple[str, str, str, str]]]:
+    """computation -> its instructions in schedule order, each (name, result shape, opcode,
+    the rest of its line), from an HLO module's text (lines before any computation's header
+    under "")."""
+    comps: dict[str, list] = {"": []}
+    current = comps[""]
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            current = comps.setdefault(header.group(1), [])
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        instruction = _OPCODE.match(line)
+        if instruction and current is not None:
+            current.append(instruction.groups())
+    return comps
+
+
+def control_flow_ops(hlo_text: str) -> set[str]:
+    """The instructions that run other instructions inside them (while, conditional, call)."""
+    return {name for instructions in hlo_computations(hlo_text).values()
+            for name, _, opcode, _ in instructions if opcode in CONTROL_FLOW}
+
+
+def _containers(trace: dict, hlo_text: str) -> set[str]:
+    """`wall_time_by_op`'s containers: a CPU trace's control-flow thunks; none on a device,
+    whose events are kernels only."""
+    return set() if device_pids(trace) else control_flow_ops(hlo_text)
+
+
+def library_calls(hlo_text: str) -> dict[str, list[str]]:
+    """command buffer -> the op names (`op_names`) of the library calls (custom-calls: cuBLAS,
+    cuDNN) it runs, in schedule order, through the computations it calls (a while's body once)."""
+    comps, names = hlo_computations(hlo_text), op_names(hlo_text)
+
+    def calls_in(comp: str, seen: frozenset) -> list[str]:
+        out = []
+        for name, _, opcode, rest in comps.get(comp, ()):
+            if opcode == "custom-call":
+                out.append(names.get(name, name))
+            out += [c for called in _CALLED.findall(rest) if called not in seen
+                    for c in calls_in(called, seen | {called})]
+        return out
+
+    return {name: [c for called in _CALLED.findall(rest) for c in calls_in(called, frozenset({called}))]
+            for instructions in comps.values() for name, _, _, rest in instructions
+            if name.startswith("command_buffer")}
+
+
+def library_kernel_ops(events: list[dict], names: dict[str, str], calls: dict[str, list[str]]) -> dict[int, str]:
+    """id(event) -> op name of the kernels inside a command buffer that `op_of` cannot name
+    (a library's, tagged with the buffer only): in each run of consecutive events of one
+    buffer, the k-th such kernel is the (k mod n)-th of the buffer's n library calls
+    (`library_calls`), a run of a buffer executed m times holding m rounds of them. A run whose
+    count is not a whole number of rounds (a library call of two kernels) stays unnamed."""
+    out: dict[int, str] = {}
+    buffer, run = None, []
+
+    def close():
+        lib = calls.get(buffer) or []
+        if lib and run and len(run) % len(lib) == 0:
+            out.update({id(e): lib[k % len(lib)] for k, e in enumerate(run)})
+
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if hlo_op(e) != buffer:
+            close()
+            buffer, run = hlo_op(e), []
+        if buffer in calls and op_of(names, e) == buffer:
+            run.append(e)
+    close()
+    return out
+
+
+# The parts of a decode step, by the named scopes of the model and the sampler (``embed``,
+# ``attend``, ``cache_update``, ``unembed``, ``sample``; the layers' modules), checked in this
+# order on an op's path. What none names is the loop's own work: its ops, and the instants no
+# op runs (launches, the loop's condition read on the host).
+DECODE_SCOPES = (("cache_update", "cache update"), ("attend", "attention"), ("embed", "embedding"),
+                 ("unembed", "unembedding"), ("sample", "sampling"), ("layers", "layers"), ("final_norm", "layers"))
+NO_SOURCE = "no JAX op: XLA's own (copies of the loop's carry), or a library kernel in a command buffer"
+IDLE = "loop: no op running"
+DECODE_PARTS = ("embedding", "layers", "attention", "cache update", "unembedding", "sampling", "loop: its ops",
+                NO_SOURCE, IDLE)
+
+
+def decode_part_of(op: str, named: bool = True) -> str:
+    """The part of a decode step an op name (`op_names`: 'path shape') belongs to; ``named``
+    False: an instruction with no JAX op."""
+    if not named:
+        return NO_SOURCE
+    segments = op.split(" ")[0].split("/")
+    return next((part for scope, part in DECODE_SCOPES if scope in segments), "loop: its ops")
+
+
+def summarize_decode(trace: dict, hlo_text: str, steps: int, top: int = 12) -> dict:
+    """A decode program's time in a profiler trace split by part of the step (`DECODE_PARTS`),
+    from its optimised HLO text: milliseconds per part, with the instants no op runs as a
+    part, so the parts add up to the program's span; per step (``steps``: the loop's trips),
+    and each part's ``top`` ops. JSON-ready."""
+    module, names = module_name(hlo_text), op_names(hlo_text)
+    events = module_events(trace, module)
+    if not events:
+        raise ValueError(f"no events of {module} in the trace")
+    named = library_kernel_ops(events, names, library_calls(hlo_text)) if device_pids(trace) else {}
+    label = lambda e: named.get(id(e)) or op_of(names, e)  # noqa: E731
+    known = set(names.values()) | set(named.values())
+    rows = wall_time_by_op(events, label, _containers(trace, hlo_text))
+    span = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3
+    parts = dict.fromkeys(DECODE_PARTS, 0.0)
+    ops: dict[str, list] = collections.defaultdict(list)
+    for op, (count, wall) in rows.items():
+        part = decode_part_of(op, op in known)
+        parts[part] += wall / 1e3
+        ops[part].append({"op": op, "calls": count, "ms": wall / 1e3})
+    parts[IDLE] = span - sum(parts.values())
+    return {"module": module, "events": len(events), "span_ms": span, "steps": steps,
+            "ms_per_step": span / max(steps, 1), "by_part": parts,
+            "top_ops": {p: sorted(v, key=lambda r: -r["ms"])[:top] for p, v in ops.items()}}
+
+
+def decode_tables(summary: dict) -> list[str]:
+    """Markdown lines of a `summarize_decode` result: the split, then each part's largest ops."""
+    span, steps = summary["span_ms"] or 1.0, max(summary["steps"], 1)
+    lines = [f"{summary['module']}: {summary['events']} events over {summary['span_ms']:.1f} ms, "
+             f"{summary['steps']} steps: {summary['ms_per_step']:.3f} ms per step", "",
+             "| part | ms | ms per step | share |", "|---|---|---|---|"]
+    lines += [f"| {part} | {ms:.1f} | {ms / steps:.3f} | {100 * ms / span:.1f}% |"
+              for part, ms in summary["by_part"].items()]
+    lines += ["", "| part | op (HLO result shape) | calls | ms | share |", "|---|---|---|---|---|"]
+    for part, rows in summary["top_ops"].items():
+        lines += [f"| {part} | {r['op'].strip() or '(no op_name)'} | {r['calls']} | {r['ms']:.1f} | "
+                  f"{100 * r['ms'] / span:.1f}% |" for r in rows[:5]]
+    return lines
+
+
+def decode_program_text(sampler, weights, prompts, group_size: int, key) -> str:
+    """The optimised HLO text of the decode program ``sampler.generate(weights, prompts,
+    group_size=group_size)`` runs in one call: lowered on that call's own arguments (one
+    prefill), so the compile is the one the call made, from jax's cache."""
+    from grpo_jax.shapes import bucket_length
+
+    call = sampler.call(len(prompts), group_size, bucket_length(max(len(p) for p in prompts)))
+    host = call.host_batch(prompts)
+    cache, logits0 = call.prefill(*call.prefill_args(weights, host), **call.prefill_kwargs)
+    args = call.decode_args(weights, cache, logits0, host, key)
+    return call.decode.lower(*args, **call.decode_kwargs).compile().as_text()
+
+
 def summary_tables(summary: dict) -> list[str]:
     """Markdown lines of a `summarize_program` result."""
     total = summary["kernel_ms"] or 1.0
     lines = [f"{summary['module']}: {summary['events']} kernels, {summary['kernel_ms']:.1f} ms of kernel time "
              f"({100 * summary['matmul_ms'] / total:.1f}% in matmuls) over a {summary['span_ms']:.1f} ms span", ""]
     for key, title in (("by_part", "part | kind"), ("by_phase", "pass | kind")):
-        lines += [f"| {title} | ms | share |", "|---|---|---|"]
+        lines += [f"| {title} | ms | share |", "|---|---|---|---|"]
         lines += [f"| {k} | {ms:.1f} | {100 * ms / total:.1f}% |" for k, ms in summary[key].items()] + [""]
     lines += ["| op (HLO result shape) | calls | ms | share |", "|---|---|---|---|"]
     lines += [f"| {r['op'].strip() or '(no op_name)'} | {r['calls']} | {r['ms']:.1f} | {100 * r['ms'] / total:.1f}% |"
@@ -268,6 +471,8 @@ def parse_args(argv):
     ap.add_argument("--layers", type=int, default=2, help="--hlo: the model's layers (they are all alike)")
     ap.add_argument("--sample-dtype", choices=("float32", "bfloat16"), default="float32",
                     help="the rollout samples from a copy in this dtype (rl.sample_dtype)")
+    ap.add_argument("--group", type=int, default=1, help="rows per prompt (rl.group_size)")
+    ap.add_argument("--engine", default="auto", help="the decode engine (rl.decode)")
     ap.add_argument("overrides", nargs="*", help="--hlo: config overrides, section.field=value")
     args = ap.parse_args(argv)
     if min(args.batch, args.prompt_len, args.new_tokens) < 2:
@@ -313,16 +518,15 @@ def profiled_run(args, cfg, params, prompts, name: str):
         print(f"compiling ({name}, one GRPO update of {args.rows} × 256 tokens)...", flush=True)
         return _update_runner(bench_train_step, cfg, params, prompts, args.rows), (("step", 1),)
     policy = sampler.sampling_copy(cfg, params, args.sample_dtype)
+    settings = sampler.SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, engine=args.engine)
 
     def run():
-        r = sampler.sample(cfg, policy, prompts,
-                           sampler.SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
-                           key=jax.random.key(0))
+        r = sampler.sample(cfg, policy, prompts, settings, key=jax.random.key(0), group_size=args.group)
         return np.asarray(r.tokens)
 
-    print(f"compiling ({name}, batch {args.batch}, {args.prompt_len}-token prompts, "
-          f"{args.new_tokens} new tokens)...", flush=True)
-    return run, (("_decode", args.new_tokens - 1), ("_prefill", 1))
+    print(f"compiling ({name}, {args.batch} prompts x {args.group}, {args.prompt_len}-token prompts, "
+          f"{args.new_tokens} new tokens, engine {args.engine})...", flush=True)
+    return run, (("decode", args.new_tokens - 1), ("prefill", 1))
 
 
 def trace_of(run, trace_dir: Path) -> dict:
@@ -341,14 +545,20 @@ def trace_of(run, trace_dir: Path) -> dict:
     return json.load(gzip.open(trace_files[-1]))
 
 
-def print_program(trace: dict, dump: Path, program: str, steps: int, top: int, parts: bool) -> None:
-    """The wall-time table of one compiled program (and its summary by part if `parts`)."""
+def program_text(dump: Path, program: str) -> str:
+    """The optimised HLO text of the jitted function ``program`` from an XLA dump folder."""
     hlo_files = sorted(glob.glob(str(dump / f"*jit_{program}.*after_optimizations.txt")))
     if not hlo_files:
         raise SystemExit(f"profile_ops: no optimised HLO for {program} in {dump}")
-    names = op_names(Path(hlo_files[-1]).read_text())
+    return Path(hlo_files[-1]).read_text()
+
+
+def print_program(trace: dict, dump: Path, program: str, steps: int, top: int, parts: bool) -> None:
+    """The wall-time table of one compiled program (and its summary by part if `parts`)."""
+    text = program_text(dump, program)
+    names = op_names(text)
     events = module_events(trace, f"jit_{program}")
-    rows = wall_time_by_op(events, lambda e: names.get(hlo_op(e), hlo_op(e)))
+    rows = wall_time_by_op(events, lambda e: names.get(hlo_op(e), hlo_op(e)), _containers(trace, text))
     wall = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3
     per = f", {wall / steps:.1f} ms per step over {steps} steps" if steps > 1 else ""
     print(f"## {program.strip('_')}: {wall:.0f} ms wall{per}, {len(events)} thunks\n")
@@ -360,7 +570,6 @@ def print_program(trace: dict, dump: Path, program: str, steps: int, top: int, p
 _STABLEHLO_DOT = re.compile(r"stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x .*?"
                             r": \(tensor<([\dx]*)x(\w+)>, tensor<[\dx]*x(\w+)>\) -> tensor<([\dx]*)x(\w+)>")
 _COPY = re.compile(r"^\s*%?([\w.\-]+) = (\w+)\[([\d,]*)\]\S* (copy|transpose)\((.*)$", re.M)
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
 def dots_by_dtype(stablehlo: str) -> dict[tuple[str, str, str], list]:
@@ -441,6 +650,9 @@ def main(argv=None) -> int:
     trace = trace_of(run, work / "trace")
     for program, steps in programs:
         print_program(trace, dump, program, steps, args.top, parts=args.update)
+    if not args.update:
+        split = summarize_decode(trace, program_text(dump, "decode"), args.new_tokens - 1)
+        print("## the decode by part of its step\n\n" + "\n".join(decode_tables(split)) + "\n")
     if args.keep:
         print(f"trace and HLO kept in {work}")
     else:

@@ -373,26 +373,30 @@ def slot_attention(q, k, v, q_slot, key_mask, kv, write_index, dt, prefix_mask=N
     k, v = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)  # the cache layouts
     new_kv = None
     if kv is not None:
-        new_kv = _write_slots(kv, k, v, write_index)
-        k = dequantize_kv(new_kv["k"], new_kv["k_scale"], 2, dt)
-        v = dequantize_kv(new_kv["v"], new_kv["v_scale"], 3, dt)
-    else:
-        k, v = k.astype(dt), v.astype(dt)
-    b, t, h, d = q.shape
-    s = k.shape[3]
-    allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
-    if segments is not None:
-        allowed = allowed & (segments[:, :, None] == segments[:, None, :])
-    q = q.reshape(b, t, k.shape[1], h // k.shape[1], d)
-    blocks = causal_blocks(t) if kv is None else 1
-    if kv is not None and kv.get("pk") is not None:
-        chex.assert_axis_dimension(q, 1, 1)
-        out = attend_with_prefix(q, k, v, allowed, dequantize_kv(kv["pk"], kv["pk_scale"], 2, dt),
-                                 dequantize_kv(kv["pv"], kv["pv_scale"], 3, dt), prefix_mask)
-    elif blocks > 1:
-        out = attend_causal(q, k, v, allowed, blocks)
-    else:
-        out = attend(q, k, v, allowed)
+        # Named scopes split a decode step's profile into parts (benchmarks/profile_ops.py).
+        with jax.named_scope("cache_update"):
+            new_kv = _write_slots(kv, k, v, write_index)
+    with jax.named_scope("attend"):
+        if kv is not None:
+            k = dequantize_kv(new_kv["k"], new_kv["k_scale"], 2, dt)
+            v = dequantize_kv(new_kv["v"], new_kv["v_scale"], 3, dt)
+        else:
+            k, v = k.astype(dt), v.astype(dt)
+        b, t, h, d = q.shape
+        s = k.shape[3]
+        allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & key_mask[:, None, :]  # [B,T,S]
+        if segments is not None:
+            allowed = allowed & (segments[:, :, None] == segments[:, None, :])
+        q = q.reshape(b, t, k.shape[1], h // k.shape[1], d)
+        blocks = causal_blocks(t) if kv is None else 1
+        if kv is not None and kv.get("pk") is not None:
+            chex.assert_axis_dimension(q, 1, 1)
+            out = attend_with_prefix(q, k, v, allowed, dequantize_kv(kv["pk"], kv["pk_scale"], 2, dt),
+                                     dequantize_kv(kv["pv"], kv["pv_scale"], 3, dt), prefix_mask)
+        elif blocks > 1:
+            out = attend_causal(q, k, v, allowed, blocks)
+        else:
+            out = attend(q, k, v, allowed)
     return out.reshape(b, t, h, d), new_kv
 
 
@@ -632,7 +636,8 @@ class Transformer(nn.Module):
         if segments is not None and cache is not None:
             raise ValueError("segments are for a forward pass without a cache (packed sequences)")
         dt = DTYPES[self.cfg.dtype]
-        x = jnp.take(self.embedding, tokens, axis=0).astype(dt)
+        with jax.named_scope("embed"):  # the profile's parts (benchmarks/profile_ops.py), as in slot_attention
+            x = jnp.take(self.embedding, tokens, axis=0).astype(dt)
         b, t = tokens.shape
         if cache is None:
             write_index = jnp.zeros((), jnp.int32)
@@ -640,7 +645,8 @@ class Transformer(nn.Module):
             kv = None
         else:
             write_index = cache.index
-            key_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, mask, write_index, axis=1)
+            with jax.named_scope("cache_update"):
+                key_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, mask, write_index, axis=1)
             kv = cache_layer(cache, prefix)
         q_slot = jnp.broadcast_to(write_index + jnp.arange(t, dtype=jnp.int32), (b, t))
         if rope_cs is None:
@@ -747,10 +753,11 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> j
     from float32 operands, or with ``cfg.unembed_dtype`` bfloat16 from bf16-rounded ones summed
     in float32 (`product`'s rule, which a bfloat16 sampling copy takes anyway)."""
     w, vocab_major = unembedding(cfg, params)
-    if cfg.unembed_dtype == "bfloat16":
-        w = w.astype(jnp.bfloat16)
-    return product("...e,ve->...v" if vocab_major else "...e,ev->...v", hidden.astype(jnp.float32),
-                   operand(w, jnp.float32))
+    with jax.named_scope("unembed"):  # the profile's parts (benchmarks/profile_ops.py)
+        if cfg.unembed_dtype == "bfloat16":
+            w = w.astype(jnp.bfloat16)
+        return product("...e,ve->...v" if vocab_major else "...e,ev->...v", hidden.astype(jnp.float32),
+                       operand(w, jnp.float32))
 
 
 def forward_logits(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array | None = None) -> jax.Array:

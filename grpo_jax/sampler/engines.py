@@ -101,7 +101,9 @@ def _forward_step(cfg: ModelConfig, params, step_params, unroll: bool, prefix=No
     def step(cache, tokens, real, positions, rope_cs):
         hidden, cache = model_lib.forward_hidden(cfg, step_params(), tokens[:, None], real[:, None], positions,
                                                  cache=cache, unroll=unroll, rope_cs=rope_cs, prefix=prefix)
-        return model_lib.logits_from_hidden(cfg, params, hidden[:, 0]).T, cache_lib.constrain_cache(cache)
+        with jax.named_scope("unembed"):  # the transpose too: XLA folds it into the product
+            logits = model_lib.logits_from_hidden(cfg, params, hidden[:, 0]).T
+        return logits, cache_lib.constrain_cache(cache)
     return step
 
 
@@ -150,7 +152,8 @@ class Shared(DecodeEngine):
         prefix = model_lib.PrefixCache(k=cache.k, v=cache.v, mask=cache.mask, k_scale=cache.k_scale,
                                        v_scale=cache.v_scale)
         logits0 = cache_lib.constrain_rows(jnp.repeat(logits0, rows // logits0.shape[0], axis=0))
-        own = cache_lib.constrain_cache(model_lib.init_cache(cfg, rows, windows[0], cache.k.dtype))
+        with jax.named_scope("cache_update"):  # the profile's parts (benchmarks/profile_ops.py)
+            own = cache_lib.constrain_cache(model_lib.init_cache(cfg, rows, windows[0], cache.k.dtype))
         step = _forward_step(cfg, params, per_layer_params(params, cfg.num_layers), unroll=True, prefix=prefix)
         return _per_layer_step(step), cache_lib.per_layer(own), logits0
 

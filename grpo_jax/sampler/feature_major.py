@@ -112,19 +112,25 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
     """
     s = ks[0].shape[-1]
     bf16 = weights["unembedding"].dtype == jnp.bfloat16
-    x = to_features(embed(weights["embedding"], tokens).astype(DTYPES[cfg.dtype]), bf16)  # [E, B]
-    key_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, real[:, None], index, axis=1)
+    # The named scopes are the model's (slot_attention, logits_from_hidden): a step's profile
+    # splits into the same parts whichever engine ran it (benchmarks/profile_ops.py).
+    with jax.named_scope("embed"):
+        x = to_features(embed(weights["embedding"], tokens).astype(DTYPES[cfg.dtype]), bf16)  # [E, B]
+    with jax.named_scope("cache_update"):
+        key_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, real[:, None], index, axis=1)
     allowed = ((jnp.arange(s) <= index)[None, :] & key_mask)[:, None, :]  # [B, 1, S]
     new_ks, new_vs = [], []
     for w, k_cache, v_cache in zip(weights["layers"], ks, vs):
         x, k_cache, v_cache = _layer(cfg, w, x, k_cache, v_cache, index, allowed, rope_cs, bf16)
         new_ks.append(k_cache)
         new_vs.append(v_cache)
-    hidden = model_lib.rms_norm(x, weights["final_norm"], cfg.rms_eps, axis=0)
-    unembed = weights["unembedding"]
-    if cfg.unembed_dtype == "bfloat16":  # as model.logits_from_hidden
-        unembed = unembed.astype(jnp.bfloat16)
-    logits = dense(unembed, hidden.astype(jnp.float32), jnp.float32)
+    with jax.named_scope("final_norm"):
+        hidden = model_lib.rms_norm(x, weights["final_norm"], cfg.rms_eps, axis=0)
+    with jax.named_scope("unembed"):
+        unembed = weights["unembedding"]
+        if cfg.unembed_dtype == "bfloat16":  # as model.logits_from_hidden
+            unembed = unembed.astype(jnp.bfloat16)
+        logits = dense(unembed, hidden.astype(jnp.float32), jnp.float32)
     return logits, new_ks, new_vs, key_mask
 
 
@@ -168,9 +174,11 @@ def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_
         q = model_lib.rope(_to_rows(q).reshape(b, 1, h, d), rope_cs)
         k = model_lib.rope(_to_rows(k).reshape(b, 1, kh, d), rope_cs)[:, 0]  # [B, K, D]
         v = _to_rows(v).reshape(b, kh, 1, d)
-        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k[..., None].astype(k_cache.dtype), index, axis=3)
-        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=2)
-        out = attend(q.reshape(b, kh, h // kh, d), k_cache.astype(dt), v_cache.astype(dt), allowed)
+        with jax.named_scope("cache_update"):
+            k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k[..., None].astype(k_cache.dtype), index, axis=3)
+            v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=2)
+        with jax.named_scope("attend"):
+            out = attend(q.reshape(b, kh, h // kh, d), k_cache.astype(dt), v_cache.astype(dt), allowed)
         x = x + dense(w["o"], to_features(out.reshape(b, h * d), bf16), dt)
     with jax.named_scope("mlp"):
         y = model_lib.rms_norm(x, w["mlp_norm"], cfg.rms_eps, axis=0)

@@ -67,7 +67,9 @@ def decode(cfg: ModelConfig, engine: DecodeEngine, params, cache, logits0, rows:
     def emit(state: DecodeState, logits) -> DecodeState:
         """Sample column `state.step` for the rows still running (done rows emit pad)."""
         step = state.step
-        token, logp = next_token(logits, uniforms(key, step, rows.row_ids), drawing)
+        # Named scopes split a decode step's profile into parts (benchmarks/profile_ops.py).
+        with jax.named_scope("sample"):
+            token, logp = next_token(logits, uniforms(key, step, rows.row_ids), drawing)
         active = ~state.done
         token = jnp.where(active, token, pad_id)
         logp = jnp.where(active, logp, 0.0)
@@ -102,6 +104,7 @@ def decode(cfg: ModelConfig, engine: DecodeEngine, params, cache, logits0, rows:
         return emit(s.replace(cache=c), logits)
 
     for window in windows:
-        state = state.replace(cache=engine.grow(state.cache, window))
+        with jax.named_scope("cache_update"):
+            state = state.replace(cache=engine.grow(state.cache, window))
         state = loops.while_loop(functools.partial(cond, window), body, state)
     return state.tokens, state.mask, state.logps, state.finished, state.step, engine.finish(state.cache)

@@ -63,27 +63,6 @@ def test_matmul_weights_equal_the_peer_models_linear_weights(bench):
         assert bench.matmul_weights(shape) == linear
 
 
-def test_weight_bytes_read_per_decode_step_are_the_sampling_copys_bytes(bench):
-    m = cpu_tiny().model  # tied: the step reads every parameter
-    params = model_lib.param_shapes(m)
-    assert bench.weight_read_bytes(m, 4) == 4 * sum(x.size for x in jax.tree.leaves(params))
-    untied = m.__class__(**{**vars(m), "tie_embeddings": False})
-    params = model_lib.param_shapes(untied)
-    assert bench.weight_read_bytes(untied, 2) == 2 * (sum(x.size for x in jax.tree.leaves(params))
-                                                      - untied.vocab_size * untied.embed_dim)
-
-
-def test_decode_floor_by_hand(bench):
-    m = cpu_tiny().model
-    slot = 2 * 2 * 2 * 32 * 4  # layers x (k, v) x kv heads x head_dim x float32
-    f = bench.decode_floor(m, questions=2, group=4, prompt=16, new_tokens=8, weight_bytes=1000,
-                           kv_itemsize=4, hbm_bandwidth=1e9)
-    assert f["kv_bytes_per_slot"] == slot
-    assert f["per_row"]["bytes_per_step"] == 1000 + 8 * (16 + 4) * slot
-    assert f["shared_prompt"]["bytes_per_step"] == 1000 + (2 * 16 + 8 * 4) * slot
-    assert f["per_row"]["tokens_per_s"] == pytest.approx(8 / (f["per_row"]["bytes_per_step"] / 1e9))
-
-
 @pytest.mark.parametrize("kind,flops,bandwidth", [
     ("NVIDIA H100 80GB HBM3", 989e12, 3.35e12), ("NVIDIA H100 PCIe", 756e12, 2.0e12),
     ("NVIDIA H200", 989e12, 4.8e12), ("NVIDIA A100-SXM4-80GB", 312e12, 2.039e12),
@@ -166,3 +145,33 @@ def test_peak_flops_override_and_a_variant_row(bench, tmp_path):
         assert sum(profile[table].values()) == pytest.approx(profile["kernel_ms"])
     assert any("layers/mlp" in r["op"] and "dot_general" in r["op"] for r in profile["top_ops"])
     assert "where our update's kernel time goes" in out.getvalue()
+
+
+@pytest.mark.parametrize("engine", ["feature_major", "shared"])
+def test_the_tiny_rollouts_decode_profile_is_split_by_part(bench, benchmark_module, tmp_path, engine):
+    """--profile on our rollout: one more call under jax's profiler, its decode split by part of
+    the step; every part the model's and the sampler's named scopes mark is found, whichever
+    engine ran (shared is the GPU's), and the parts add up to the program's span."""
+    profile_ops = benchmark_module("profile_ops")
+    path = tmp_path / "r.json"
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = bench.main(["--tiny", "--in-process", "--parts", "jax_rollout", "--profile", "--reps", "1",
+                           "--threads", "1", "--json", str(path), f"rl.decode={engine}"])
+    assert code == 0, out.getvalue()
+    r = json.loads(path.read_text())["parts"]["jax_rollout"]["result"]
+    profile = r["profile"]
+    assert r["engine"] == engine and profile["module"] == "jit_decode"
+    assert profile["steps"] == r["new_tokens"] - 1 == 7 and profile["events"] > 7
+    parts = profile["by_part"]
+    assert list(parts) == list(profile_ops.DECODE_PARTS)
+    assert sum(parts.values()) == pytest.approx(profile["span_ms"])
+    assert min(parts.values()) >= 0
+    for part in ("embedding", "layers", "attention", "cache update", "unembedding", "sampling"):
+        assert parts[part] > 0, part
+    tops = profile["top_ops"]
+    assert all("/attend/" in o["op"] for o in tops["attention"])
+    assert all(o["op"].startswith("sample/") for o in tops["sampling"])
+    assert any("mlp/" in o["op"] and "dot_general" in o["op"] for o in tops["layers"])
+    assert "where our decode's time goes" in out.getvalue()
+    # the modelled step of the engine that ran, beside the measurement
+    assert r["modelled_step"]["engine"] == engine and r["of_modelled_step"] > 0

@@ -130,3 +130,132 @@ def test_a_trace_without_the_programs_events_says_which_modules_it_has(profile_o
         profile_ops.summarize_program(trace, GPU_HLO)
     with pytest.raises(ValueError, match="HloModule"):
         profile_ops.module_name("ENTRY %main {}")
+
+
+def test_a_control_flow_thunk_takes_only_the_instants_its_body_leaves(profile_ops):
+    """A CPU trace: a while thunk W spans its body's thunks, which run on other threads; a
+    conditional K inside it. W and K take only the instants when none of their body runs,
+    the innermost of them; the parts add up to the span."""
+    events = [{"name": "W", "ts": 0.0, "dur": 100.0}, {"name": "A", "ts": 10.0, "dur": 30.0},
+              {"name": "B", "ts": 30.0, "dur": 30.0}, {"name": "K", "ts": 60.0, "dur": 15.0},
+              {"name": "C", "ts": 70.0, "dur": 30.0}]
+    rows = profile_ops.wall_time_by_op(events, lambda e: e["name"], containers={"W", "K"})
+    # [0, 10) W; [10, 30) A; [30, 40) A and B; [40, 60) B; [60, 70) K, not W; [70, 100) C
+    assert {k: w for k, (_, w) in rows.items()} == {"W": 10.0, "A": 25.0, "B": 25.0, "K": 10.0, "C": 30.0}
+    shared = profile_ops.wall_time_by_op(events, lambda e: e["name"])  # without: W shares every instant
+    assert shared["W"][1] > 30.0
+
+
+DECODE_HLO = """HloModule jit_decode, entry_computation_layout={()->()}
+
+%body.1 (p: (s32[])) -> (s32[]) {
+  %fusion.1 = f32[8,64]{1,0} fusion(%p), kind=kLoop, calls=%f1, metadata={op_name="jit(decode)/while/body/layers/attn/attend/exp"}
+  %copy.5 = f32[8,64]{1,0} copy(%fusion.1)
+  %wrapped_reduce-window.2 = f32[8,4,16]{2,1,0} fusion(%copy.5), kind=kLoop, calls=%w2
+  %fusion.3 = s32[8]{0} fusion(%wrapped_reduce-window.2), kind=kLoop, calls=%f3, metadata={op_name="jit(decode)/while/body/sample/cond/branch_0_fun/reduce_sum"}
+  %copy.9 = s32[8]{0} copy(%fusion.3)
+  ROOT %tuple.4 = (s32[]) tuple(%copy.9)
+}
+
+ENTRY %main.2 (a: s32[]) -> s32[] {
+  %while.7 = (s32[], f32[8]{0}) while(%a), condition=%cond.1, body=%body.1, metadata={op_name="jit(decode)/while"}
+  %cond.5 = (s32[8]{0}) conditional(%a, %x, %y), branch_computations={%b1, %b2}, metadata={op_name="jit(decode)/while/body/sample/cond"}
+}
+"""
+
+
+def test_hlo_computations_and_control_flow_ops(profile_ops):
+    comps = profile_ops.hlo_computations(DECODE_HLO)
+    assert [i[0] for i in comps["body.1"]] == ["fusion.1", "copy.5", "wrapped_reduce-window.2", "fusion.3", "copy.9",
+                                               "tuple.4"]
+    assert comps["body.1"][0][1:3] == ("f32[8,64]{1,0}", "fusion")
+    assert profile_ops.control_flow_ops(DECODE_HLO) == {"while.7", "cond.5"}
+
+
+def test_xlas_unnamed_ops_are_named_after_the_op_they_feed(profile_ops):
+    names = profile_ops.op_names(DECODE_HLO)
+    assert names["fusion.1"] == "layers/attn/attend/exp f32[8,64]{1,0}"
+    assert names["while.7"] == "while (tuple)"
+    # copy.5 feeds an unnamed reduce-window, which feeds the sampling's reduce_sum
+    assert names["copy.5"] == "sample/cond/branch_0_fun/(XLA's copy) f32[8,64]{1,0}"
+    assert names["wrapped_reduce-window.2"] == "sample/cond/branch_0_fun/(XLA's fusion) f32[8,4,16]{2,1,0}"
+    assert "copy.9" not in names and "tuple.4" not in names  # the loop's carry: no named op downstream
+
+
+@pytest.mark.parametrize("op,part", [
+    ("embed/gather f32[8,1,128]", "embedding"),
+    ("layers/mlp/...e,ef->...f/dot_general f32[8,384]", "layers"),
+    ("layers/attn/bte,ehd->bthd/dot_general f32[8,64]", "layers"),
+    ("final_norm/mul f32[8,128]", "layers"),
+    ("layers/attn/attend/prkgd,pkds->prkgs/dot_general f32[2,2,16,8]", "attention"),
+    ("layers/attn/cache_update/dynamic_update_slice f32[8,2,32,64]", "cache update"),
+    ("cache_update/pad f32[8,2,32,64]", "cache update"),
+    ("unembed/transpose f32[512,8]", "unembedding"),
+    ("sample/cond/branch_0_fun/(XLA's fusion) f32[8,4,16]", "sampling"),
+    ("while (tuple)", "loop: its ops"),
+    ("transpose f32[512,8]", "loop: its ops")])
+def test_decode_parts_by_named_scope(profile_ops, op, part):
+    assert profile_ops.decode_part_of(op) == part
+
+
+def test_the_unnamed_go_to_their_own_part(profile_ops):
+    assert profile_ops.decode_part_of("command_buffer.3", named=False) == profile_ops.NO_SOURCE
+    assert set(profile_ops.DECODE_PARTS) >= {p for _, p in profile_ops.DECODE_SCOPES}
+
+
+GPU_DECODE_HLO = """HloModule jit_decode, entry_computation_layout={()->()}
+
+%cb.1 (p: bf16[8]) -> bf16[8] {
+  %loop_add_fusion.2 = bf16[256,1536]{1,0} fusion(%p), kind=kLoop, calls=%f2, metadata={op_name="jit(decode)/while/body/layers/mlp/add"}
+  %cublas-gemm.1 = bf16[256,8960]{1,0} custom-call(%loop_add_fusion.2), custom_call_target="__cublas$gemm", metadata={op_name="jit(decode)/while/body/layers/mlp/dot_general"}
+  %cublas-gemm.2 = bf16[256,12,1,256]{3,2,1,0} custom-call(%loop_add_fusion.2), custom_call_target="__cublas$gemm", metadata={op_name="jit(decode)/while/body/layers/attn/attend/dot_general"}
+}
+
+%cb.2 (p: bf16[8]) -> bf16[8] {
+  %cublas-gemm.3 = f32[256,151936]{1,0} custom-call(%p), custom_call_target="__cublas$gemm", metadata={op_name="jit(decode)/while/body/unembed/dot_general"}
+}
+
+ENTRY %main.1 (a: bf16[8]) -> bf16[8] {
+  %command_buffer.1 = bf16[8] call(%a), to_apply=%cb.1
+  %command_buffer.2 = bf16[8] call(%a), to_apply=%cb.1
+  %command_buffer.3 = bf16[8] call(%a), to_apply=%cb.2
+  %input_reduce_fusion.4 = f32[256]{0} fusion(%a), kind=kInput, calls=%f4, metadata={op_name="jit(decode)/while/body/sample/reduce_max"}
+}
+"""
+
+
+def _kernel(name, ts, dur, op):
+    return {"ph": "X", "pid": 7, "name": name, "ts": ts, "dur": dur, "args": {"hlo_module": "jit_decode", "hlo_op": op}}
+
+
+def test_library_calls_of_a_command_buffer_in_schedule_order(profile_ops):
+    calls = profile_ops.library_calls(GPU_DECODE_HLO)
+    assert calls["command_buffer.1"] == ["layers/mlp/dot_general bf16[256,8960]{1,0}",
+                                         "layers/attn/attend/dot_general bf16[256,12,1,256]{3,2,1,0}"]
+    assert calls["command_buffer.3"] == ["unembed/dot_general f32[256,151936]{1,0}"]
+
+
+def test_a_gpu_decode_is_split_by_part_and_library_kernels_by_their_buffers_calls(profile_ops):
+    """Buffer 1 runs twice back to back (two layers): its fusion is found by its kernel's name,
+    its four library kernels are its two calls, twice over. Buffer 2 launched three library
+    kernels for its two calls: left unnamed. Buffer 3's gemm is the unembedding. The gaps
+    between kernels are the loop's instants with no op; the parts add up to the span."""
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}},
+        _kernel("loop_add_fusion_2", 0, 10, "command_buffer.1"), _kernel("nvjet_a", 10, 100, "command_buffer.1"),
+        _kernel("nvjet_b", 110, 20, "command_buffer.1"), _kernel("loop_add_fusion_2", 130, 10, "command_buffer.1"),
+        _kernel("nvjet_a", 140, 100, "command_buffer.1"), _kernel("nvjet_b", 240, 20, "command_buffer.1"),
+        _kernel("nvjet_a", 300, 50, "command_buffer.2"), _kernel("splitk", 350, 5, "command_buffer.2"),
+        _kernel("nvjet_b", 355, 20, "command_buffer.2"),
+        _kernel("nvjet_c", 400, 80, "command_buffer.3"), _kernel("reduce_kernel", 480, 20, "input_reduce_fusion.4")]}
+    s = profile_ops.summarize_decode(trace, GPU_DECODE_HLO, steps=2)
+    p = {k: pytest.approx(v / 1e3) for k, v in {
+        "layers": 10 + 100 + 10 + 100, "attention": 20 + 20, "unembedding": 80, "sampling": 20,
+        profile_ops.NO_SOURCE: 50 + 5 + 20, profile_ops.IDLE: (300 - 260) + (400 - 375)}.items()}
+    assert {k: v for k, v in s["by_part"].items() if v} == p
+    assert list(s["by_part"]) == list(profile_ops.DECODE_PARTS)
+    assert sum(s["by_part"].values()) == pytest.approx(s["span_ms"]) == pytest.approx(0.5)
+    assert s["ms_per_step"] == pytest.approx(0.25)
+    lines = profile_ops.decode_tables(s)
+    assert lines[0].startswith("jit_decode: 11 events over 0.5 ms, 2 steps: 0.250 ms per step")
+    assert "| unembedding | 0.1 | 0.040 | 16.0% |" in lines
