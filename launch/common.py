@@ -91,7 +91,7 @@ class SourceSettings:
     """How the code reaches the workers and which Python the venv uses.
 
     ``repo_url`` empty: ship ``git archive`` of the local ``ref`` (committed files only).
-    ``repo_url`` set: each worker clones it (or pulls, when already cloned) at ``ref``.
+    ``repo_url`` set: each worker fetches it at ``ref`` into its folder (git init the first time).
     ``python`` empty: a uv-managed Python ``python_version``; else ``python -m venv``.
     """
 
@@ -195,9 +195,11 @@ def setup_commands(s: TpuSettings, src: SourceSettings) -> list[list[str]]:
     steps: list[list[str]] = []
     if src.repo_url:
         url, ref = shlex.quote(src.repo_url), shlex.quote(src.ref or "main")
-        fetch = (f"if [ -d {REMOTE_DIR}/.git ]; then git -C {REMOTE_DIR} fetch --depth=1 "
-                 f"origin {ref} && git -C {REMOTE_DIR} checkout --force FETCH_HEAD; "
-                 f"else git clone --depth=1 --branch={ref} {url} {REMOTE_DIR}; fi")
+        # init + fetch rather than clone: the folder may already hold staged/ (launch/stage.py),
+        # and git clone refuses a folder that is not empty.
+        fetch = (f"mkdir -p {REMOTE_DIR} && cd {REMOTE_DIR} && if [ ! -d .git ]; then git init -q && "
+                 f"git remote add origin {url}; fi && git fetch --depth=1 origin {ref} && "
+                 "git checkout --force FETCH_HEAD")
         steps.append(ssh_command(s, fetch))
     else:
         remote_tar = f"{REMOTE_DIR}.tar.gz"

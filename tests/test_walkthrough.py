@@ -28,8 +28,10 @@ BIN = Path(sys.executable).parent
 
 # Part A at a few steps: each pair is (as the document writes it, as the test runs it).
 FEWER = [("run.steps=20", "run.steps=2"), ("data.eval_size=16", "data.eval_size=4"), ("--limit 16", "--limit 4")]
-# Part B's compile check (run.py --check too): the cpu-tiny preset on one v5p host.
-ON_CPU = [("--preset deepseekmath-rl-7b-v5p-128", "--preset cpu-tiny"), ("--slice v5p-128", "--slice v5p-8")]
+# Part B's compile check (run.py --check too): the cpu-tiny preset, one layer and a few rows,
+# on one v5p host; the 7B preset on v5p-128 compiles for tens of minutes here.
+TINY = "model.num_layers=1 data.batch_size=2 rl.group_size=2 data.eval_size=2"
+ON_CPU = [("--preset deepseekmath-rl-7b-v5p-128", f"--preset cpu-tiny {TINY}"), ("--slice v5p-128", "--slice v5p-8")]
 # Lines that are not this project's commands: the clone itself (we are in one), activating
 # the venv the suite already runs in, and gcloud's own commands.
 NOT_OURS = ("git clone ", "source .venv/bin/activate", "gcloud ")

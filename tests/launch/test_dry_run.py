@@ -130,9 +130,9 @@ def test_setup_clones_on_every_worker_of_a_pod():
                 "--python", "python3.11")
     assert lines == [
         ssh("pod", WHERE_V4, "all",
-            "if [ -d grpo_jax/.git ]; then git -C grpo_jax fetch --depth=1 origin v1 && "
-            "git -C grpo_jax checkout --force FETCH_HEAD; else git clone --depth=1 --branch=v1 "
-            "https://example.com/g.git grpo_jax; fi"),
+            "mkdir -p grpo_jax && cd grpo_jax && if [ ! -d .git ]; then git init -q && "
+            "git remote add origin https://example.com/g.git; fi && git fetch --depth=1 origin v1 && "
+            "git checkout --force FETCH_HEAD"),
         ssh("pod", WHERE_V4, "all",
             "cd grpo_jax && if [ ! -x .venv/bin/python ]; then python3.11 -m venv .venv; fi && "
             f'.venv/bin/pip install --quiet -r requirements.txt -r launch/requirements-vm.txt "jax[tpu]=={JAX}" && '
