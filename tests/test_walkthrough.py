@@ -4,7 +4,8 @@ Part A (your own task on SmolLM2-135M, CPU) runs as written in a scratch folder 
 repository's experiments/ and launch/, with fewer steps and questions (``FEWER``). Part B (the
 paper's recipe on a v5p slice) runs every launch script with ``--dry-run`` and an empty PATH
 (nothing reaches gcloud), and the compile check on the ``cpu-tiny`` preset for one v5p host
-(``ON_CPU``), not the 7B preset on v5p-128. Lines that are not this project's commands are
+(``ON_CPU``), not the 7B preset on v5p-128; run.py's ``--check`` (the same compile) is left out
+of its dry run, and its --help must still offer it. Lines that are not this project's commands are
 skipped by name (``NOT_OURS``). A command, script or flag the document names that stops
 existing fails here. Also: every experiment script's --help offers --preset, except the tools
 launch/run.py passes no config (its NO_CONFIG), whose --help does not.
@@ -30,7 +31,7 @@ BIN = Path(sys.executable).parent
 FEWER = [("run.steps=20", "run.steps=2"), ("data.eval_size=16", "data.eval_size=4"), ("--limit 16", "--limit 4")]
 # Part B's compile check (run.py --check too): the cpu-tiny preset, one layer and a few rows,
 # on one v5p host; the 7B preset on v5p-128 compiles for tens of minutes here.
-TINY = "model.num_layers=1 data.batch_size=2 rl.group_size=2 data.eval_size=2"
+TINY = "model.num_layers=1 data.batch_size=2 rl.group_size=2 data.eval_size=2 rl.max_new_tokens=8"
 ON_CPU = [("--preset deepseekmath-rl-7b-v5p-128", f"--preset cpu-tiny {TINY}"), ("--slice v5p-128", "--slice v5p-8")]
 # Lines that are not this project's commands: the clone itself (we are in one), activating
 # the venv the suite already runs in, and gcloud's own commands.
@@ -120,7 +121,7 @@ def test_part_a_runs_as_written(tmp_path):
 def test_part_b_dry_runs_and_compiles_cpu_tiny(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_TPU_")}
     env["PATH"] = ""  # a dry run that tried to run gcloud or git would fail
-    printed = []
+    printed, checked = [], []
     for command in commands(sections()["B"]):
         if command.startswith(NOT_OURS):
             continue
@@ -131,10 +132,13 @@ def test_part_b_dry_runs_and_compiles_cpu_tiny(tmp_path):
         assert argv[0] == "python", command
         argv[0] = sys.executable
         if argv[1] != "launch/compile.py":
+            if "--check" in argv:  # the compile check ran above, as compile.py: once is enough here
+                argv.remove("--check")
+                checked.append(argv[1])
             # --dry-run before any `--`: the rest belongs to the experiment.
             at = argv.index("--") if "--" in argv else len(argv)
             argv.insert(at, "--dry-run")
-        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
         assert done.returncode == 0, (command, done.stdout[-1500:], done.stderr[-3000:])
         printed += done.stdout.splitlines()
     gcloud = [line for line in printed if line.startswith("gcloud ")]
@@ -145,6 +149,10 @@ def test_part_b_dry_runs_and_compiles_cpu_tiny(tmp_path):
                  "data.data_dir=staged/gsm8k", "run.run_dir=gs://my-bucket/grpo_jax/train"):
         assert part in run_line, part
     assert any("gcloud storage cp -r --no-clobber gs://my-bucket/data/gsm8k staged/" in line for line in gcloud)
+    assert checked == ["launch/run.py"]
+    helped = subprocess.run([sys.executable, "launch/run.py", "--help"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert "--check" in helped.stdout  # the flag the test left out still exists
 
 
 def test_every_experiment_offers_preset_except_the_tools_without_a_config():

@@ -62,7 +62,7 @@ def check_data_dir(task: str, folder: str, key: str) -> None:
                           "problems when no folder is given")
     if "://" in folder:
         raise ConfigError(f"{key}={folder} is not a local folder: copy it to every host's disk first "
-                          "(python launch/stage.py --data ...) and give that folder")
+                          "(python launch/stage.py gs://..., or run.py --stage) and give that folder")
 
 
 def shared_tokenizer(task, run_dir: str, *, vocab_size: int, seed: int = 0):

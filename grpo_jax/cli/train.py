@@ -96,11 +96,9 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     """Build everything for `cfg`, resume from `cfg.run.run_dir` if it holds a checkpoint,
     train to `cfg.run.steps`. Returns the Trainer (closed); `trainer.history` has the
     metrics of the steps run now. `task` overrides `data.task` (tests pass their own)."""
-    from grpo_jax.checkpoints import checkpointing
+    from grpo_jax.checkpoints import checkpointing, run_files
     from grpo_jax.parallel.sharding import make_mesh
     from grpo_jax.rl.trainer import Trainer
-
-    from grpo_jax.checkpoints import run_files
 
     run_files.check_writable(cfg.run.run_dir)
     # Before anything is written to the run dir: a mismatching resume must leave it untouched.

@@ -168,7 +168,7 @@ def get_task(name: str, **kwargs) -> Task:
     if name not in _REGISTRY and ":" in name:
         return user_task(name, **kwargs)
     if name not in _REGISTRY:
-        raise UnknownNameError(f"unknown task {name!r}; available: {available_tasks()} or your own as module:Class")
+        raise UnknownNameError(f"unknown task {name!r}; available: {available_tasks()} or your own as module:name")
     module_name, cls_name = _REGISTRY[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls(**kwargs)
