@@ -1,4 +1,4 @@
-"""Your own task: SFT, then GRPO teach a tiny model to add three digits. Options: section.field=value."""
+"""Your own task: SFT, then GRPO teach a tiny model to add three digits. Options: --preset, section.field=value."""
 import random
 from grpo_jax import cli
 from grpo_jax.tasks import custom, shortcuts

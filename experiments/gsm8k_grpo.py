@@ -144,8 +144,10 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
         print(cfg.to_json())
         return {}
 
+    from grpo_jax.checkpoints import run_files
     from grpo_jax.parallel import distributed
 
+    run_files.check_writable(cfg.run.run_dir)  # before minutes of loading the model
     distributed.initialize()
     import jax
 

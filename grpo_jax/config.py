@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -410,13 +411,20 @@ RL_READERS: dict[str, tuple[str, ...]] = {
     f.name: f.metadata["readers"] for f in dataclasses.fields(RLConfig) if f.metadata["readers"] != _ALL}
 
 
+# The tasks data.task names; grpo-evaluate's --task also takes gsm8k_synth.
+TASKS = ("arithmetic", "modular", "chat_arithmetic", "countdown", "gsm8k", "math")
+USER_TASK = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Which task, how big a batch of questions, and the task's difficulty knobs."""
 
-    task: str = "arithmetic"  # arithmetic | modular | chat_arithmetic | countdown | gsm8k | math
+    # One of TASKS, or your own as module:name (a Task class or a function returning a Task,
+    # imported from the Python path by grpo_jax.tasks.user_task).
+    task: str = "arithmetic"
     batch_size: int = 8  # questions per RL step (each sampled group_size times)
-    data_dir: str = ""  # manual_dir with official GSM8K/MATH files
+    data_dir: str = ""  # gsm8k / math: the local folder of the official files
     num_operands: int = 3
     max_digits: int = 2
     eval_size: int = 64
@@ -436,7 +444,11 @@ class DataConfig:
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing
 
     def validate(self) -> None:
-        _choice(self, "task", ("arithmetic", "modular", "chat_arithmetic", "countdown", "gsm8k", "math"))
+        # A module:name task is only checked for its form here: importing the user's module is
+        # the run's business (a config is validated without importing anything).
+        if self.task not in TASKS and not USER_TASK.fullmatch(self.task):
+            raise ConfigError(f"data.task={self.task!r} is not one of {list(TASKS)}, nor your own task as "
+                              "module:name (e.g. data.task=mytask:AddThree)")
         _choice(self, "slip", SLIPS)
         _positive(self, "batch_size")
         _positive(self, "num_operands")
@@ -844,3 +856,20 @@ def add_config_args(parser) -> None:
 
 def config_from_args(args) -> Config:
     return load_config(args.preset, args.overrides)
+
+
+def config_from_argv(argv: Sequence[str]) -> Config:
+    """The config of a command line of `--preset NAME` and overrides, in any order: for
+    scripts with no parser of their own (`grpo_jax.cli.run(main, pass_argv=True)`)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_config_args(parser)
+    try:
+        args, unknown = parser.parse_known_intermixed_args(list(argv))
+    except argparse.ArgumentError as err:
+        raise ConfigError(str(err)) from None
+    if unknown:
+        raise ConfigError(f"unrecognized arguments: {' '.join(unknown)} (this script takes --preset NAME and "
+                          "section.field=value overrides)")
+    return config_from_args(args)

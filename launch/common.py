@@ -32,10 +32,12 @@ RUN_DIR_KEY = "run.run_dir"  # config override the trainer resumes from
 # the same command resumes it.
 PREEMPTED_EXIT_CODE = EXIT_CODE
 SLICE_KEY = "mesh.slice"  # config override that picks the preset's training mesh
+CHECKPOINT_EVERY_KEY = "run.checkpoint_every"  # set to 1 on Spot / preemptible VMs (run.py)
 DEFAULT_TARBALL = os.path.join(tempfile.gettempdir(), "grpo_jax-src.tar.gz")
 # jax 0.10 needs Python >= 3.11; the TPU VM images ship Ubuntu 22.04's Python 3.10, so by
 # default setup installs uv with the system pip and lets it fetch a standalone Python.
 DEFAULT_PYTHON_VERSION = "3.11"
+VM_REQUIREMENTS = "launch/requirements-vm.txt"  # relative to the repo, installed by setup
 
 _GCLOUD_TPU = ["gcloud", "compute", "tpus"]
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -89,7 +91,7 @@ class SourceSettings:
     """How the code reaches the workers and which Python the venv uses.
 
     ``repo_url`` empty: ship ``git archive`` of the local ``ref`` (committed files only).
-    ``repo_url`` set: each worker clones it (or pulls, when already cloned) at ``ref``.
+    ``repo_url`` set: each worker fetches it at ``ref`` into its folder (git init the first time).
     ``python`` empty: a uv-managed Python ``python_version``; else ``python -m venv``.
     """
 
@@ -174,16 +176,17 @@ def pinned_version(package: str, requirements: Path = REPO_ROOT / "requirements.
 
 
 def install_remote_command(src: SourceSettings, jax_version: str) -> str:
-    """Create the venv once (kept across re-runs), install the pinned requirements plus
-    jax[tpu] at the same jax version (it adds libtpu), then grpo_jax itself, editable and
-    without re-resolving the pins, so the experiment scripts import it."""
+    """Create the venv once (kept across re-runs), install the pinned requirements, what a
+    VM needs beyond them (VM_REQUIREMENTS: gcsfs for a gs:// run dir) and jax[tpu] at the
+    same jax version (it adds libtpu), then grpo_jax itself, editable and without
+    re-resolving the pins, so the experiment scripts import it."""
     if src.python:
         make_venv = f"{shlex.quote(src.python)} -m venv .venv"
     else:
         make_venv = ("python3 -m pip install --user --quiet uv && python3 -m uv venv --seed "
                      f"--python {shlex.quote(src.python_version)} .venv")
     return (f"cd {REMOTE_DIR} && if [ ! -x .venv/bin/python ]; then {make_venv}; fi && "
-            f".venv/bin/pip install --quiet -r requirements.txt "
+            f".venv/bin/pip install --quiet -r requirements.txt -r {VM_REQUIREMENTS} "
             f"{dquote(f'jax[tpu]=={jax_version}')} && .venv/bin/pip install --quiet --no-deps -e .")
 
 
@@ -192,9 +195,11 @@ def setup_commands(s: TpuSettings, src: SourceSettings) -> list[list[str]]:
     steps: list[list[str]] = []
     if src.repo_url:
         url, ref = shlex.quote(src.repo_url), shlex.quote(src.ref or "main")
-        fetch = (f"if [ -d {REMOTE_DIR}/.git ]; then git -C {REMOTE_DIR} fetch --depth=1 "
-                 f"origin {ref} && git -C {REMOTE_DIR} checkout --force FETCH_HEAD; "
-                 f"else git clone --depth=1 --branch={ref} {url} {REMOTE_DIR}; fi")
+        # init + fetch rather than clone: the folder may already hold staged/ (launch/stage.py),
+        # and git clone refuses a folder that is not empty.
+        fetch = (f"mkdir -p {REMOTE_DIR} && cd {REMOTE_DIR} && if [ ! -d .git ]; then git init -q && "
+                 f"git remote add origin {url}; fi && git fetch --depth=1 origin {ref} && "
+                 "git checkout --force FETCH_HEAD")
         steps.append(ssh_command(s, fetch))
     else:
         remote_tar = f"{REMOTE_DIR}.tar.gz"
@@ -206,6 +211,34 @@ def setup_commands(s: TpuSettings, src: SourceSettings) -> list[list[str]]:
                f"rm {remote_tar}"))
     steps.append(ssh_command(s, install_remote_command(src, pinned_version("jax"))))
     return steps
+
+
+# ----------------------------------------------------------------------------- staging
+
+STAGED = "staged"  # below ~/grpo_jax, the folder every run starts in
+
+
+def staged_paths(sources: Sequence[str]) -> list[str]:
+    """Where each gs:// source lands, relative to ~/grpo_jax: staged/<last part of its path>."""
+    out = []
+    for source in sources:
+        path = source.removeprefix("gs://").rstrip("/")
+        if not source.startswith("gs://") or "/" not in path:
+            raise LaunchError(f"{source}: staging copies a folder or file inside a bucket, gs://BUCKET/PATH "
+                              "(copy a local one there first: gcloud storage cp -r PATH gs://BUCKET/)")
+        out.append(f"{STAGED}/{path.rsplit('/', 1)[-1]}")
+    if len(set(out)) != len(out):
+        raise LaunchError(f"two sources would land in the same folder: {out}")
+    return out
+
+
+def stage_command(s: TpuSettings, sources: Sequence[str]) -> list[str]:
+    """Copy every gs:// source into ~/grpo_jax/staged/ on all workers; files already there
+    are kept (--no-clobber), so staging again after an interrupted copy finishes it."""
+    staged_paths(sources)  # refuses what is not gs://BUCKET/PATH
+    copies = " && ".join(f"gcloud storage cp -r --no-clobber {shlex.quote(x.rstrip('/'))} {STAGED}/"
+                         for x in sources)
+    return ssh_command(s, f"mkdir -p {REMOTE_DIR}/{STAGED} && cd {REMOTE_DIR} && {copies}")
 
 
 # ----------------------------------------------------------------------------- run commands
@@ -351,7 +384,8 @@ def add_tpu_arguments(parser: argparse.ArgumentParser, *, shape: bool = True) ->
                    help="TPU VM (and queued resource) name (env GRPO_TPU_NAME; default "
                         "%(default)s)")
     g.add_argument("--zone", default=os.environ.get("GRPO_TPU_ZONE", ""),
-                   help="zone, e.g. us-west4-a (env GRPO_TPU_ZONE)")
+                   help="zone with the slice's TPU family, e.g. us-west4-a (v5e) or us-east5-a (v5p) "
+                        "(env GRPO_TPU_ZONE)")
     g.add_argument("--project", default=os.environ.get("GRPO_TPU_PROJECT", ""),
                    help="Google Cloud project id (env GRPO_TPU_PROJECT)")
     g.add_argument("--queued", action="store_true",

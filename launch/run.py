@@ -2,12 +2,12 @@
 """Run an experiment on every worker of a TPU VM at once, stream its log, stop it.
 
     python launch/run.py quickstart --name grpo-jax --zone Z --project P
-    python launch/run.py grpo_gsm8k --slice v5litepod-16 --bucket my-bucket --spot \\
+    python launch/run.py gsm8k_grpo --slice v5litepod-16 --bucket my-bucket --spot \\
         --max-restarts 20 -- --preset deepseekmath-rl-7b rl.group_size=64
-    python launch/run.py grpo_gsm8k --logs      # re-attach to the log
-    python launch/run.py grpo_gsm8k --stop      # kill it on all workers
+    python launch/run.py gsm8k_grpo --logs      # re-attach to the log
+    python launch/run.py gsm8k_grpo --stop      # kill it on all workers
 
-The experiment (`experiments/NAME.py`) starts detached under `nohup` on every worker
+The experiment (`experiments/NAME.py`, which must be in this checkout) starts detached under `nohup` on every worker
 (multi-host JAX needs the same program on all hosts), writing ~/grpo_jax/logs/RUN.log;
 then worker 0's log is streamed with `tail -f` until the run ends. Closing the terminal
 does not stop the run; re-invoking the same command re-attaches instead of starting a
@@ -16,14 +16,20 @@ second copy.
 Preemption: with --bucket (or --run-dir gs://...) the run's checkpoints live in GCS via
 the `run.run_dir=` override, and the trainer resumes from the latest one. The SIGTERM a
 Spot/preemptible VM gets makes the trainer save the step it is in (on every worker) and
-exit 75. With --max-restarts N, when the run stops because the TPU was preempted, run.py
+exit 75, when the save fits the notice (about 30 s): a 7B step does not (docs/tpu.md#preemption),
+so --spot and --preemptible also add run.checkpoint_every=1 unless you set it, and a preemption
+loses at most the step in progress. With --max-restarts N, when the run stops because the TPU was preempted, run.py
 deletes and re-creates the TPU (same flags as create.py), re-runs setup and starts the
 same command again, which resumes at that step, up to N times. Without it, just invoke
 run.py again after re-creating the TPU yourself. `--stop` sends the same SIGTERM (the
 run saves its step; it is not restarted).
 
 Arguments after the experiment name go to the experiment; put `--` before them if any
-starts with a dash (e.g. `-- --preset deepseekmath-rl-7b`).
+starts with a dash (e.g. `-- --preset deepseekmath-rl-7b`). Training scripts get the
+run.run_dir, mesh.slice and run.checkpoint_every overrides above; the tools that take no
+config (NO_CONFIG: evaluate, export, ...) get their arguments as given. Your own task
+(`data.task=module:name`) is imported on every worker from the script's folder
+(experiments/), so its file must be there and committed before launch/setup.py.
 """
 from __future__ import annotations
 
@@ -39,6 +45,11 @@ from common import Job, LaunchError, Runner, note
 from grpo_jax.parallel.slices import get_slice
 
 _OVERRIDE_RE = re.compile(r"[A-Za-z_][\w]*\.[\w.]+=.*")
+# Experiments that take no config (no --preset, no section.field=value): they get no
+# run.run_dir / mesh.slice / run.checkpoint_every overrides. tests/test_walkthrough.py checks
+# this set against every script's --help.
+NO_CONFIG = frozenset({"evaluate", "export", "fetch_smollm2", "math_verify_report", "reward_model_recipes",
+                       "shortcut_audit"})
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,6 +73,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="only stream the log of a run that was started before")
     mode.add_argument("--stop", action="store_true",
                       help="kill the run on all workers (SIGTERM, then SIGKILL)")
+    g.add_argument("--stage", action="append", default=[], metavar="SOURCE",
+                   help="a gs://BUCKET/PATH folder or file to copy into ~/grpo_jax/staged/ on every worker "
+                        "before the run starts, and again on every TPU re-created after a preemption "
+                        "(launch/stage.py; point the run at them with run.pretrained=staged/NAME, "
+                        "data.data_dir=staged/NAME); repeat it for each")
     g.add_argument("--check", action="store_true",
                    help="first compile the run's programs for --slice on this machine "
                         "(launch/compile.py; needs libtpu) and refuse to launch if one does "
@@ -121,24 +137,59 @@ def with_overrides(user_args: list[str], extra: dict[str, str]) -> tuple[str, ..
     return tuple(user_args[:at] + new + user_args[at:])
 
 
+def check_user_task(script: str, experiment_args: list[str]) -> None:
+    """LaunchError when a ``data.task=module:name`` override names a module that is not in
+    this checkout where the workers import it from: the script's folder (first on a
+    script's sys.path), or the grpo_jax package (installed on every worker)."""
+    from grpo_jax.config import TASKS
+
+    for arg in experiment_args:
+        key, _, value = arg.partition("=")
+        if key != "data.task" or value in TASKS or ":" not in value:
+            continue
+        module = value.split(":", 1)[0]
+        root = common.REPO_ROOT if module.split(".")[0] == "grpo_jax" else common.REPO_ROOT / Path(script).parent
+        path = root.joinpath(*module.split("."))
+        if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
+            where = path.relative_to(common.REPO_ROOT)
+            raise LaunchError(f"data.task={value}: {where}.py is not in this checkout; the workers import your "
+                              f"task from {Path(script).parent}/, so put the module there and commit it before "
+                              "launch/setup.py")
+
+
 def make_job(args: argparse.Namespace) -> Job:
     script = script_path(args.experiment)
+    if not (common.REPO_ROOT / script).is_file():
+        known = sorted(p.stem for p in (common.REPO_ROOT / "experiments").glob("*.py") if p.stem != "common")
+        raise LaunchError(f"{script} does not exist in this checkout; experiments: {', '.join(known)}")
     run_name = args.run_name or Path(script).stem
     directory = run_dir(args, run_name)
     if args.max_restarts and not directory.startswith("gs://"):
         raise LaunchError("--max-restarts needs checkpoints that outlive the TPU: pass "
                           "--bucket or --run-dir gs://...")
+    if Path(script).stem in NO_CONFIG:
+        if directory:
+            raise LaunchError(f"{script} takes no config, so --bucket / --run-dir have no run.run_dir to set")
+        return Job(script=script, args=tuple(args.experiment_args), run_name=run_name)
     if args.slice and get_slice(args.slice).multi_host and not directory.startswith("gs://"):
         note(f"{args.slice} has several hosts: without --bucket each worker checkpoints "
              "to its own disk")
-    if not (common.REPO_ROOT / script).exists():
-        note(f"{script} does not exist in this checkout")
+    check_user_task(script, args.experiment_args)
     extra = {common.RUN_DIR_KEY: directory, common.SLICE_KEY: args.slice or ""}
+    if args.spot or args.preemptible:
+        # The SIGTERM save must fit the ~30 s notice, which a 7B step's does not: saving every
+        # step bounds what a preemption loses to the step in progress (docs/tpu.md#preemption).
+        extra[common.CHECKPOINT_EVERY_KEY] = "1"
     return Job(script=script, args=with_overrides(args.experiment_args, extra),
                run_name=run_name)
 
 
-def start_and_follow(runner: Runner, s: common.TpuSettings, job: Job, follow: bool) -> int:
+def start_and_follow(runner: Runner, s: common.TpuSettings, job: Job, follow: bool,
+                     stage: list[str] = ()) -> int:
+    if stage:
+        code = runner.run(common.stage_command(s, stage))
+        if code:
+            return code
     code = runner.run(common.ssh_command(s, common.start_remote_command(job)))
     if code or not follow:
         return code
@@ -146,7 +197,8 @@ def start_and_follow(runner: Runner, s: common.TpuSettings, job: Job, follow: bo
 
 
 def recreate(runner: Runner, s: common.TpuSettings, src: common.SourceSettings) -> None:
-    """Replace a preempted TPU with a fresh one and set it up again."""
+    """Replace a preempted TPU with a fresh one and set it up again (the next start stages
+    the run's --stage sources onto its empty disks)."""
     runner.run(common.delete_command(s))  # may already be gone: ignore the exit code
     runner.check(common.create_command(s))
     if s.queued:
@@ -156,7 +208,8 @@ def recreate(runner: Runner, s: common.TpuSettings, src: common.SourceSettings) 
 
 
 def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceSettings,
-                      job: Job, max_restarts: int, retry_delay: float, notice_wait: float = 60.0) -> int:
+                      job: Job, max_restarts: int, retry_delay: float, notice_wait: float = 60.0,
+                      stage: list[str] = ()) -> int:
     """Start + follow; on failure, tell preemption (TPU not healthy) from a real error
     (TPU fine, job exited non-zero: stop and show the code) and from a dropped ssh
     connection (exit 255 with a healthy TPU: re-attach).
@@ -165,9 +218,11 @@ def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceS
     VM's notice comes about 30 s before it is stopped, so its state can still read healthy
     when the run has exited: the state is read again after `notice_wait` seconds, and a TPU
     still healthy then was stopped by hand (`--stop`), which is not restarted."""
-    restarts = 0
+    restarts, staged = 0, False
     while True:
-        code = start_and_follow(runner, s, job, follow=True)
+        # Staged files stay on the workers' disks until the TPU is re-created.
+        code = start_and_follow(runner, s, job, follow=True, stage=[] if staged else stage)
+        staged = True
         if code == 0 or runner.dry_run:
             if runner.dry_run and max_restarts:
                 note("on failure, the state would be read with: "
@@ -199,6 +254,7 @@ def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceS
         note(f"TPU {s.name} is {state or 'gone'} (preempted?); re-creating it and resuming "
              f"({restarts}/{max_restarts})")
         recreate(runner, s, src)
+        staged = False
 
 
 def check_fits(args) -> None:
@@ -229,6 +285,7 @@ def main(argv=None) -> int:
     if args.check and not (args.stop or args.logs):
         check_fits(args)
     job = make_job(args)
+    common.staged_paths(args.stage)  # refuses a source that is not gs://BUCKET/PATH before any command
     runner = Runner(args.dry_run)
     if args.stop:
         return runner.run(common.ssh_command(settings,
@@ -237,9 +294,9 @@ def main(argv=None) -> int:
         return runner.run(common.ssh_command(settings, common.follow_remote_command(job),
                                              worker="0"))
     if args.detach:
-        return start_and_follow(runner, settings, job, follow=False)
+        return start_and_follow(runner, settings, job, follow=False, stage=args.stage)
     return run_with_restarts(runner, settings, common.source_from_args(args), job,
-                             args.max_restarts, args.retry_delay, args.notice_wait)
+                             args.max_restarts, args.retry_delay, args.notice_wait, stage=args.stage)
 
 
 if __name__ == "__main__":

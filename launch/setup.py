@@ -6,7 +6,8 @@
 
 By default the local checkout's HEAD is packed with `git archive` (uncommitted changes
 are NOT included: commit first), copied with `tpu-vm scp --worker=all` and unpacked.
-With --repo-url every worker clones the repository instead. Then, on every worker, a venv
+With --repo-url every worker fetches the repository at --ref instead (into the same folder,
+which may already hold the files launch/stage.py put there). Then, on every worker, a venv
 is made once and `requirements.txt` plus `jax[tpu]` at the pinned jax version installed.
 Safe to re-run after changing code: the venv is kept, pip only installs what changed.
 """

@@ -13,12 +13,16 @@ Paths go through epath: a run dir may be gs:// on a pod slice.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import os
+import socket
 
 from etils import epath
 
 from grpo_jax.config import Config
+from grpo_jax.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,24 @@ TASK_FILE = "task.json"
 
 def path(run_dir: str, name: str) -> epath.Path:
     return epath.Path(run_dir) / name
+
+
+def check_writable(run_dir: str) -> None:
+    """Stop in one line, naming ``run_dir``, when this process cannot write there: a gs://
+    folder without gcsfs (etils reaches GCS through it), a folder it may not create or write.
+    Every process checks, since every host writes its shards of each checkpoint. Called at
+    start-up, before the model loads, so a run cannot train for hours towards its first save."""
+    if run_dir.startswith("gs://") and importlib.util.find_spec("gcsfs") is None:
+        raise CheckpointError(f"run.run_dir={run_dir}: writing to gs:// needs the gcsfs package, which this "
+                              "Python lacks: pip install gcsfs (launch/setup.py installs it on TPU VMs)")
+    root = epath.Path(run_dir)
+    probe = root / f".write-check-{socket.gethostname()}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except Exception as err:  # OSError locally; gcsfs raises its own HTTP and credential errors
+        raise CheckpointError(f"run.run_dir={run_dir} cannot be written: {type(err).__name__}: {err}") from err
 
 
 def write(cfg: Config, task, tokenizer) -> None:

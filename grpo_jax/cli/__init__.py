@@ -98,13 +98,16 @@ def _use_default_jax_platform() -> None:
 def run(main: Callable[..., object], prog: str | None = None, *, pass_argv: bool = False) -> None:
     """Call `main()` (`main(sys.argv[1:])` with ``pass_argv``) and exit with its int result
     (0 otherwise); library errors exit 2 in one line. With ``pass_argv``, `-h`/`--help`
-    prints the script's docstring instead: such a `main` takes bare overrides and has no
-    parser of its own to answer it."""
+    prints the script's docstring instead: such a `main` takes `--preset NAME` and overrides
+    (`grpo_jax.config.config_from_argv`) and has no parser of its own to answer it."""
     prog = prog or os.path.basename(sys.argv[0])
     _use_default_jax_platform()
     if pass_argv and {"-h", "--help"} & set(sys.argv[1:]):
+        from grpo_jax.config import PRESETS
+
         doc = (sys.modules[main.__module__].__doc__ or "").strip()
-        print(f"usage: {prog} [section.field=value ...]\n\n{doc}")
+        print(f"usage: {prog} [--preset NAME] [section.field=value ...]\n\n{doc}\n\noptions:\n"
+              f"  --preset NAME  one of {', '.join(sorted(PRESETS))} (default: cpu-tiny)")
         sys.exit(0)
     if "--debug" in sys.argv:
         sys.argv.remove("--debug")  # entry points' own parsers do not know the flag

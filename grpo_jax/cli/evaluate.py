@@ -2,7 +2,7 @@
 
     grpo-evaluate --model smollm2-135m --task gsm8k_synth --limit 50
     grpo-evaluate --model /ckpt/deepseek-math-7b-rl --task gsm8k \\
-        --manual-dir /data/gsm8k --k 64 --temperature 0.7 --max-new-tokens 1024
+        --data-dir /data/gsm8k --k 64 --temperature 0.7 --max-new-tokens 1024
 
 (`grpo-evaluate` is installed with the package; `python experiments/evaluate.py` is the same.)
 
@@ -47,7 +47,7 @@ from grpo_jax.eval import evaluate_run, math_verify_check, plots
 from grpo_jax.model import pretrained
 from grpo_jax.checkpoints import run_files
 from grpo_jax.cli import runs
-from grpo_jax.config import DECODE_ENGINES, Config, MeshConfig
+from grpo_jax.config import DECODE_ENGINES, FILE_TASKS, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
 from grpo_jax.sampler import Sampler
 from grpo_jax.tasks.shortcuts import try_shortcut_baselines
@@ -89,9 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="questions and samples (default: a run dir's data.seed, else 0)")
     p.add_argument("--decode", choices=DECODE_ENGINES, default=None,
                    help="decode engine (default: a run dir's rl.decode, else auto)")
-    p.add_argument("--data-dir", default=None, help="TFDS data dir (gsm8k/math; default: TFDS's own)")
-    p.add_argument("--manual-dir", default=None,
-                   help="folder with the official GSM8K/MATH files (default: <data-dir>/downloads/manual)")
+    p.add_argument("--data-dir", default=None,
+                   help="gsm8k/math: the folder of the official files, as training's data.data_dir (default: a run "
+                        "dir's data.data_dir; formats: docs/walkthrough.md)")
+    p.add_argument("--tfds-dir", default=None,
+                   help="gsm8k/math: where TFDS keeps the datasets it prepares from those files (default: TFDS's "
+                        "own, $TFDS_DATA_DIR or ~/tensorflow_datasets)")
     p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>)")
     p.add_argument("--shard", default="", help="i/n: score only shard i of n (default: this process of all)")
     p.add_argument("--merge-only", action="store_true", help="merge the shards in --out and print the summary")
@@ -214,9 +217,11 @@ def main(argv=None) -> dict:
     # The run's own task: its data.* knobs (operands, digits, ...) decide the questions.
     run_cfg = cfg if cfg is not None else (Config.from_dict({"data": exported["data"]})
                                              if exported and "data" in exported else None)
-    same_knobs = run_cfg is not None and run_cfg.data.task == args.task and args.manual_dir is None
+    same_knobs = run_cfg is not None and run_cfg.data.task == args.task and args.data_dir is None
+    if args.task in FILE_TASKS and not same_knobs:
+        runs.check_data_dir(args.task, args.data_dir, "--data-dir")
     task = runs.make_task(args.task, run_cfg.data if same_knobs else None, data_dir=args.data_dir,
-                          manual_dir=args.manual_dir)
+                          tfds_dir=args.tfds_dir)
     if cfg is not None:
         apply_run_defaults(args, cfg, asked, task)
     elif same_knobs:  # an export: the run's held-out questions and prompt; its lengths come below

@@ -79,7 +79,9 @@ def main(argv=None) -> dict:
     run.close()
     cfg, tokenizer, pointer = run.cfg, run.tokenizer, run.pointer
     pretrained.export_hf(out, cfg.model, params, tokenizer, max_shard_bytes=int(args.max_shard_gb * 1e9))
-    record = {"run_dir": os.path.abspath(args.run_dir), "step": step,
+    # A gs:// run dir is already absolute (os.path.abspath would glue it to the cwd).
+    source = args.run_dir if "://" in args.run_dir else os.path.abspath(args.run_dir)
+    record = {"run_dir": source, "step": step,
               "tokenizer": "bpe" if isinstance(tokenizer, BPETokenizer) else "sentencepiece",
               "max_new_tokens": cfg.rl.max_new_tokens,
               # grpo-evaluate --model <out> evaluates the run's task and held-out set by default.

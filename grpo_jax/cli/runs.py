@@ -15,27 +15,27 @@ import os
 from typing import Any
 
 from grpo_jax import config as config_lib  # no jax import: the CLIs' --help stays instant
-from grpo_jax.errors import CheckpointError, PretrainedError
+from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
 
 log = logging.getLogger(__name__)
 TOKENIZER_CORPUS = 2000  # documents of the task's text the tokenizer is trained on
 
 
 def make_task(name: str, data: config_lib.DataConfig | None = None, *, data_dir: str | None = None,
-              manual_dir: str | None = None):
-    """The task ``name`` (a registered name, or ``"module:Class"``, registered on first use).
-    With ``data``, a run's data section: its knobs (the arithmetic task's difficulty, the
-    GSM8K / MATH files in ``data.data_dir``), as the run trained it. Without: the task's own
-    defaults, GSM8K / MATH from the TFDS ``data_dir`` and the official files in
-    ``manual_dir``."""
-    from grpo_jax.tasks import get_task, register_task
+              tfds_dir: str | None = None):
+    """The task ``name``: a registered name, or your own as ``"module:name"``
+    (`grpo_jax.tasks.user_task`). With ``data``, a run's data section: its knobs (the
+    arithmetic task's difficulty, the GSM8K / MATH files in ``data.data_dir``), as the run
+    trained it. Without: the task's own defaults, GSM8K / MATH from the official files in
+    ``data_dir`` (grpo-evaluate's --data-dir, the same folder as data.data_dir), prepared
+    into ``tfds_dir`` (TFDS's default when None)."""
+    from grpo_jax.tasks import get_task
 
-    if ":" in name:
-        register_task(name, name)
-    if name in ("gsm8k", "math"):
+    if name in config_lib.FILE_TASKS:
         if data is not None:
-            return get_task(name, manual_dir=data.data_dir or None, skip_bad_rows=data.skip_bad_rows)
-        return get_task(name, data_dir=data_dir, manual_dir=manual_dir)
+            check_data_dir(name, data.data_dir, "data.data_dir")
+            return get_task(name, manual_dir=data.data_dir, skip_bad_rows=data.skip_bad_rows)
+        return get_task(name, data_dir=tfds_dir, manual_dir=data_dir)
     if name == "arithmetic" and data is not None:
         return get_task(name, num_operands=data.num_operands, max_digits=data.max_digits, slip=data.slip,
                         format_reward=data.format_reward, min_carries=data.min_carries)
@@ -43,6 +43,26 @@ def make_task(name: str, data: config_lib.DataConfig | None = None, *, data_dir:
         return get_task(name, modulus=data.modulus, num_operands=data.num_operands,
                         num_subtractions=data.num_subtractions, format_reward=data.format_reward)
     return get_task(name)
+
+
+# What each file task reads, for the error that asks for its folder (docs/walkthrough.md has
+# the formats).
+_FILES = {"gsm8k": "GSM8K's official train.jsonl and test.jsonl",
+          "math": "MATH's official train/<subject>/<id>.json and test/<subject>/<id>.json"}
+
+
+def check_data_dir(task: str, folder: str, key: str) -> None:
+    """A file task's folder is set and local: ConfigError naming ``key`` and what to do
+    otherwise. Training reads the files from local disk on every host; a gs:// folder is
+    copied there first (launch/stage.py)."""
+    if not folder:
+        raise ConfigError(f"{key} is empty: data.task={task} reads {_FILES[task]} from it. Set {key}=/path/to/"
+                          f"{task} (formats: docs/walkthrough.md#the-data-files), or run "
+                          "python experiments/gsm8k_grpo.py, which trains on generated GSM8K-format "
+                          "problems when no folder is given")
+    if "://" in folder:
+        raise ConfigError(f"{key}={folder} is not a local folder: copy it to every host's disk first "
+                          "(python launch/stage.py gs://..., or run.py --stage) and give that folder")
 
 
 def shared_tokenizer(task, run_dir: str, *, vocab_size: int, seed: int = 0):
@@ -148,13 +168,16 @@ def open_run(cfg: config_lib.Config, task, mesh) -> SavedRun:
     the pretrained model's own), and a LoRA run's base is its initial (or pretrained)
     params. ``task`` only trains a tokenizer when the run has none, which is refused.
     CheckpointError for a run without checkpoints or without its tokenizer."""
+    from etils import epath
+
     from grpo_jax.checkpoints import checkpointing, run_files
     from grpo_jax.model import lora
 
     run_dir = cfg.run.run_dir
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     # Checkpointer creates its folder: look before, so reading a run writes nothing into it.
-    ckpt = checkpointing.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+    # epath, not os.path: a pod slice's run dir is on gs://.
+    ckpt = checkpointing.Checkpointer(ckpt_dir) if epath.Path(ckpt_dir).is_dir() else None
     steps = ckpt.all_steps() if ckpt else []
     if not steps:
         raise CheckpointError(f"{run_dir} is a training run dir with no checkpoints under {ckpt_dir}")

@@ -14,7 +14,9 @@ logs, shows the progress bar and writes metrics.
 
 What it builds from the config:
 * the task `data.task` (arithmetic / countdown knobs from `data.*`; GSM8K / MATH read the
-  official files from `data.data_dir`);
+  official files from `data.data_dir`), or your own as `data.task=module:name`, a Task class
+  or a function returning one, imported from the Python path (`PYTHONPATH=. grpo-train
+  data.task=mytask:task ...`; docs/walkthrough.md);
 * the model: `run.pretrained` set → `grpo_jax.model.pretrained.load` (GGUF, HF folder, or
   `smollm2-135m`) with its own tokenizer; empty → random init of `model.*` with a
   sentencepiece tokenizer trained on the task's text. That tokenizer is trained once, on
@@ -94,10 +96,11 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     """Build everything for `cfg`, resume from `cfg.run.run_dir` if it holds a checkpoint,
     train to `cfg.run.steps`. Returns the Trainer (closed); `trainer.history` has the
     metrics of the steps run now. `task` overrides `data.task` (tests pass their own)."""
-    from grpo_jax.checkpoints import checkpointing
+    from grpo_jax.checkpoints import checkpointing, run_files
     from grpo_jax.parallel.sharding import make_mesh
     from grpo_jax.rl.trainer import Trainer
 
+    run_files.check_writable(cfg.run.run_dir)
     # Before anything is written to the run dir: a mismatching resume must leave it untouched.
     # model.vocab_size comes from the tokenizer, set below; the Trainer checks it again.
     checkpointing.check_run_dir(os.path.join(cfg.run.run_dir, "checkpoints"), cfg.to_dict(),
@@ -124,17 +127,20 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     return trainer
 
 
-def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int = 300, sft_lr: float = 2e-3,
-                tokenizer_vocab: int = 64, progress: bool = True) -> dict:
+def sft_then_rl(task, argv=(), *, sft_steps: int = 300, sft_lr: float = 2e-3, tokenizer_vocab: int = 64,
+                progress: bool = True) -> dict:
     """A task from scratch: a tokenizer trained on its text, `sft_steps` of SFT of a randomly
     initialised model on its worked solutions, then `rl.algorithm` from that SFT model.
 
-    `overrides` configure the RL run (`section.field=value` on `preset`); the SFT run shares
-    them except for its algorithm, length, learning rate and folder. Both runs keep
-    checkpoints under `run.run_dir` (`sft/`, `rl/`) and resume from them, so a second call
-    only redoes what did not finish. Returns held-out greedy `accuracy` and mean `reward`
-    (`evaluate` on `data.eval_size` test questions) `before` and `after` RL, the RL
-    `history`, and the held-out set's `shortcuts` (`grpo_jax.tasks.shortcuts.Baselines.to_dict`)."""
+    ``argv`` configures the RL run: `--preset NAME` (default cpu-tiny) and `section.field=value`
+    overrides (`config_lib.config_from_argv`); the SFT run shares them except for its
+    algorithm, length, learning rate and folder. Both runs keep checkpoints under
+    `run.run_dir` (`sft/`, `rl/`) and resume from them, so a second call only redoes what did
+    not finish. Returns held-out greedy `accuracy` and mean `reward` (`evaluate` on
+    `data.eval_size` test questions) `before` and `after` RL, the RL `history`, and the
+    held-out set's `shortcuts` (`grpo_jax.tasks.shortcuts.Baselines.to_dict`).
+    A pretrained model (`run.pretrained`) is refused: this recipe makes its own tokenizer and
+    model; `train(cfg, task=...)` (or `grpo-train data.task=module:name`) trains one."""
     import jax
 
     from grpo_jax.eval.evaluation import evaluate
@@ -143,7 +149,12 @@ def sft_then_rl(task, overrides=(), *, preset: str = "cpu-tiny", sft_steps: int 
     from grpo_jax.parallel.sharding import make_mesh
     from grpo_jax.rl.trainer import Trainer
 
-    cfg = config_lib.load_config(preset, list(overrides))
+    cfg = config_lib.config_from_argv(argv)
+    if cfg.run.pretrained:
+        raise config_lib.ConfigError(
+            f"run.pretrained={cfg.run.pretrained}: sft_then_rl trains a model from scratch with its own "
+            "tokenizer; train a pretrained model on your task with grpo-train data.task=module:name "
+            "run.pretrained=... (docs/walkthrough.md)")
     root = cfg.run.run_dir
     tokenizer = runs.shared_tokenizer(task, root, vocab_size=tokenizer_vocab, seed=cfg.data.seed)
     cfg = config_lib.apply_overrides(cfg, [f"model.vocab_size={tokenizer.vocab_size}",

@@ -42,7 +42,8 @@ def build(name: str, data_dir: str | None = None, manual_dir: str | None = None,
     prepared = (builder.data_path / "dataset_info.json").exists() and builder.is_prepared()
     if not prepared and not (manual_dir and os.path.isdir(manual_dir) and os.listdir(manual_dir)):
         # TFDS would fail here with an AssertionError from deep inside its download manager.
-        raise DataError(f"{name}: the folder {manual_dir!r} is missing or empty; "
+        raise DataError(f"{name}: the folder of the official files, {manual_dir!r} (data.data_dir; grpo-evaluate "
+                        "--data-dir), is missing or empty; "
                         f"{builder.MANUAL_DOWNLOAD_INSTRUCTIONS}")
     # Preparing from local files takes seconds; TFDS's progress bars would only interleave
     # with the run's own output (and with the one error line of a bad file).

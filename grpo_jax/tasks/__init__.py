@@ -165,13 +165,43 @@ def available_tasks() -> list[str]:
 
 
 def get_task(name: str, **kwargs) -> Task:
-    """Instantiate a registered task, passing ``kwargs`` to its constructor."""
+    """Instantiate a task, passing ``kwargs`` to its constructor: a registered name, or your
+    own as ``"module:name"``, where ``name`` is a Task class or a function returning a Task
+    (`user_task`)."""
+    if name not in _REGISTRY and ":" in name:
+        return user_task(name, **kwargs)
     if name not in _REGISTRY:
-        raise UnknownNameError(f"unknown task {name!r}; available: {available_tasks()}")
+        raise UnknownNameError(f"unknown task {name!r}; available: {available_tasks()} or your own as module:name")
     module_name, cls_name = _REGISTRY[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls(**kwargs)
 
 
+def user_task(spec: str, **kwargs) -> Task:
+    """The task ``spec`` = ``"module:name"`` names: ``module`` imported from the Python path,
+    ``name`` in it a Task class or a function returning a Task, called with ``kwargs``.
+
+    The task's ``name`` becomes ``spec``: a run records its task's name (task.json), and
+    `grpo-evaluate` rebuilds the task of a run dir from it. UnknownNameError, naming ``spec``,
+    when the module is not importable, has no ``name``, or ``name`` makes no Task; an error
+    raised inside the user's module (one of its own imports, say) keeps its traceback."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
+            raise
+        raise UnknownNameError(f"task {spec!r}: no module named {module_name!r} on the Python path; run from "
+                               "the folder that holds it with PYTHONPATH=. (or install it)") from None
+    if not hasattr(module, attr):
+        raise UnknownNameError(f"task {spec!r}: module {module_name!r} ({module.__file__}) has no {attr!r}")
+    task = getattr(module, attr)(**kwargs)
+    if not isinstance(task, Task):
+        raise UnknownNameError(f"task {spec!r}: {module_name}.{attr}() gave a {type(task).__name__}, not a "
+                               "grpo_jax.tasks.Task (e.g. a grpo_jax.tasks.custom.CustomTask)")
+    task.name = spec
+    return task
+
+
 __all__ = ["Example", "Task", "SPLITS", "as_random", "available_tasks", "draw_distinct", "get_task",
-           "register_task", "split_of"]
+           "register_task", "split_of", "user_task"]

@@ -192,10 +192,10 @@ def test_two_processes_give_the_same_records_as_one(bench, whole, tmp_path):
     # One CPU device per process (no fake 8-device mesh): the single-process run's program.
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), "--model", "smollm2-135m",
-           "--task", "gsm8k", "--manual-dir", os.path.join(FIXTURES, "gsm8k"), "--k", "2",
+           "--task", "gsm8k", "--data-dir", os.path.join(FIXTURES, "gsm8k"), "--k", "2",
            "--temperature", "1.0", "--max-new-tokens", "4", "--chunk-rows", "2", "--prompt", "paper",
            "--out", str(out), "--no-progress"]
-    procs = [subprocess.Popen(cmd + ["--shard", f"{i}/2", "--data-dir", str(tmp_path / f"tfds{i}")], env=env,
+    procs = [subprocess.Popen(cmd + ["--shard", f"{i}/2", "--tfds-dir", str(tmp_path / f"tfds{i}")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     for p in procs:
         _, err = p.communicate(timeout=600)

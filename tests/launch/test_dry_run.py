@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = ("create", "delete", "setup", "run")
+SCRIPTS = ("create", "delete", "setup", "stage", "run")
 JAX = re.search(r"^jax==(\S+)$", (REPO / "requirements.txt").read_text(), re.M).group(1)
 
 V5E = ["--name", "qs", "--zone", "us-west4-a", "--project", "proj"]
@@ -26,7 +26,7 @@ WHERE_V4 = "--zone=us-central2-b --project=proj"
 INSTALL = (
     "cd grpo_jax && if [ ! -x .venv/bin/python ]; then python3 -m pip install --user --quiet uv"
     " && python3 -m uv venv --seed --python 3.11 .venv; fi && .venv/bin/pip install --quiet"
-    f' -r requirements.txt "jax[tpu]=={JAX}" && .venv/bin/pip install --quiet --no-deps -e .'
+    f' -r requirements.txt -r launch/requirements-vm.txt "jax[tpu]=={JAX}" && .venv/bin/pip install --quiet --no-deps -e .'
 )
 
 
@@ -130,12 +130,12 @@ def test_setup_clones_on_every_worker_of_a_pod():
                 "--python", "python3.11")
     assert lines == [
         ssh("pod", WHERE_V4, "all",
-            "if [ -d grpo_jax/.git ]; then git -C grpo_jax fetch --depth=1 origin v1 && "
-            "git -C grpo_jax checkout --force FETCH_HEAD; else git clone --depth=1 --branch=v1 "
-            "https://example.com/g.git grpo_jax; fi"),
+            "mkdir -p grpo_jax && cd grpo_jax && if [ ! -d .git ]; then git init -q && "
+            "git remote add origin https://example.com/g.git; fi && git fetch --depth=1 origin v1 && "
+            "git checkout --force FETCH_HEAD"),
         ssh("pod", WHERE_V4, "all",
             "cd grpo_jax && if [ ! -x .venv/bin/python ]; then python3.11 -m venv .venv; fi && "
-            f'.venv/bin/pip install --quiet -r requirements.txt "jax[tpu]=={JAX}" && '
+            f'.venv/bin/pip install --quiet -r requirements.txt -r launch/requirements-vm.txt "jax[tpu]=={JAX}" && '
             ".venv/bin/pip install --quiet --no-deps -e ."),
     ]
 
@@ -151,31 +151,69 @@ def test_run_quickstart_on_v5e_8_starts_everywhere_and_follows_worker_0():
 
 
 def test_run_paper_recipe_on_v4_32_with_gcs_checkpoints_and_restarts():
-    lines = dry("run", "grpo_gsm8k", "rl.group_size=64", *V4, "--slice", "v4-32", "--spot",
+    lines = dry("run", "gsm8k_grpo", "rl.group_size=64", *V4, "--slice", "v4-32", "--spot",
                 "--bucket", "gs://my-bucket/", "--max-restarts", "5", "--run-name", "paper",
                 "--", "--preset", "deepseekmath-rl-7b")
+    # --spot saves every step: a 7B step's SIGTERM save does not fit the notice.
     assert lines == [
         ssh("pod", WHERE_V4, "all", start(
-            "paper", "experiments/grpo_gsm8k.py rl.group_size=64 "
-            "run.run_dir=gs://my-bucket/grpo_jax/paper mesh.slice=v4-32 "
+            "paper", "experiments/gsm8k_grpo.py rl.group_size=64 "
+            "run.run_dir=gs://my-bucket/grpo_jax/paper mesh.slice=v4-32 run.checkpoint_every=1 "
             "--preset deepseekmath-rl-7b")),
         ssh("pod", WHERE_V4, "0", follow("paper")),
     ]
 
 
+def test_spot_keeps_the_users_checkpoint_every():
+    lines = dry("run", "train", *V5E, "--slice", "v5e-8", "--spot", "--detach", "--",
+                "--preset", "cpu-tiny", "run.checkpoint_every=5")
+    assert lines == [ssh("qs", WHERE_V5E, "all", start(
+        "train", "experiments/train.py --preset cpu-tiny run.checkpoint_every=5 mesh.slice=v5litepod-8"))]
+
+
+def test_run_stages_weights_and_data_before_starting():
+    lines = dry("run", "train", *V5E, "--slice", "v5e-8", "--detach", "--stage", "gs://b/models/m7b/",
+                "--stage", "gs://b/data/gsm8k", "--", "run.pretrained=staged/m7b")
+    assert lines == [
+        ssh("qs", WHERE_V5E, "all", "mkdir -p grpo_jax/staged && cd grpo_jax && "
+            "gcloud storage cp -r --no-clobber gs://b/models/m7b staged/ && "
+            "gcloud storage cp -r --no-clobber gs://b/data/gsm8k staged/"),
+        ssh("qs", WHERE_V5E, "all", start(
+            "train", "experiments/train.py run.pretrained=staged/m7b mesh.slice=v5litepod-8")),
+    ]
+
+
+def test_stage_copies_to_every_worker_and_names_the_overrides():
+    done = launch("stage", "--dry-run", *V4, "gs://b/models/deepseek-math-7b-instruct", "gs://b/gsm8k/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [ssh(
+        "pod", WHERE_V4, "all", "mkdir -p grpo_jax/staged && cd grpo_jax && "
+        "gcloud storage cp -r --no-clobber gs://b/models/deepseek-math-7b-instruct staged/ && "
+        "gcloud storage cp -r --no-clobber gs://b/gsm8k staged/")]
+    assert "run.pretrained=staged/deepseek-math-7b-instruct" in done.stderr
+    assert "data.data_dir=staged/gsm8k" in done.stderr
+
+
+def test_tools_without_a_config_get_their_arguments_as_given():
+    lines = dry("run", "evaluate", *V5E, "--slice", "v5e-8", "--spot", "--detach", "--",
+                "--model", "staged/m", "--task", "gsm8k")
+    assert lines == [ssh("qs", WHERE_V5E, "all", start(
+        "evaluate", "experiments/evaluate.py --model staged/m --task gsm8k"))]
+
+
 def test_run_keeps_the_users_run_dir_and_quotes_odd_arguments():
-    lines = dry("run", "experiments/x.py", "run.run_dir=gs://b/mine", "data.task=a b", *V5E,
+    lines = dry("run", "experiments/train.py", "run.run_dir=gs://b/mine", "data.task=a b", *V5E,
                 "--bucket", "other", "--detach")
     assert lines == [ssh("qs", WHERE_V5E, "all", start(
-        "x", "experiments/x.py run.run_dir=gs://b/mine 'data.task=a b'"))]
+        "train", "experiments/train.py run.run_dir=gs://b/mine 'data.task=a b'"))]
 
 
 def test_run_logs_and_stop():
-    assert dry("run", "grpo_gsm8k", *V4, "--logs") == [
-        ssh("pod", WHERE_V4, "0", follow("grpo_gsm8k"))]
-    assert dry("run", "grpo_gsm8k", *V4, "--stop", "--grace", "60") == [
+    assert dry("run", "gsm8k_grpo", *V4, "--logs") == [
+        ssh("pod", WHERE_V4, "0", follow("gsm8k_grpo"))]
+    assert dry("run", "gsm8k_grpo", *V4, "--stop", "--grace", "60") == [
         ssh("pod", WHERE_V4, "all",
-            "cd grpo_jax && if [ -f logs/grpo_gsm8k.pid ]; then p=$(cat logs/grpo_gsm8k.pid); "
+            "cd grpo_jax && if [ -f logs/gsm8k_grpo.pid ]; then p=$(cat logs/gsm8k_grpo.pid); "
             "if kill -TERM -- -$p 2>/dev/null; then i=0; while [ $i -lt 60 ] && kill -0 -- -$p 2>/dev/null; "
             "do sleep 1; i=$((i+1)); done; fi; kill -KILL -- -$p 2>/dev/null; fi; true")]
 
@@ -194,6 +232,12 @@ def test_bad_slice_name_lists_the_known_ones():
     (["create", *V5E, "--slice", "v4-8", "--queued", "--preemptible"], "use --spot"),
     (["run", "quickstart", *V5E, "--slice", "v4-8", "--max-restarts", "2"], "--bucket"),
     (["run", "quickstart", *V5E, "--run-name", "a/b"], "run name"),
+    (["run", "grpo_gsm8k", *V5E], "experiments/grpo_gsm8k.py does not exist in this checkout; experiments: "),
+    (["run", "train", *V5E, "--", "data.task=nothere:Task"],
+     "data.task=nothere:Task: experiments/nothere.py is not in this checkout"),
+    (["run", "train", *V5E, "--stage", "/local/model"], "/local/model: staging copies a folder or file inside a bucket"),
+    (["run", "evaluate", *V5E, "--bucket", "b"], "takes no config"),
+    (["stage", *V5E, "gs://b/x/m", "gs://c/m"], "two sources would land in the same folder"),
 ])
 def test_bad_settings_fail_before_any_command(args, message):
     done = launch(*args, "--dry-run")
