@@ -167,10 +167,8 @@ def tiny():
 
     cfg = dataclasses.replace(cpu_tiny().model, vocab_size=4, max_seq_len=64, tie_embeddings=False)
     params = model.init_params(cfg, jax.random.key(1))
-    # No stop token: every row runs to the budget, through its tool calls. 13 new tokens keep
-    # every context a call samples from (3 prompt tokens + at most 12) in the smallest prompt
-    # bucket, 16: each call's row count compiles one prefill and one decode.
-    sampler = Sampler(cfg, None, SamplingParams(max_new_tokens=13, pad_id=0))
+    # no stop token: every row runs to the budget, through several tool calls
+    sampler = Sampler(cfg, None, SamplingParams(max_new_tokens=16, pad_id=0))
     tools = ToolUse.build(PythonTool(SANDBOX, open="a", close="b"), Alphabet(), 2)
     return cfg, params, sampler, tools
 
@@ -189,11 +187,11 @@ def test_a_real_rollout_is_deterministic_given_its_key_and_logs_the_models_own_t
     assert not np.array_equal(a.tokens, c.tokens)
     # the shapes of a rollout without tools; the tool was called
     plain = sampler.generate(params, prompts, key=jax.random.key(0), group_size=2)
-    assert a.tokens.shape == plain.tokens.shape == (2, 13) and a.prompt_tokens.shape == plain.prompt_tokens.shape
+    assert a.tokens.shape == plain.tokens.shape == (2, 16) and a.prompt_tokens.shape == plain.prompt_tokens.shape
     assert sum(map(len, runs_a)) >= 1 and np.asarray(a.tool_mask).any()
     # log-probs: the model's own tokens', as one forward pass over the whole completion
     # (the tool's output in the context) gives them; 0 on the tool's tokens
-    full = np.asarray(sequence_logprobs(cfg, params, a, temperature=1.0, chunk_size=13))
+    full = np.asarray(sequence_logprobs(cfg, params, a, temperature=1.0, chunk_size=16))
     own = np.asarray(a.mask) & ~np.asarray(a.tool_mask)
     np.testing.assert_allclose(np.asarray(a.logprobs)[own], full[own], atol=2e-5)
     assert np.all(np.asarray(a.logprobs)[np.asarray(a.tool_mask)] == 0.0)
