@@ -17,8 +17,8 @@ of the loop.
 """
 
 from grpo_jax.tools.python_tool import PythonTool, statuses
-from grpo_jax.tools.sandbox import (STATUSES, ExecutionResult, LocalSandbox, Protection, Sandbox, SandboxError,
-                                    SandboxLimits, capabilities)
+from grpo_jax.tools.sandbox import (STATUSES, Confinement, ExecutionResult, LocalSandbox, Protection, Sandbox,
+                                    SandboxError, SandboxLimits, capabilities)
 
-__all__ = ["STATUSES", "ExecutionResult", "LocalSandbox", "Protection", "PythonTool", "Sandbox", "SandboxError",
-           "SandboxLimits", "capabilities", "statuses"]
+__all__ = ["STATUSES", "Confinement", "ExecutionResult", "LocalSandbox", "Protection", "PythonTool", "Sandbox",
+           "SandboxError", "SandboxLimits", "capabilities", "statuses"]

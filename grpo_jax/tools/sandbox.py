@@ -63,7 +63,9 @@ class SandboxWarning(UserWarning):
 @dataclass(frozen=True)
 class SandboxLimits:
     """Per-call limits. ``threads`` is RLIMIT_NPROC: the processes and threads of the call's
-    user namespace (new processes are refused outright by the seccomp filter where it holds).
+    user namespace (new processes are refused outright by the seccomp filter where it holds);
+    where no user namespace could be made, the kernel counts every task of the user, the
+    trainer's among them, so the code may start fewer threads, never more.
     ``python_path``: folders the code may import from and read (site-packages holding sympy,
     say); by default only the standard library."""
 
@@ -91,9 +93,42 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
+class Confinement:
+    """The kernel mechanisms a call's code ran under, as its launcher recorded them: the
+    namespaces it entered (of "user", "network", "PID"), the Landlock ABI it restricted
+    itself with (0: none), whether its seccomp filter was installed, its capabilities
+    dropped, and RLIMIT_NPROC binding (the kernel exempts uid 0)."""
+
+    namespaces: tuple[str, ...]
+    landlock_abi: int
+    seccomp: bool
+    capabilities_dropped: bool
+    nproc: bool
+
+    @classmethod
+    def of(cls, record: dict) -> "Confinement":
+        unapplied = record.get("unapplied", {})
+        entered = [(name, record.get(key, False)) for name, key in
+                   (("user", "user_namespace"), ("network", "network_namespace"), ("PID", "pid_namespace"))]
+        return cls(tuple(name for name, on in entered if on),
+                   0 if "landlock" in unapplied else record.get("landlock_abi", 0), "seccomp" not in unapplied,
+                   "capabilities" not in unapplied, "nproc" not in unapplied)
+
+    def __str__(self) -> str:
+        return "; ".join([f"{', '.join(self.namespaces) or 'no'} namespaces",
+                          f"Landlock ABI {self.landlock_abi}" if self.landlock_abi else "no Landlock",
+                          "seccomp" if self.seccomp else "no seccomp",
+                          "no capabilities" if self.capabilities_dropped else "capabilities kept",
+                          "RLIMIT_NPROC" if self.nproc else "no RLIMIT_NPROC (uid 0)"])
+
+
+@dataclass(frozen=True)
 class ExecutionResult:
     """What one call gives back. ``detail``: why the status, in words (the signal, the limit);
-    ``unenforced``: the protections the kernel refused for this call, one phrase each."""
+    ``unenforced``: the protections the kernel refused for this call, one phrase each;
+    ``confinement``: the kernel mechanisms it ran under (None where the call was killed
+    before its launcher reported, at the wall-time or output limit, or from a sandbox that
+    does not say, a remote one)."""
 
     status: str
     stdout: str
@@ -102,6 +137,7 @@ class ExecutionResult:
     detail: str = ""
     seconds: float = 0.0
     unenforced: tuple[str, ...] = ()
+    confinement: Confinement | None = None
 
 
 class Sandbox(Protocol):
@@ -128,6 +164,8 @@ def unenforced_protections(record: dict) -> tuple[str, ...]:
         missing.append(f"processes (no seccomp: {unapplied.get('seccomp')}; {unapplied.get('nproc')})")
     if not seccomp:  # Landlock does not cover chmod, chown, utime or xattrs
         missing.append(f"modes, owners and times of files outside the work folder (no seccomp: {unapplied['seccomp']})")
+        # nor connecting to a socket file, which no network namespace isolates either
+        missing.append(f"unix sockets of other programs (no seccomp: {unapplied['seccomp']})")
     if not (pidns or seccomp or landlock and abi >= 6):
         missing.append(f"signals to the trainer (no PID namespace, no seccomp, Landlock ABI {abi} < 6)")
     if "capabilities" in unapplied:
@@ -221,7 +259,8 @@ class LocalSandbox:
         if record.get("exit_code") == EXIT_UNCONFINED:
             raise SandboxError(f"the sandbox's process could not confine itself; nothing ran: {err.strip()}")
         status, exit_code, detail = status_of(record, self.limits)
-        return ExecutionResult(status, out, err, exit_code, detail, seconds, unenforced_protections(record))
+        return ExecutionResult(status, out, err, exit_code, detail, seconds, unenforced_protections(record),
+                               Confinement.of(record))
 
 
 def status_of(record: dict, limits: SandboxLimits) -> tuple[str, int | None, str]:

@@ -12,7 +12,8 @@ Two processes:
   which protections it applied and how the code's process ended (the code cannot write there:
   its process closes that descriptor first, so what the report says cannot be forged);
 * the **runner** (PID 1 of the new PID namespace: when it exits the kernel kills whatever it
-  started) leaves the launcher's session, drops every capability, restricts itself with
+  started) leaves the launcher's session, limits its threads (RLIMIT_NPROC), drops every
+  capability, restricts itself with
   Landlock (files: read the standard library, anything inside the working folder; TCP; signals
   and abstract sockets out of its domain) and a seccomp filter (no new processes, no exec, no
   socket, signals to itself only), then compiles and runs the code.
@@ -217,6 +218,11 @@ def confine(limits: dict, record: dict) -> None:
     refuses goes into ``record["unapplied"]``."""
     if record.get("pid_namespace"):
         os.setsid()  # out of the launcher's process group: kill(0, ...) reaches only this namespace
+    # Here, not in the launcher: the kernel counts the user's tasks in its user namespace, and
+    # where no new one could be made that is every task of the user on the machine (a
+    # trainer's threads alone can pass the limit), so the launcher's fork of this process
+    # would fail. Set here, it only ever leaves the code fewer threads than the limit.
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["threads"], limits["threads"]))
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher killed: so is this namespace
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     unapplied = record["unapplied"]
@@ -255,8 +261,6 @@ def main() -> None:
         hard = value + 1 if name == "RLIMIT_CPU" and value != ceiling else value  # SIGXCPU, then SIGKILL
         resource.setrlimit(kind, (value, hard))
     enter_namespaces(record)
-    # After the user namespace: the new namespace then counts only its own processes and threads.
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits["threads"], limits["threads"]))
     if os.getuid() == 0:
         record["unapplied"]["nproc"] = "the kernel exempts uid 0 from RLIMIT_NPROC"
     # The runner writes its own record here before the code runs, then closes it: the code

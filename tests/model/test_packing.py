@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from tests.rl.test_programs import _cfg as _trainer_cfg
 from tests.rl.test_programs import _record
+from tests.rl.test_tool_tokens import with_tool_tokens
 from tests.rl.test_train_step import BATCH, _cfg, _flat, _run, params  # noqa: F401  (params: the fixture)
 from tests.rl.test_trainer import SevensTask, tok  # noqa: F401  (tok: the fixture)
 
@@ -86,10 +87,12 @@ def test_packed_and_padded_batches_give_the_same_loss_and_gradient(params, algor
     """One train step (reference log-probs, β > 0; PPO's value model too) on the test batch
     (prompts of 3-16 tokens, completions of 1-8): packed, it ends with the padded step's
     metrics and parameters; PPO packed on 2 x 2 devices with 2 micro-batches against
-    padded on one device in one."""
-    padded_state, (padded,) = _run(_cfg(algorithm=algorithm), params)
+    padded on one device in one. GRPO's completions hold a tool's tokens (multi-turn
+    rollouts): context for the forward pass in both layouts, out of the loss in both."""
+    batch = with_tool_tokens(BATCH)[0] if algorithm == "grpo" else BATCH
+    padded_state, (padded,) = _run(_cfg(algorithm=algorithm), params, batch=batch)
     packed_cfg = _cfg(algorithm=algorithm, pack=True, num_micro_batches=micro)
-    packed_state, (packed,) = _run(packed_cfg, params, mesh_shape=mesh_shape)
+    packed_state, (packed,) = _run(packed_cfg, params, batch=batch, mesh_shape=mesh_shape)
     for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "value_loss"):
         assert packed[key] == pytest.approx(padded[key], rel=1e-5, abs=1e-7), key
     np.testing.assert_allclose(_flat(packed_state.params), _flat(padded_state.params), rtol=1e-5, atol=1e-6)

@@ -2,9 +2,12 @@
 untouched, no process left behind, and a status that says what happened.
 
 Every case runs in the sandbox as it is here and again with the namespaces refused
-(conftest.sandbox), so Landlock and the seccomp filter are shown to hold on their own.
+(conftest.sandbox), so Landlock and the seccomp filter are shown to hold on their own. A case
+that holds only under some mechanism is marked `needs` (conftest.MECHANISMS): where the
+kernel refuses it, the sandbox must say so, and the case skips.
 """
 import hashlib
+import inspect
 import os
 import platform
 import signal
@@ -16,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_jax.tools.sandbox import capabilities
-from tests.tools.conftest import LIMITS, descendants
+from grpo_jax.tools.sandbox import LocalSandbox, capabilities
+from tests.tools.conftest import LIMITS, MECHANISMS, descendants, measure, refusal, refusing_interpreter
 
 SECRET = "grpo-sandbox-test-secret-" + uuid.uuid4().hex
 
@@ -49,18 +52,39 @@ def run_contained(sandbox, code: str, **names):
     return result
 
 
-def test_the_protections_hold_here(sandbox):
-    """Measured, not assumed: each probe of `capabilities` was refused."""
+# Each probe of `capabilities`: the mechanisms that refuse it, and the words of the sandbox's
+# warning where none does. One new process is within RLIMIT_NPROC: only seccomp refuses it.
+PROBES = {
+    "network": (lambda c: "network" in c.namespaces or c.seccomp or c.landlock_abi >= 4, "network ("),
+    "files": (MECHANISMS["landlock"].holds, "(no Landlock"),
+    "write": (MECHANISMS["landlock"].holds, "(no Landlock"),
+    "processes": (MECHANISMS["seccomp"].holds, "(no seccomp"),
+    "signals": (MECHANISMS["signal isolation"].holds, "signals to the trainer ("),
+    "environment": (lambda c: True, None),
+    "rlimits": (lambda c: True, None),
+}
+
+
+def test_what_the_sandbox_enforces_here(sandbox, measured, record_property):
+    """Measured, not assumed: each probe of `capabilities` is refused exactly where the
+    mechanisms the sandbox applied refuse it, and the warning names every probe that got
+    through. Printed and recorded, so a run on a new machine shows what held there."""
     found = {p.name: p for p in capabilities(sandbox)}
-    assert {name: p.how for name, p in found.items() if not p.enforced} == {}
-    assert set(found) >= {"network", "files", "write", "processes", "signals", "environment"}
+    print(f"sandbox: {measured.confinement}; could not enforce: {measured.warning or 'nothing'}")
+    record_property("sandbox", str(measured.confinement))
+    assert set(found) == set(PROBES)
+    for name, (holds, words) in PROBES.items():
+        assert found[name].enforced == holds(measured.confinement), (name, found[name], measured)
+        assert found[name].enforced or words in measured.warning, (name, measured.warning)
 
 
+@pytest.mark.needs("seccomp")
 def test_fork_bomb(sandbox, work_root):
     result = run_contained(sandbox, "import os\nwhile True:\n    os.fork()\n")
     assert result.status == "error" and "PermissionError" in result.stderr
 
 
+@pytest.mark.needs("exec refusal")
 def test_fork_bomb_through_a_shell(sandbox, work_root):
     result = run_contained(sandbox, "import subprocess\nsubprocess.run(['/bin/sh', '-c', ':(){ :|:& };:'])\n")
     assert result.status == "error" and "PermissionError" in result.stderr
@@ -89,6 +113,7 @@ def test_infinite_loop(sandbox, work_root, code):
 
 
 
+@pytest.mark.needs("seccomp")
 def test_socket_connections(sandbox, work_root, tmp_path):
     """TCP and UDP to this machine, and a unix socket file of the trainer's: none gets through."""
     with socket.create_server(("127.0.0.1", 0)) as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, \
@@ -116,6 +141,7 @@ def test_socket_connections(sandbox, work_root, tmp_path):
     assert result.stdout.count("PermissionError") == 3
 
 
+@pytest.mark.needs("landlock", "seccomp")
 def test_writing_into_home_and_the_checkpoint_folder(sandbox, work_root, checkpoints):
     home_file = Path.home() / f".grpo-sandbox-hostile-{uuid.uuid4().hex}"
     before = snapshot(checkpoints)
@@ -146,6 +172,7 @@ def test_writing_into_home_and_the_checkpoint_folder(sandbox, work_root, checkpo
     assert len(result.stdout.split()) == 13
 
 
+@pytest.mark.needs("landlock")
 def test_no_secret_in_the_environment(sandbox, work_root, monkeypatch):
     monkeypatch.setenv("GRPO_SANDBOX_TEST_TOKEN", SECRET)
     code = ("import os\nprint(dict(os.environ))\n"
@@ -158,6 +185,7 @@ def test_no_secret_in_the_environment(sandbox, work_root, monkeypatch):
     assert "XLA_FLAGS" not in result.stdout  # conftest's variables are the trainer's too
 
 
+@pytest.mark.needs("landlock")
 def test_reading_the_trainers_files(sandbox, work_root, tmp_path):
     (tmp_path / "api_key.txt").write_text(SECRET)
     code = ("import os\n"
@@ -170,6 +198,7 @@ def test_reading_the_trainers_files(sandbox, work_root, tmp_path):
     assert SECRET not in result.stdout
 
 
+@pytest.mark.needs("signal isolation")
 def test_signalling_the_trainer(sandbox, work_root):
     """SIGTERM and SIGKILL at this process, its group, every process it may signal, and a
     second process of the trainer's: all of them survive."""
@@ -218,6 +247,7 @@ def test_exit_tricks(sandbox, work_root, code, status, stdout):
     assert (result.status, result.stdout) == (status, stdout), result
 
 
+@pytest.mark.needs("landlock", "seccomp")
 def test_ctypes(sandbox, work_root, checkpoints):
     before = snapshot(checkpoints)
     crash = run_contained(sandbox, "import ctypes\nctypes.string_at(0)\n")
@@ -230,6 +260,7 @@ def test_ctypes(sandbox, work_root, checkpoints):
     assert snapshot(checkpoints) == before
 
 
+@pytest.mark.needs("landlock", "seccomp")
 def test_del_at_interpreter_exit(sandbox, work_root, checkpoints):
     before = snapshot(checkpoints)
     code = ("import os, signal, atexit\n"
@@ -244,3 +275,35 @@ def test_del_at_interpreter_exit(sandbox, work_root, checkpoints):
     assert snapshot(checkpoints) == before
     hang = run_contained(sandbox, "import atexit\ndef spin():\n    while True:\n        pass\natexit.register(spin)\n")
     assert hang.status == "timeout"
+
+
+# The cases that skip where the kernel refuses the sandbox these syscalls (a machine that
+# enforces every mechanism, simulated by conftest.refusing_interpreter).
+REFUSED = {
+    ("landlock_create_ruleset",): {"test_writing_into_home_and_the_checkpoint_folder", "test_no_secret_in_the_environment",
+                                   "test_reading_the_trainers_files", "test_ctypes", "test_del_at_interpreter_exit"},
+    ("seccomp",): {"test_fork_bomb", "test_socket_connections", "test_writing_into_home_and_the_checkpoint_folder",
+                   "test_ctypes", "test_del_at_interpreter_exit"},
+    ("unshare", "landlock_create_ruleset", "seccomp"): {
+        "test_fork_bomb", "test_fork_bomb_through_a_shell", "test_socket_connections",
+        "test_writing_into_home_and_the_checkpoint_folder", "test_no_secret_in_the_environment",
+        "test_reading_the_trainers_files", "test_signalling_the_trainer", "test_ctypes", "test_del_at_interpreter_exit"},
+}
+
+
+@pytest.mark.needs("namespaces", "landlock", "seccomp")
+@pytest.mark.parametrize("syscalls", list(REFUSED))
+def test_where_the_kernel_refuses_a_mechanism_the_cases_that_need_it_skip(syscalls, tmp_path, work_root):
+    """The skip logic on a refused machine: measured as the suite measures, each case that
+    needs a missing mechanism skips naming it (`refusal` checks the warning says so too);
+    every other case runs."""
+    measured = measure(LocalSandbox(LIMITS, python=refusing_interpreter(str(tmp_path), *syscalls)))
+    cases = {name: case for name, case in globals().items()
+             if name.startswith("test_") and "sandbox" in inspect.signature(case).parameters}
+    needs = {name: mark.args for name, case in cases.items() for mark in getattr(case, "pytestmark", [])
+             if mark.name == "needs"}
+    reasons = {name: refusal(args, measured) for name, args in needs.items()}
+    assert {name for name, reason in reasons.items() if reason} == REFUSED[syscalls]
+    for name in REFUSED[syscalls]:
+        missing = [MECHANISMS[n].words for n in needs[name] if not MECHANISMS[n].holds(measured.confinement)]
+        assert reasons[name].startswith(f"needs {' and '.join(missing)}, which the kernel refused"), reasons[name]
