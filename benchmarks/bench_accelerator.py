@@ -218,7 +218,7 @@ def part_jax_update(args) -> dict:
     if args.profile and not args.this_variant:
         import profile_ops
 
-        profile = _profile(one, compiled.as_text(), profile_ops.summarize_program)
+        profile = _profile(one, lambda trace: profile_ops.summarize_program(trace, compiled.as_text()))
     peak, source = _jax_peak_memory(), "device allocator (peak_bytes_in_use)"
     if peak is None:
         peak, source = common.peak_bytes(compiled.memory_analysis()), "compiled program (memory_analysis)"
@@ -232,19 +232,22 @@ def part_jax_update(args) -> dict:
             | {"logprob_chunk_size": cfg.rl.logprob_chunk_size, "beta": cfg.rl.beta}, "profile": profile}
 
 
-def _profile(one, hlo_text: str, summarize) -> dict:
-    """One more call of ``one`` under jax's profiler, summarized from the trace and the
-    program's optimised HLO text: the update's kernels by part of the model, pass and op
-    (``profile_ops.summarize_program``), the rollout's decode by part of its step
-    (``profile_ops.summarize_decode``). Run after the timed reps, so the profiler's overhead
-    touches no timing."""
+def _profile(one, summarize) -> dict:
+    """One more call of ``one`` under jax's profiler, ``summarize(trace)``: the update's kernels
+    by part of the model, pass and op (``profile_ops.summarize_program``), the rollout's decode
+    by part of its step (``profile_ops.summarize_decode``). Run after the timed reps, so the
+    profiler's overhead touches no timing; a profile that fails is reported as {"error": ...}
+    beside the timings, which stand."""
     import tempfile
 
     import profile_ops
 
-    with tempfile.TemporaryDirectory(prefix="bench_accelerator_trace_") as d:
-        trace = profile_ops.trace_of(one, Path(d))
-    return summarize(trace, hlo_text)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_accelerator_trace_") as d:
+            trace = profile_ops.trace_of(one, Path(d))
+        return summarize(trace)
+    except Exception:  # noqa: BLE001 - the part's measurements are taken already
+        return {"error": traceback.format_exc()}
 
 
 def probe(tiny: bool) -> dict:
@@ -308,9 +311,8 @@ def part_jax_rollout(args) -> dict:
 
         n = args.new_tokens
         drawn = run_sampler.evaluation(1.0).with_settings(max_new_tokens=n)
-        text = profile_ops.decode_program_text(drawn, copy, prompts, g, jax.random.key(0))
-        out["profile"] = _profile(lambda: run(n), text,
-                                  lambda trace, hlo: profile_ops.summarize_decode(trace, hlo, n - 1))
+        out["profile"] = _profile(lambda: run(n), lambda trace: profile_ops.summarize_decode(
+            trace, profile_ops.decode_program_text(drawn, copy, prompts, g, jax.random.key(0)), n - 1))
     out["probe"] = probe(args.tiny)
     return out
 
@@ -726,11 +728,12 @@ def main(argv=None) -> int:
     for part, what, tables in (("jax_update", "update's kernel time", "summary_tables"),
                                ("jax_rollout", "decode's time", "decode_tables")):
         p = parts.get(part, {})
-        if p.get("status") == "ok" and p["result"].get("profile"):
+        profile = p["result"].get("profile") if p.get("status") == "ok" else None
+        if profile:
             import profile_ops
 
             print(f"\nwhere our {what} goes (one more call under jax's profiler):\n")
-            print("\n".join(getattr(profile_ops, tables)(p["result"]["profile"])))
+            print(profile["error"] if "error" in profile else "\n".join(getattr(profile_ops, tables)(profile)))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=common.jsonable))
         print(f"wrote {args.json}")

@@ -175,3 +175,14 @@ def test_the_tiny_rollouts_decode_profile_is_split_by_part(bench, benchmark_modu
     assert "where our decode's time goes" in out.getvalue()
     # the modelled step of the engine that ran, beside the measurement
     assert r["modelled_step"]["engine"] == engine and r["of_modelled_step"] > 0
+
+
+def test_a_profile_that_fails_is_reported_beside_the_timings(bench):
+    """The profile runs after a part's timings: its failure is recorded, not the part's."""
+    import jax.numpy as jnp
+
+    def summarize(trace):
+        raise ValueError(f"no events of jit_decode among {len(trace['traceEvents'])}")
+
+    r = bench._profile(lambda: jnp.ones(2).block_until_ready(), summarize)
+    assert list(r) == ["error"] and "ValueError: no events of jit_decode" in r["error"]
