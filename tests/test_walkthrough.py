@@ -12,6 +12,7 @@ launch/run.py passes no config (its NO_CONFIG), whose --help does not.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shlex
@@ -155,12 +156,9 @@ def test_part_b_dry_runs_and_compiles_cpu_tiny(tmp_path):
     assert "--check" in helped.stdout  # the flag the test left out still exists
 
 
-def test_every_experiment_offers_preset_except_the_tools_without_a_config():
-    sys.path.insert(0, str(REPO / "launch"))
-    try:
-        from run import NO_CONFIG
-    finally:
-        sys.path.remove(str(REPO / "launch"))
+def test_every_experiment_offers_preset_except_the_tools_without_a_config(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "launch"))  # launch/run.py imports its siblings by name
+    NO_CONFIG = importlib.import_module("run").NO_CONFIG
     scripts = sorted(p for p in (REPO / "experiments").glob("*.py") if p.stem != "common")
     outcomes = help_outcomes([str(p.relative_to(REPO)) for p in scripts])
     offers = {Path(c).stem for c, o in outcomes.items() if o["exit"] in (0, None) and "--preset" in o["stdout"]}
