@@ -143,14 +143,19 @@ def published_name(arm: str, seed: int) -> str:
     return f"{slug(arm)}_seed{seed}.json"
 
 
+def varying_first_10(history: list[dict]) -> float:
+    """The mean share of groups whose rewards varied over a run's first 10 steps."""
+    first = [h.get("groups_varying_fraction", 0.0) for h in history[:10]]
+    return sum(first) / max(1, len(first))
+
+
 def publish(folder: str, run: dict) -> None:
     """A finished (arm, seed)'s curve, without its per-step history, into ``folder``."""
     import common
 
-    varying = [h.get("groups_varying_fraction", 0.0) for h in run["history"][:10]]
     os.makedirs(folder, exist_ok=True)
     out = {"arm": run["arm"], "seed": run["seed"], "steps": run["steps"], "eval_accuracy": run["eval_accuracy"],
-           "groups_varying_first_10_steps": sum(varying) / max(1, len(varying))}
+           "groups_varying_first_10_steps": varying_first_10(run["history"])}
     if ARMS[run["arm"]][1] is not None:  # a reward-model arm: what it optimised against what the rule says
         for key, name in TRAINING_SERIES.items():
             out[name] = [h[key] for h in run["history"] if key in h]
@@ -456,8 +461,7 @@ def run_arms(cfg, params, task, tok, mesh, root, args, plan, models, rm_metrics,
     finals = {arm: {s: r["eval_accuracy"][-1] for s, r in by_seed.items()} for arm, by_seed in runs.items()}
     reach = {arm: {s: steps_to_reach(steps, r["eval_accuracy"], args.reach, censor) for s, r in by_seed.items()}
              for arm, by_seed in runs.items()}
-    varying = {arm: {s: sum(h.get("groups_varying_fraction", 0.0) for h in r["history"][:10]) /
-                     len(r["history"][:10]) for s, r in by_seed.items()}
+    varying = {arm: {s: varying_first_10(r["history"]) for s, r in by_seed.items()}
                for arm, by_seed in runs.items() if arm.startswith("GRPO")}
     pairs = CLAIMS if claims is None else claims
     claims, speed = judge(finals, pairs), judge(reach, pairs, sign=-1.0)
