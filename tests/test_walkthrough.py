@@ -158,6 +158,8 @@ def test_part_b_dry_runs_and_compiles_cpu_tiny(tmp_path):
 
 def test_every_experiment_offers_preset_except_the_tools_without_a_config(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "launch"))  # launch/run.py imports its siblings by name
+    for sibling in ("common", "run"):  # benchmarks/ and experiments/ have a `common` too; take launch/'s
+        monkeypatch.delitem(sys.modules, sibling, raising=False)
     NO_CONFIG = importlib.import_module("run").NO_CONFIG
     scripts = sorted(p for p in (REPO / "experiments").glob("*.py") if p.stem != "common")
     outcomes = help_outcomes([str(p.relative_to(REPO)) for p in scripts])
