@@ -9,6 +9,7 @@ wrong-answer output.
 """
 import random
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -59,17 +60,27 @@ ENDINGS = {
 }
 
 
-def token0_advantages(step_lists):
-    """Process advantages Â_i,0 of one group (character ends stand for token ends)."""
+# One compiled program for every group: process_advantages ignores masked step slots and
+# tokens past the last step's end, so padding to fixed sizes leaves Â_i,0 as it is.
+_jit_process_advantages = jax.jit(process_advantages, static_argnums=3)
+
+
+def token0_advantages(step_lists, slots: int | None = None, tokens: int | None = None):
+    """Process advantages Â_i,0 of one group (character ends stand for token ends); ``slots``
+    and ``tokens``, when given, pad the step slots and token positions to that many (masked
+    slots; tokens after every end), so groups of different sizes share one compile."""
     s = max(len(x) for x in step_lists)
+    assert slots is None or slots >= s, (slots, s)
+    s = slots or s
     rewards = np.zeros((1, len(step_lists), s), np.float32)
     ends = np.zeros((1, len(step_lists), s), np.int32)
     mask = np.zeros((1, len(step_lists), s), bool)
     for g, steps in enumerate(step_lists):
         for j, (end, r) in enumerate(steps):
             rewards[0, g, j], ends[0, g, j], mask[0, g, j] = r, end - 1, True
-    tokens = int(ends.max()) + 1
-    adv = process_advantages(jnp.asarray(rewards), jnp.asarray(ends), jnp.asarray(mask), tokens)
+    assert tokens is None or tokens > ends.max(), (tokens, ends.max())
+    tokens = tokens or int(ends.max()) + 1
+    adv = _jit_process_advantages(jnp.asarray(rewards), jnp.asarray(ends), jnp.asarray(mask), tokens)
     return np.asarray(adv[0, :, 0])
 
 
@@ -109,8 +120,9 @@ def test_no_answer_line_never_outscores_a_wrong_answer_line():
         text = task.sft_text(ex, rng, wrong_step_prob=0.3)
         body = text[: text.rindex("A: ")]
         wrong_answer = body + f"A: {int(ex.answer) + 1}\n"
+        # 2-6 operands: at most 5 step lines and the answer line, each under 24 characters.
         a_none, a_wrong = token0_advantages([task.step_rewards(body, ex), task.step_rewards(wrong_answer, ex),
-                                             task.step_rewards(text, ex)])[:2]
+                                             task.step_rewards(text, ex)], slots=6, tokens=144)[:2]
         assert a_none <= a_wrong + 1e-6, (text, a_none, a_wrong)
 
 
