@@ -24,6 +24,14 @@ question), else the task's own text (task: arithmetic, countdown, module:Class).
 DeepSeekMath chain-of-thought format (the task's `paper_prompt`, gsm8k and math; the Table 5
 protocol). Any other style of grpo_jax.tasks.prompts.STYLES asks the bare question that way.
 
+--tools python: Table 5's tool-integrated protocol (gsm8k, gsm8k_synth, math): the task's
+tool prompt (DeepSeekMath's, zero-shot) in the model's chat template; each completion's
+```python blocks run in the sandbox (grpo_jax.tools, its default limits), at most
+--max-tool-calls (4) per completion, their output appended as ```output blocks
+(grpo_jax.sampler.turns); the answer is the last \\boxed{} of the model's own text. The
+JSONL records each run's status, summary.json the calls per question and the sandbox's
+failures by status (docs/evaluation.md).
+
 Writes <out>/shard-*.jsonl (one line per question: prompt, completions, extracted answers,
 correctness), <out>/settings.json and <out>/summary.json. A killed evaluation continues
 where it stopped when rerun with the same arguments. Multi-host (or --shard i/n by hand):
@@ -53,6 +61,11 @@ from grpo_jax.sampler import Sampler
 from grpo_jax.tasks.shortcuts import try_shortcut_baselines
 from grpo_jax.parallel.sharding import make_mesh
 from grpo_jax.tasks.dataset_task import DatasetTask
+from grpo_jax.sampler.turns import ToolUse
+from grpo_jax.tools import LocalSandbox, PythonTool
+
+TOOLS = ("none", "python")
+DEFAULT_TOOL_CALLS = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-format", choices=sorted(chat_templates.FORMATS), default=None,
                    help="a model that is not a run dir: prompt it in this named chat format instead of its own "
                         "template (for a model without a usable one; default: the model's own template)")
+    p.add_argument("--tools", choices=TOOLS, default="none",
+                   help="python: the tool-integrated protocol (Table 5's second half; gsm8k, gsm8k_synth, math): "
+                        "the task's tool prompt, each completion's ```python blocks run in the sandbox "
+                        "(grpo_jax.tools, its default limits) with their output appended, the answer read from the "
+                        "last \\boxed{} of the model's own text; summary.json counts the tool calls and the "
+                        "sandbox's failures (docs/evaluation.md). none: no tool")
+    p.add_argument("--max-tool-calls", type=int, default=None,
+                   help=f"--tools python: code blocks run per completion (default {DEFAULT_TOOL_CALLS}); a block "
+                        "after the last is only text")
     p.add_argument("--math-verify", action="store_true",
                    help="also check every completion with Hugging Face's math-verify (in a worker process with a "
                         "time limit) and write <out>/math_verify.json: its accuracy and where it disagrees with the "
@@ -100,6 +122,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge-only", action="store_true", help="merge the shards in --out and print the summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def check_tools(args) -> None:
+    """The --tools options that do not combine, refused before any model is loaded; fills
+    --max-tool-calls' default."""
+    if args.tools == "none":
+        if args.max_tool_calls is not None:
+            raise ConfigError("--max-tool-calls is for --tools python (without it no code runs)")
+        return
+    if args.prompt is not None:
+        raise ConfigError(f"--prompt {args.prompt} and --tools python do not combine: the tool-integrated protocol "
+                          "asks the task's own tool prompt (docs/evaluation.md)")
+    if args.math_verify:
+        raise ConfigError("--math-verify and --tools python do not combine: math-verify reads whole completions, "
+                          "which with tools hold the code's output too")
+    args.max_tool_calls = DEFAULT_TOOL_CALLS if args.max_tool_calls is None else args.max_tool_calls
+    if args.max_tool_calls < 1:
+        raise ConfigError(f"--max-tool-calls must be >= 1 with --tools python, got {args.max_tool_calls} "
+                          "(--tools none evaluates without the tool)")
+
+
+def tool_use(args, tokenizer) -> ToolUse | None:
+    """The evaluation's tool use (--tools python): a `PythonTool` on a `LocalSandbox` with its
+    default limits, at most --max-tool-calls runs per completion; None for --tools none."""
+    if args.tools == "none":
+        return None
+    try:
+        return ToolUse.build(PythonTool(LocalSandbox()), tokenizer, args.max_tool_calls)
+    except ValueError as e:
+        raise ConfigError(f"--tools python: {e}") from None
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -131,11 +183,12 @@ def apply_run_defaults(args, cfg: Config, asked: dict, task) -> None:
     args.decode = args.decode or cfg.rl.decode
 
 
-def score(args, shards, sampler: Sampler, params, tokenizer, task, examples, out, meta, load_s, checker=None):
+def score(args, shards, sampler: Sampler, params, tokenizer, task, examples, out, meta, load_s, checker=None,
+          tools: ToolUse | None = None):
     """Sample and score this process's shard (i, n) into `out` with ``sampler`` (a run's, or
     a pretrained model's with the defaults) and ``params`` in its weights form; on process 0
     (no --shard) merge the shards and return the summary (with ``checker``'s second opinion,
-    math-verify's, when given), else None."""
+    math-verify's, when given), else None. ``tools``: each completion may call the tool."""
     shard, num_shards = shards
     settings = evaluate_run.EvalSettings(
         num_samples=args.k, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
@@ -143,7 +196,7 @@ def score(args, shards, sampler: Sampler, params, tokenizer, task, examples, out
         prompt=args.prompt or task.prompt_style or "task")
     times = evaluate_run.evaluate_shard(sampler, params, tokenizer, task, examples, out, settings,
                                         shard=shard, num_shards=num_shards, meta=meta,
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress, tools=tools)
     print(f"shard {shard}/{num_shards}: {times['questions']} questions; load {load_s:.1f}s, "
           f"sample {times['sample']:.1f}s, score {times['score']:.1f}s", file=sys.stderr)
     distributed.barrier("evaluate")
@@ -192,6 +245,7 @@ def main(argv=None) -> dict:
     """The summary of a model, or {"points": [...]} (the curve) for a run dir; {} on a
     process that does not merge."""
     args = build_parser().parse_args(argv)
+    check_tools(args)
     distributed.initialize()
     cfg = runs.run_config(args.model)
     if cfg is None and args.step is not None:
@@ -226,6 +280,11 @@ def main(argv=None) -> dict:
         apply_run_defaults(args, cfg, asked, task)
     elif same_knobs:  # an export: the run's held-out questions and prompt; its lengths come below
         apply_held_out_defaults(args, run_cfg, asked, task)
+    if args.tools == "python":  # the protocol's own prompt, whatever the run asked with
+        if getattr(task, "tool_prompt", None) is None:
+            raise ConfigError(f"--tools python asks the task's tool-integrated prompt, which gsm8k, gsm8k_synth and "
+                              f"math have; task {task.name!r} has none")
+        args.prompt = evaluate_run.TOOL_PROMPT
     args.limit = -1 if args.limit is None else args.limit
     args.seed = 0 if args.seed is None else args.seed
     if args.limit < 0 and not isinstance(task, DatasetTask):
@@ -256,9 +315,10 @@ def main(argv=None) -> dict:
             tokenizer = tokenizer.with_chat_format(args.chat_format)
         # A pretrained model samples with the defaults of a run of it (rl.*), as a run would.
         cfg = Config(model=model_cfg).replace(rl={"max_new_tokens": max_new_tokens, "decode": args.decode or "auto"})
+        tools = tool_use(args, tokenizer)
         sampler = Sampler.for_run(cfg, mesh, tokenizer)
         return score(args, shards, sampler, sampler.copy(params), tokenizer, task, examples, out, meta,
-                     time.perf_counter() - t0, checker) or {}
+                     time.perf_counter() - t0, checker, tools) or {}
 
     if args.chat_format:
         raise ConfigError("--chat-format is for a model that is not a run dir; a run dir is prompted in "
@@ -271,12 +331,13 @@ def main(argv=None) -> dict:
     local = run.cfg.replace(mesh={"dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1},
                             rl={"decode": args.decode, "max_new_tokens": args.max_new_tokens})
     sampler = Sampler.for_run(local, mesh, run.tokenizer)
+    tools = tool_use(args, run.tokenizer)
     points = []
     for step in [args.step] if args.step is not None else run.steps:
         t0 = time.perf_counter()
         params = sampler.copy(run.params(step, mesh))
         summary = score(args, shards, sampler, params, run.tokenizer, task, examples, os.path.join(out, f"step-{step}"),
-                        {**meta, "step": step}, time.perf_counter() - t0, checker)
+                        {**meta, "step": step}, time.perf_counter() - t0, checker, tools)
         if summary is not None:
             points.append(curve_point(step, summary))
     run.close()

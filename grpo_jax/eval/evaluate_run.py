@@ -14,7 +14,8 @@ Layout of ``out_dir``::
 One JSONL record per question: ``index`` (position in ``examples``), ``prompt`` (the text
 the model saw), ``reference`` (the task's canonical final answer), ``greedy_completion``,
 ``greedy_answer``, ``greedy_correct``, and ``completions`` / ``answers`` / ``correct``
-(``num_samples`` each).
+(``num_samples`` each); with a tool (``evaluate_shard(..., tools=)``, `grpo-evaluate --tools
+python`) also ``greedy_tool_calls`` and ``tool_calls``, each run's status, detail and seconds.
 
 Determinism across shards and resumes: questions are cut into global chunks of
 ``chunk_questions`` (chunk c = questions [c*q, (c+1)*q)); chunk c belongs to shard
@@ -47,6 +48,9 @@ from grpo_jax.tasks import Example, Task
 # task: the task's own text; paper: the task's paper_prompt; a prompts.STYLES key: the bare
 # question in the model's chat format, as chat-model training asks it (grpo_jax.tasks.chat).
 PROMPT_STYLES = ("task", "paper", *prompts.STYLES)
+# tool: the task's tool_prompt, the tool-integrated protocol's (`grpo-evaluate --tools python`
+# asks it; it is not a --prompt choice).
+TOOL_PROMPT = "tool"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +72,8 @@ class EvalSettings:
             raise ValueError(f"num_samples must be >= 0, got {self.num_samples}")
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {self.chunk_rows}")
-        if self.prompt not in PROMPT_STYLES:
-            raise ValueError(f"prompt must be one of {PROMPT_STYLES}, got {self.prompt!r}")
+        if self.prompt not in (*PROMPT_STYLES, TOOL_PROMPT):
+            raise ValueError(f"prompt must be one of {(*PROMPT_STYLES, TOOL_PROMPT)}, got {self.prompt!r}")
 
     @property
     def chunk_questions(self) -> int:
@@ -80,16 +84,18 @@ def prompt_text(task: Task, example: Example, tokenizer, style: str) -> str:
     """The text the model sees. ``task``: the task's own prompt (``example.prompt``).
     ``paper``: the task's ``paper_prompt`` as the user turn, in the tokenizer's chat
     template, or DeepSeek-LLM's ``User: ...\\n\\nAssistant:`` for a model without one.
+    ``tool`` (`TOOL_PROMPT`): the task's ``tool_prompt`` the same way.
     A ``prompts.STYLES`` key: ``prompts.chat_prompt`` of the bare question."""
     if style == "task":
         return example.prompt
     if style in prompts.STYLES:
         return prompts.chat_prompt(prompts.question_of(example), tokenizer, style)
-    fmt = getattr(task, "paper_prompt", None)
+    attr = "tool_prompt" if style == TOOL_PROMPT else "paper_prompt"
+    fmt = getattr(task, attr, None)
     if fmt is None:
-        raise ValueError(f"task {task.name!r} has no paper_prompt; use prompt='task'")
+        raise ValueError(f"task {task.name!r} has no {attr}; use prompt='task'")
     if "question" not in example.meta:
-        raise ValueError(f"task {task.name!r} examples carry no meta['question'] for the paper prompt")
+        raise ValueError(f"task {task.name!r} examples carry no meta['question'] for the {style} prompt")
     content = fmt.format(question=example.meta["question"])
     if is_chat_tokenizer(tokenizer):
         return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
@@ -129,9 +135,22 @@ def _check_settings(out_dir: str, meta: dict) -> None:
     os.replace(tmp, path)
 
 
+def tool_settings(tools) -> dict:
+    """What settings.json records of a tool use (`evaluate_shard`): nothing without one (an
+    evaluation without tools keeps its settings.json of before), else the tool, the most calls
+    per completion and the sandbox's limits (its ``limits``, where it has them)."""
+    if tools is None:
+        return {}
+    limits = getattr(tools.tool.sandbox, "limits", None)
+    sandbox = {"kind": type(tools.tool.sandbox).__name__,
+               **(dataclasses.asdict(limits) if dataclasses.is_dataclass(limits) else {})}
+    # as JSON reads it back (tuples as lists), so a resumed evaluation compares equal
+    return {"tools": "python", "max_tool_calls": tools.max_calls, "sandbox": json.loads(json.dumps(sandbox))}
+
+
 def evaluate_shard(sampler, params, tokenizer, task: Task, examples: Sequence[Example], out_dir: str,
                    settings: EvalSettings, *, shard: int = 0, num_shards: int = 1, meta: dict | None = None,
-                   progress: bool = True) -> dict[str, float]:
+                   progress: bool = True, tools=None) -> dict[str, float]:
     """Sample and score this shard's chunks of ``examples`` [Q] with ``sampler`` (a run's
     ``sampler.Sampler``: its engine, cache and max_new_tokens; every engine draws the same
     samples) and ``params`` in its weights form, appending to the shard's JSONL
@@ -139,7 +158,10 @@ def evaluate_shard(sampler, params, tokenizer, task: Task, examples: Sequence[Ex
 
     Resumable: chunks whose questions are all in the shard file are skipped. ``meta``
     (model, task, split, ...) is saved with ``settings`` and max_new_tokens in
-    settings.json; an existing out_dir with different ones is an error. Returns the seconds
+    settings.json; an existing out_dir with different ones is an error. With ``tools`` (a
+    `grpo_jax.sampler.turns.ToolUse`) every completion may call the tool
+    (`evaluation.sample_and_score`), and settings.json also records ``tools`` ("python"),
+    ``max_tool_calls`` and the sandbox's limits (``sandbox``). Returns the seconds
     spent {"sample", "score"} (sampling and scoring together under "sample") and the number
     of questions done now {"questions"}.
     """
@@ -151,7 +173,7 @@ def evaluate_shard(sampler, params, tokenizer, task: Task, examples: Sequence[Ex
         raise ValueError("no questions to evaluate")
     os.makedirs(out_dir, exist_ok=True)
     _check_settings(out_dir, {**dataclasses.asdict(settings), "max_new_tokens": sampler.settings.max_new_tokens,
-                              **(meta or {}), "num_questions": len(examples)})
+                              **(meta or {}), **tool_settings(tools), "num_questions": len(examples)})
     path = shard_path(out_dir, shard, num_shards)
     done = {r["index"] for r in read_records(path)}
     q = settings.chunk_questions
@@ -170,7 +192,7 @@ def evaluate_shard(sampler, params, tokenizer, task: Task, examples: Sequence[Ex
                 sampler, params, task, tokenizer, [examples[i] for i in idx],
                 [prompt_text(task, examples[i], tokenizer, settings.prompt) for i in idx],
                 key=jax.random.fold_in(base, c), num_samples=settings.num_samples,
-                temperature=settings.temperature, top_p=settings.top_p)
+                temperature=settings.temperature, top_p=settings.top_p, tools=tools)
             t1 = time.perf_counter()
             for i, rec in zip(idx, records):
                 out.write(json.dumps({"index": i, **rec}, ensure_ascii=False) + "\n")
@@ -202,7 +224,8 @@ def merge_and_summarize(out_dir: str, *, timing: dict | None = None, ks: Sequenc
         missing = sorted(set(range(meta["num_questions"])) - set(have))
         raise ValueError(f"{out_dir}: {len(missing)} of {meta['num_questions']} questions not evaluated "
                          f"yet (first: {missing[:5]}), or some twice; run the missing shards")
-    summary = {"settings": meta, **evaluation.summarize(records, ks, seed=meta["seed"])}
+    summary = {"settings": meta, **evaluation.summarize(records, ks, seed=meta["seed"],
+                                                        max_calls=meta.get("max_tool_calls"))}
     if shortcuts:
         summary["shortcuts"] = shortcuts
     if timing:
@@ -231,4 +254,14 @@ def format_summary(summary: dict) -> str:
     for k in shown:
         lines.append(f"pass@{k:<3d}     {fig(summary['pass@k'][str(k)])}   "
                      f"maj@{k:<3d} {fig(summary['maj@k'][str(k)])}  (95% bootstrap)")
+    for name, per in (("greedy", "question"), ("samples", "sample")):
+        t = summary.get("tools", {}).get(name)
+        if t is None:
+            continue
+        histogram = ", ".join(f"{c}: {n}" for c, n in t["calls_histogram"].items())
+        failed = ", ".join(f"{status} {n}" for status, n in t["statuses"].items() if status != "ok")
+        lines.append(f"tool calls    {name}: {t['calls_mean']:.2f} per {per}, {100 * t['with_call']:.1f}% of "
+                     f"{per}s with >= 1; {per}s with 0, 1, ... calls: {histogram}")
+        lines.append(f"sandbox       {name}: {t['calls']} runs, ok {t['statuses']['ok']}, failed {t['failures']} "
+                     f"({failed})")
     return "\n".join(lines)

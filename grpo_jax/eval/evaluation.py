@@ -190,7 +190,7 @@ def bootstrap_interval(values: Sequence[float], *, num_resamples: int = 1000, se
 
 
 def summarize(records: Sequence[dict], ks: Iterable[int] | None = None, *, seed: int = 0,
-              num_subsets: int = 32, num_resamples: int = 1000) -> dict[str, Any]:
+              num_subsets: int = 32, num_resamples: int = 1000, max_calls: int | None = None) -> dict[str, Any]:
     """The benchmark's metrics from per-question records (`grpo_jax.eval.evaluate_run`'s JSONL).
 
     Each record has ``index`` (the question's position in the benchmark: Maj@K's subset
@@ -200,7 +200,8 @@ def summarize(records: Sequence[dict], ks: Iterable[int] | None = None, *, seed:
     ``is_correct`` depends on the canonical answer string only). Ks default to 1..n_min.
 
     Returns {"num_questions", "samples_per_question", "greedy": {"accuracy", "ci95"},
-    "pass@k": {k: {"value", "ci95"}}, "maj@k": {k: {"value", "ci95"}}} (string keys k).
+    "pass@k": {k: {"value", "ci95"}}, "maj@k": {k: {"value", "ci95"}}} (string keys k), and
+    "tools" (`tool_summary`, histograms up to ``max_calls``) when the records hold tool runs.
     """
     if not records:
         raise ValueError("summarize: no records")
@@ -210,6 +211,8 @@ def summarize(records: Sequence[dict], ks: Iterable[int] | None = None, *, seed:
     out["greedy"] = {"accuracy": greedy_accuracy(greedy), "ci95": list(wilson_interval(sum(greedy), len(greedy)))}
     n_min = min(len(r["correct"]) for r in records)
     out["samples_per_question"] = n_min
+    if "greedy_tool_calls" in records[0]:
+        out["tools"] = tool_summary(records, max_calls)
     if n_min == 0:
         return out
     ks = [k for k in (range(1, n_min + 1) if ks is None else ks) if 1 <= k <= n_min]
@@ -228,6 +231,38 @@ def summarize(records: Sequence[dict], ks: Iterable[int] | None = None, *, seed:
     return out
 
 
+def tool_counts(completions: Sequence[Sequence[dict]], max_calls: int | None = None) -> dict[str, Any]:
+    """The tool use of some completions, each a list of its runs ({"status", ...}, `tool_runs`):
+    {"completions", "calls" (all runs), "calls_mean" (per completion), "calls_histogram"
+    ({"0": completions with no call, "1": with one, ... up to ``max_calls`` or the most seen}),
+    "with_call" (the share with at least one call), "statuses" (runs per sandbox status, every
+    status of ``sandbox.STATUSES`` listed), "failures" (runs not "ok")}."""
+    from grpo_jax.tools.sandbox import STATUSES
+
+    n = len(completions)
+    calls = [len(c) for c in completions]
+    top = max([*calls, 0] if max_calls is None else [*calls, max_calls])
+    statuses = dict.fromkeys(STATUSES, 0)
+    for runs in completions:
+        for run in runs:
+            statuses[run["status"]] = statuses.get(run["status"], 0) + 1
+    total = sum(calls)
+    return {"completions": n, "calls": total, "calls_mean": total / n if n else 0.0,
+            "calls_histogram": {str(c): calls.count(c) for c in range(top + 1)},
+            "with_call": sum(c > 0 for c in calls) / n if n else 0.0,
+            "statuses": statuses, "failures": total - statuses["ok"]}
+
+
+def tool_summary(records: Sequence[dict], max_calls: int | None = None) -> dict[str, Any]:
+    """`tool_counts` of the greedy completions ("greedy": one per question) and, when there
+    are samples, of all sampled completions ("samples")."""
+    out = {"greedy": tool_counts([r["greedy_tool_calls"] for r in records], max_calls)}
+    sampled = [runs for r in records for runs in r.get("tool_calls", [])]
+    if sampled:
+        out["samples"] = tool_counts(sampled, max_calls)
+    return out
+
+
 # ============================================================================ policy evaluation
 
 def completion_texts(rollout, tokenizer) -> list[str]:
@@ -236,8 +271,50 @@ def completion_texts(rollout, tokenizer) -> list[str]:
             for r in range(rollout.tokens.shape[0])]
 
 
+def own_text(rollout, row: int, tokenizer) -> str:
+    """The model's own text of one rollout row: its completion without the tokens a tool
+    wrote (``rollout.tool_mask``, `grpo_jax.sampler.turns`) and without its trailing stop
+    token. Each run of the model's tokens is decoded on its own; the runs are joined by a
+    newline where a tool's output stood."""
+    import numpy as np
+
+    mask = np.asarray(rollout.mask[row])
+    ids = np.asarray(rollout.tokens[row])[mask].tolist()
+    tool = ([False] * len(ids) if rollout.tool_mask is None
+            else np.asarray(rollout.tool_mask[row])[mask].tolist())
+    if ids and not tool[-1] and ids[-1] in tokenizer.stop_ids:
+        ids, tool = ids[:-1], tool[:-1]
+    runs, current = [], []
+    for token, by_tool in zip(ids, tool):
+        if by_tool:
+            if current:
+                runs.append(current)
+            current = []
+        else:
+            current.append(token)
+    if current:
+        runs.append(current)
+    return "\n".join(tokenizer.decode(run) for run in runs)
+
+
+def final_answer(task, text: str):
+    """The answer of the tool-integrated protocol: the task's ``extract_answer`` of the last
+    ``\\boxed{}`` in ``text`` (the model's own text, `own_text`) alone, None without one:
+    a number the model wrote elsewhere, in its code say, is not its answer."""
+    from grpo_jax.tasks import rewards
+
+    boxed = rewards.last_boxed(text) if isinstance(text, str) and len(text) <= rewards.MAX_COMPLETION_CHARS else None
+    return None if boxed is None else task.extract_answer("\\boxed{" + boxed + "}")
+
+
+def tool_runs(runs) -> list[dict]:
+    """What the JSONL keeps of one completion's tool runs (``sandbox.ExecutionResult``): each
+    run's status, its detail and its seconds, in order."""
+    return [{"status": r.status, "detail": r.detail, "seconds": round(float(r.seconds), 3)} for r in runs]
+
+
 def sample_and_score(sampler, params, task, tokenizer, examples: Sequence, prompts: Sequence[str], *, key,
-                     num_samples: int = 0, temperature: float = 1.0, top_p: float = 1.0) -> list[dict]:
+                     num_samples: int = 0, temperature: float = 1.0, top_p: float = 1.0, tools=None) -> list[dict]:
     """The one evaluation of a policy on questions, in-run and benchmark alike: ``params``
     (in ``sampler``'s weights form, ``Sampler.copy``) answers ``examples`` [Q], asked as
     ``prompts`` [Q] (texts), greedily with ``key``, then ``num_samples`` times each at
@@ -247,30 +324,52 @@ def sample_and_score(sampler, params, task, tokenizer, examples: Sequence, promp
 
     One record per question: ``prompt``, ``reference`` (the task's canonical final answer),
     ``greedy_completion``, ``greedy_answer``, ``greedy_correct``, and ``completions`` /
-    ``answers`` / ``correct`` (``num_samples`` each)."""
+    ``answers`` / ``correct`` (``num_samples`` each).
+
+    With ``tools`` (a `grpo_jax.sampler.turns.ToolUse`) every completion is a multi-turn
+    rollout (``turns.generate_with_tools``: the model's code blocks run in the tool's
+    sandbox, their output joins the completion); a completion's text holds both, and its
+    answer is `final_answer` of the model's own text (`own_text`), never of a tool's output.
+    The record also holds ``greedy_tool_calls`` and ``tool_calls`` (one list per sample):
+    each run's status, detail and seconds (`tool_runs`)."""
     import jax  # sampling is device-side; the metrics above stay importable without it
 
     from grpo_jax.parallel.sharding import to_host
     from grpo_jax.text.tokenizer import encode_prompt
 
-    def texts_of(rollout) -> list[str]:
-        return completion_texts(jax.tree.map(to_host, rollout), tokenizer)
-
     ids = [encode_prompt(tokenizer, p) for p in prompts]
-    greedy = texts_of(sampler.evaluation().sample(params, ids, key=key))
-    drawn: list[str] = []
+
+    def draw(this, key, group_size):
+        """(completion texts, texts the answer is read from, tool runs) of one sampler."""
+        if tools is None:
+            rollout = jax.tree.map(to_host, this.sample(params, ids, key=key, group_size=group_size))
+            texts = completion_texts(rollout, tokenizer)
+            return texts, texts, None
+        from grpo_jax.sampler.turns import generate_with_tools
+
+        rollout, runs = generate_with_tools(this, params, ids, key=key, group_size=group_size, tools=tools)
+        own = [own_text(rollout, r, tokenizer) for r in range(len(runs))]
+        return completion_texts(rollout, tokenizer), own, [tool_runs(row) for row in runs]
+
+    extract = task.extract_answer if tools is None else (lambda text: final_answer(task, text))
+    greedy, greedy_own, greedy_runs = draw(sampler.evaluation(), key, 1)
+    drawn, drawn_own, drawn_runs = [], [], None
     if num_samples:
-        drawn = texts_of(sampler.evaluation(temperature, top_p).sample(params, ids, key=jax.random.fold_in(key, 1),
-                                                                       group_size=num_samples))
+        drawn, drawn_own, drawn_runs = draw(sampler.evaluation(temperature, top_p), jax.random.fold_in(key, 1),
+                                            num_samples)
     records = []
     for j, ex in enumerate(examples):
-        answer = task.extract_answer(greedy[j])
-        completions = drawn[j * num_samples:(j + 1) * num_samples]
-        answers = [task.extract_answer(t) for t in completions]
-        records.append({"prompt": prompts[j], "reference": ex.meta.get("final_answer", ex.answer),
-                        "greedy_completion": greedy[j], "greedy_answer": answer,
-                        "greedy_correct": bool(task.is_correct(answer, ex)), "completions": completions,
-                        "answers": answers, "correct": [bool(task.is_correct(a, ex)) for a in answers]})
+        answer = extract(greedy_own[j])
+        rows = slice(j * num_samples, (j + 1) * num_samples)
+        answers = [extract(t) for t in drawn_own[rows]]
+        record = {"prompt": prompts[j], "reference": ex.meta.get("final_answer", ex.answer),
+                  "greedy_completion": greedy[j], "greedy_answer": answer,
+                  "greedy_correct": bool(task.is_correct(answer, ex)), "completions": drawn[rows],
+                  "answers": answers, "correct": [bool(task.is_correct(a, ex)) for a in answers]}
+        if tools is not None:
+            record["greedy_tool_calls"] = greedy_runs[j]
+            record["tool_calls"] = drawn_runs[rows] if drawn_runs is not None else []
+        records.append(record)
     return records
 
 

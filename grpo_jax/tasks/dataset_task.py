@@ -27,6 +27,14 @@ class DatasetTask(Task):
     # \boxed{}." It is the user turn; `grpo_jax.eval.evaluate_run.prompt_text` wraps it in the
     # model's chat template. ``{question}`` is ``Example.meta["question"]``.
     paper_prompt: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+    # The tool-integrated format (Table 5's "Tool-Integrated Reasoning" rows): DeepSeekMath's
+    # released evaluation (github.com/deepseek-ai/DeepSeek-Math, evaluation/README.md and
+    # run_subset_parallel.py's markup_question) asks English questions, zero-shot, as
+    # "{question}\nPlease integrate natural language reasoning with programs to solve the
+    # problem above, and put your final answer within \boxed{}." `grpo-evaluate --tools
+    # python` sends it as the user turn, like ``paper_prompt``.
+    tool_prompt: str = ("{question}\nPlease integrate natural language reasoning with programs to solve the problem "
+                        "above, and put your final answer within \\boxed{{}}.")
 
     def __init__(self, data_dir: str | None = None, manual_dir: str | None = None, *,
                  skip_bad_rows: bool = False):

@@ -1,7 +1,8 @@
 """`grpo-evaluate --model <run dir>`: one curve point per saved checkpoint step, each equal
 to `evaluation.evaluate` on that step's params restored the Trainer's way (full state); the
 run dirs of the quickstart and of a chat-model run are read with the run's own task, prompt
-and lengths, and give the run's own evaluation."""
+and lengths, and give the run's own evaluation. `--tools python` (the tool-integrated
+protocol) on a run dir and its grpo-export, and the options it refuses."""
 import dataclasses
 import importlib.util
 import json
@@ -13,12 +14,12 @@ import pytest
 
 from grpo_jax.checkpoints import checkpointing
 from grpo_jax import config, sampler
-from grpo_jax.cli import evaluate as evaluate_cli, runs, train as train_cli
+from grpo_jax.cli import evaluate as evaluate_cli, export as export_cli, runs, train as train_cli
 from grpo_jax.eval import evaluation
 from grpo_jax.model import pretrained
 from grpo_jax.tasks import prompts
 from grpo_jax.text.bpe_tokenizer import BPETokenizer
-from grpo_jax.errors import CheckpointError
+from grpo_jax.errors import CheckpointError, ConfigError
 from grpo_jax.model.transformer import init_params
 from grpo_jax.sampler import Sampler
 from grpo_jax.parallel.sharding import make_mesh
@@ -26,6 +27,7 @@ from grpo_jax.tasks import get_task
 from grpo_jax.tasks.chat import chat_task
 from grpo_jax.rl.trainer import Trainer
 from grpo_jax.tasks.shortcuts import shortcut_baselines
+from grpo_jax.tools import SandboxLimits
 
 from tests.text.test_bpe_tokenizer import tiny_meta
 
@@ -211,3 +213,92 @@ def test_chat_run_dir_asks_as_the_run_did(chat_model, tmp_path, monkeypatch):
     assert bare["settings"]["prompt"] == "arithmetic"
     resumed = train_cli.train(cfg, progress=False)
     assert resumed.start_step == 1 and resumed.task.prompt_form == "arithmetic"  # grpo-train asks the same way
+
+
+# ------------------------------------------------------------------ --tools python
+
+@pytest.mark.parametrize("extra, match", [
+    (["--max-tool-calls", "2"], "--max-tool-calls is for --tools python"),
+    (["--tools", "python", "--max-tool-calls", "0"], "--max-tool-calls must be >= 1"),
+    (["--tools", "python", "--prompt", "paper"], "--prompt paper and --tools python do not combine"),
+    (["--tools", "python", "--math-verify"], "--math-verify and --tools python do not combine"),
+    (["--tools", "python", "--task", "arithmetic"], "task 'arithmetic' has none"),
+])
+def test_tools_options_that_do_not_combine_are_refused_before_loading(extra, match, tmp_path):
+    argv = ["--model", "smollm2-135m", "--task", "gsm8k_synth", "--limit", "2", "--no-progress",
+            "--out", str(tmp_path / "ev"), *extra]
+    with pytest.raises(ConfigError, match=match) as e:
+        evaluate_cli.main(argv)
+    assert "\n" not in str(e.value) and not (tmp_path / "ev").exists()
+
+
+def test_an_unknown_tool_and_a_vocabulary_that_cannot_close_a_block(capsys):
+    with pytest.raises(SystemExit) as e:
+        evaluate_cli.main(["--model", "smollm2-135m", "--task", "gsm8k", "--tools", "bash"])
+    assert e.value.code == 2 and "argument --tools: invalid choice: 'bash'" in capsys.readouterr().err
+
+    class NoBacktick:  # the tiny sentencepiece models of the arithmetic tasks have no "`"
+        vocab_size = 4
+
+        def decode(self, ids):
+            return "a"
+
+    args = evaluate_cli.build_parser().parse_args(["--model", "m", "--tools", "python"])
+    evaluate_cli.check_tools(args)
+    assert args.max_tool_calls == evaluate_cli.DEFAULT_TOOL_CALLS == 4
+    with pytest.raises(ConfigError, match="--tools python: no token of the vocabulary holds '`'"):
+        evaluate_cli.tool_use(args, NoBacktick())
+
+
+@pytest.fixture(scope="module")
+def tool_run(tmp_path_factory):
+    """A run dir of a tiny random chat model (byte-level BPE, so it can write a backtick) with
+    room for a GSM8K question in the tool prompt, its checkpoint at step 1 as the chat test
+    above saves it, and its grpo-export: (run dir, export folder)."""
+    root = tmp_path_factory.mktemp("tool_run")
+    tok = BPETokenizer.from_gguf_metadata(tiny_meta())
+    model_cfg = config.ModelConfig(vocab_size=tok.vocab_size, embed_dim=32, num_layers=1, num_heads=2,
+                                   num_kv_heads=1, head_dim=16, mlp_dim=64, max_seq_len=512)
+    pretrained.save_converted(root / "model", model_cfg, init_params(model_cfg, jax.random.key(0)), tok)
+    cfg = config.load_config("cpu-tiny", [
+        f"run.pretrained={root / 'model'}", "data.task=chat_arithmetic", "rl.max_new_tokens=16",
+        "model.max_seq_len=512", f"run.run_dir={root / 'run'}"])
+    mesh = make_mesh(cfg.mesh)
+    model_cfg, params, tokenizer = pretrained.load(root / "model", mesh=mesh)
+    cfg = dataclasses.replace(cfg, model=model_cfg).validate()
+    trainer = Trainer(cfg, task=chat_task(get_task("chat_arithmetic"), tokenizer), tokenizer=tokenizer,
+                      params=params, mesh=mesh, progress=False)
+    trainer.save(1)
+    trainer.close()
+    export_cli.main([str(root / "run"), "--out", str(root / "hf")])
+    return root / "run", root / "hf"
+
+
+def test_tools_python_on_a_run_dir_and_its_export(tool_run, tmp_path):
+    """The protocol on a run dir (each step) and on the Hugging Face folder grpo-export wrote
+    of it: the tool prompt in the chat template, the settings recorded, the summary's tool
+    counts equal to a count of the JSONL, and the same completions from both."""
+    run_dir, hf = tool_run
+    common = ["--task", "gsm8k_synth", "--tools", "python", "--limit", "2", "--k", "0", "--no-progress"]
+    curve = evaluate_cli.main(["--model", str(run_dir), "--out", str(tmp_path / "run"), *common])
+    assert [p["step"] for p in curve["points"]] == [1]
+    bare = evaluate_cli.main(["--model", str(hf), "--out", str(tmp_path / "hf"), *common])
+    question = get_task("gsm8k_synth").examples("test", 2, 0)[0].meta["question"]
+    for out in (tmp_path / "run" / "step-1", tmp_path / "hf"):
+        settings = json.loads((out / "settings.json").read_text())
+        assert (settings["tools"], settings["max_tool_calls"], settings["prompt"]) == ("python", 4, "tool")
+        assert settings["sandbox"] == {"kind": "LocalSandbox", **json.loads(json.dumps(
+            dataclasses.asdict(SandboxLimits())))}
+        records = records_of(out)
+        assert f"<|im_start|>user\n{question}\nPlease integrate natural language reasoning with programs" \
+            in records[0]["prompt"]
+        calls = [len(r["greedy_tool_calls"]) for r in records]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["tools"]["greedy"]["calls"] == sum(calls) and summary["tools"]["greedy"]["calls_histogram"] \
+            == {str(c): calls.count(c) for c in range(5)}
+        for r in records:
+            if not r["greedy_tool_calls"]:  # no tool output: the model's own text is the completion
+                assert r["greedy_answer"] == evaluation.final_answer(get_task("gsm8k_synth"), r["greedy_completion"])
+    assert [r["greedy_completion"] for r in records_of(tmp_path / "hf")] == \
+        [r["greedy_completion"] for r in records_of(tmp_path / "run" / "step-1")]
+    assert bare["tools"] == json.loads((tmp_path / "run" / "step-1" / "summary.json").read_text())["tools"]
