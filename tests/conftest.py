@@ -5,13 +5,14 @@ XLA reads XLA_FLAGS once, when jax initialises its backend, and jax reads
 JAX_COMPILATION_CACHE_DIR when it is imported, so both must be set before any test module
 imports jax.
 """
-import importlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import BENCHMARKS, import_script
 
 # The suite compiles hundreds of small programs that then run for milliseconds; most of a
 # small program's CPU compile is LLVM's optimisation passes, so tests compile unoptimised
@@ -47,12 +48,8 @@ def pytest_unconfigure(config):
         shutil.rmtree(_made_cache_dir, ignore_errors=True)
 
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 @pytest.fixture
 def benchmark_module(monkeypatch):
-    """``importlib.import_module`` for the scripts of benchmarks/, which is on sys.path for
-    the test (the scripts import their sibling ``common``)."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module
+    """``importlib.import_module`` for the scripts of benchmarks/, with their own siblings
+    (``common``: `tests.scripts.import_script`)."""
+    return lambda name: import_script(monkeypatch, BENCHMARKS, name)

@@ -12,7 +12,6 @@ launch/run.py passes no config (its NO_CONFIG), whose --help does not.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import shlex
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import LAUNCH, import_script
 from tests.test_readme import help_outcomes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,10 +157,7 @@ def test_part_b_dry_runs_and_compiles_cpu_tiny(tmp_path):
 
 
 def test_every_experiment_offers_preset_except_the_tools_without_a_config(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "launch"))  # launch/run.py imports its siblings by name
-    for sibling in ("common", "run"):  # benchmarks/ and experiments/ have a `common` too; take launch/'s
-        monkeypatch.delitem(sys.modules, sibling, raising=False)
-    NO_CONFIG = importlib.import_module("run").NO_CONFIG
+    NO_CONFIG = import_script(monkeypatch, LAUNCH, "run").NO_CONFIG
     scripts = sorted(p for p in (REPO / "experiments").glob("*.py") if p.stem != "common")
     outcomes = help_outcomes([str(p.relative_to(REPO)) for p in scripts])
     offers = {Path(c).stem for c, o in outcomes.items() if o["exit"] in (0, None) and "--preset" in o["stdout"]}

@@ -2,7 +2,6 @@
 (the JSON's numbers are the table's, MFU is FLOPs / time / peak, both sides ran the same tokens)."""
 
 import contextlib
-import importlib
 import io
 import json
 
@@ -14,7 +13,7 @@ from grpo_jax import aot
 from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import cpu_tiny
 
-from tests.conftest import BENCHMARKS
+from tests.scripts import BENCHMARKS, import_script
 
 
 @pytest.fixture
@@ -28,8 +27,7 @@ def tiny_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench_accelerator") / "report.json"
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        mp.syspath_prepend(str(BENCHMARKS))
-        code = importlib.import_module("bench_accelerator").main(
+        code = import_script(mp, BENCHMARKS, "bench_accelerator").main(
             ["--tiny", "--in-process", "--threads", "1", "--json", str(path)])
     assert code == 0, out.getvalue()
     return json.loads(path.read_text()), out.getvalue()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import BENCHMARKS
+from tests.scripts import BENCHMARKS
 
 STUB = """import json, os, pathlib, sys
 args = sys.argv[1:]
