@@ -10,7 +10,9 @@ arithmetic by default, or modular, the testbed).
 4. train the reward model (Bradley-Terry or pointwise for an ORM, per-step BCE for a PRM),
    with a joint next-token loss on the correct samples (--lm-weight) and a score that adds
    a learned multiple of the trunk's log-likelihood of the completion (--no-likelihood: the
-   value head alone); docs/reward_models.md says why;
+   value head alone); docs/reward_models.md says why. --validation-fraction of the training
+   questions are held back, and the model kept is the one of the best validation pairwise
+   accuracy (every --eval-every steps), not the last step's;
 5. evaluate on held-out questions (the task's test split) and write into run.run_dir:
    reward_model/ (checkpoint + tokenizer, `RewardModel.load`), metrics.json
    (held-out accuracy, baselines, config) and history.json (per-step losses). A model whose
@@ -113,7 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-samples", default=None,
                    help="labelled samples to train on (JSON lines) instead of synthetic solutions")
     p.add_argument("--held-out-samples", default=None,
-                   help="labelled held-out samples (JSON lines); needed with --train-samples")
+                   help="labelled held-out samples (JSON lines) to evaluate on; needed with --train-samples "
+                        "(alone: train on synthetic solutions, evaluate on these, e.g. a policy's samples)")
+    p.add_argument("--synthetic-prompts", type=int, default=0,
+                   help="with --train-samples: also train on the task's worked solutions of this many training "
+                        "questions x --samples-per-prompt, labelled by its rule (validation stays on the file's)")
+    p.add_argument("--validation-fraction", type=float, default=0.1,
+                   help="fraction of the training questions held back to pick the best evaluation's model "
+                        "(0: train on all, keep the last step's model)")
+    p.add_argument("--eval-every", type=int, default=100, help="steps between validation evaluations")
     p.add_argument("--read", choices=rm_lib.READS, default="end",
                    help="PRM: where the head reads a step, its newline (end) or the token before it (value)")
     p.add_argument("--lm-weight", type=float, default=1.0,
@@ -127,8 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_intermixed_args(argv)  # overrides may sit between options
-    if (args.train_samples is None) != (args.held_out_samples is None):
-        parser.error("--train-samples and --held-out-samples go together")
+    if args.train_samples is not None and args.held_out_samples is None:
+        parser.error("--train-samples needs --held-out-samples (samples of other questions to evaluate on)")
+    if not 0.0 <= args.validation_fraction < 1.0:
+        parser.error(f"--validation-fraction must be in [0, 1), got {args.validation_fraction}")
+    if args.synthetic_prompts and not args.train_samples:
+        parser.error("--synthetic-prompts adds to --train-samples (without it, --train-prompts sets the synthetic data)")
+    if args.synthetic_prompts < 0:
+        parser.error(f"--synthetic-prompts must be >= 0, got {args.synthetic_prompts}")
+    if args.eval_every < 1:
+        parser.error(f"--eval-every must be >= 1, got {args.eval_every}")
     cfg = config_lib.apply_overrides(config_lib.get_preset(args.preset), DEFAULTS + args.overrides)
     run_dir, seed = cfg.run.run_dir, cfg.run.seed
     os.makedirs(run_dir, exist_ok=True)
@@ -166,21 +184,41 @@ def main(argv=None) -> dict:
               + (" (trained earlier in this process, reused)" if trunk_reused else ""))
 
     if args.train_samples:
-        train, held_out = rm_lib.read_samples(args.train_samples), rm_lib.read_samples(args.held_out_samples)
+        train = rm_lib.read_samples(args.train_samples)
     else:
         train = rm_lib.labelled_samples(task, "train", args.train_prompts, seed,
                                         samples_per_prompt=args.samples_per_prompt,
                                         wrong_step_prob=cfg.data.wrong_step_prob)
+    if args.held_out_samples:
+        held_out = rm_lib.read_samples(args.held_out_samples)
+    else:
         held_out = rm_lib.labelled_samples(task, "test", args.eval_prompts, seed + 1,
                                            samples_per_prompt=args.samples_per_prompt,
                                            wrong_step_prob=cfg.data.wrong_step_prob)
+    validation = None
+    if args.validation_fraction > 0:
+        train, validation = rm_lib.split_by_prompt(train, args.validation_fraction, seed)
+        if not rm_lib.has_same_prompt_pair(validation):
+            parser.error(f"the validation questions ({args.validation_fraction} of the training ones) have no "
+                         f"question with both a right and a wrong sample: raise --validation-fraction, or set it to "
+                         f"0 to keep the last step's model")
+    if args.train_samples and args.synthetic_prompts:
+        train += rm_lib.labelled_samples(task, "train", args.synthetic_prompts, seed,
+                                         samples_per_prompt=args.samples_per_prompt,
+                                         wrong_step_prob=cfg.data.wrong_step_prob)
     model, history = rm_lib.train_reward_model(
         cfg.model, tokenizer, train, kind=args.kind, loss=args.loss, steps=cfg.run.steps,
         batch_size=args.batch_size, seed=seed, init_params=trunk, optimizer=cfg.optimizer,
-        progress=progress, read=args.read, lm_weight=args.lm_weight, likelihood=args.likelihood)
+        progress=progress, read=args.read, lm_weight=args.lm_weight, likelihood=args.likelihood,
+        validation=validation, eval_every=args.eval_every)
 
+    if validation:
+        evals = [(h["validation_pairwise"], h["step"] + 1) for h in history if "validation_pairwise" in h]
+        print(f"[reward model] kept step {model.trained_steps} of {cfg.run.steps}: validation pairwise "
+              f"{max(evals)[0]:.3f} on {len(validation)} samples (last step {evals[-1][0]:.3f})")
     metrics = {"kind": model.kind, "loss": model.loss, "task": task_description(task), "steps": cfg.run.steps,
                "trunk_steps": args.trunk_steps, "trunk_reused": trunk_reused, "train_samples": len(train),
+               "validation_samples": len(validation or ()), "kept_step": model.trained_steps,
                "held_out_samples": len(held_out),
                "held_out_fraction_correct": float(np.mean([s.correct for s in held_out])),
                "final_train_loss": float(np.mean([h["loss"] for h in history[-20:]]))}

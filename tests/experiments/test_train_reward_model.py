@@ -46,7 +46,7 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
 
     monkeypatch.setattr(trm.rm_lib, "labelled_samples", recorded)
     metrics = trm.main(["--kind", "process", "--trunk-steps", "0", "--train-prompts", "8", "--eval-prompts", "4",
-                        "--samples-per-prompt", "2", "--batch-size", "4", "--no-progress",
+                        "--samples-per-prompt", "2", "--batch-size", "4", "--no-progress", "--validation-fraction", "0",
                         "data.task=modular", "data.modulus=7", "data.num_operands=4", "data.num_subtractions=1",
                         "run.steps=2", f"run.run_dir={tmp_path}", "model.max_seq_len=64", *TINY])
     assert metrics["task"] == {"name": "modular", "num_operands": 4, "modulus": 7, "num_subtractions": 1}
@@ -71,9 +71,77 @@ def test_an_orm_and_a_prm_of_one_seed_share_the_base_model(tmp_path, monkeypatch
     monkeypatch.setattr(trm.rm_lib, "pretrain_trunk", counted)
     monkeypatch.setattr(trm, "_TRUNKS", {})
     common = ["--trunk-steps", "2", "--train-prompts", "8", "--eval-prompts", "4", "--samples-per-prompt", "2",
-              "--batch-size", "4", "--no-progress", "run.steps=1", "model.max_seq_len=48", *TINY]
+              "--batch-size", "4", "--no-progress", "--validation-fraction", "0", "run.steps=1", "model.max_seq_len=48", *TINY]
     runs = [("outcome", 0), ("process", 0), ("outcome", 1)]
     metrics = [trm.main(["--kind", kind, *common, f"run.seed={seed}", f"run.run_dir={tmp_path / f'{kind}{seed}'}"])
                for kind, seed in runs]
     assert calls == [0, 1]  # seed 0's trunk once, for both kinds; seed 1's its own
     assert [m["trunk_reused"] for m in metrics] == [False, True, False]
+
+
+def test_validation_questions_are_held_back_from_training_and_pick_the_kept_step(tmp_path, monkeypatch):
+    seen = {}
+    train = trm.rm_lib.train_reward_model
+
+    def recorded(*a, **kw):
+        seen["train"], seen["validation"] = a[2], kw["validation"]
+        return train(*a, **kw)
+
+    monkeypatch.setattr(trm.rm_lib, "train_reward_model", recorded)
+    metrics = trm.main(["--kind", "outcome", "--trunk-steps", "0", "--train-prompts", "40", "--eval-prompts", "4",
+                        "--samples-per-prompt", "4", "--batch-size", "8", "--no-progress", "--eval-every", "2",
+                        "--validation-fraction", "0.25", "data.wrong_step_prob=0.5", "run.steps=5",
+                        f"run.run_dir={tmp_path}", *TINY])
+    train_prompts = {s.prompt for s in seen["train"]}
+    validation_prompts = {s.prompt for s in seen["validation"]}
+    assert not train_prompts & validation_prompts
+    assert len(validation_prompts) == 10 and metrics["validation_samples"] == len(seen["validation"]) == 40
+    assert metrics["train_samples"] == len(seen["train"]) == 120
+    history = json.loads((tmp_path / "history.json").read_text())
+    logged = {h["step"] + 1: h["validation_pairwise"] for h in history if "validation_pairwise" in h}
+    assert sorted(logged) == [2, 4, 5]
+    assert metrics["kept_step"] == min(step for step, v in logged.items() if v == max(logged.values()))
+
+
+def test_synthetic_prompts_add_rule_labelled_solutions_to_a_samples_file(tmp_path, monkeypatch):
+    task = trm.build_task(cfg_of(["data.task=modular"]).data)
+    policy = trm.rm_lib.labelled_samples(task, "validation", 12, seed=7, samples_per_prompt=4, wrong_step_prob=0.5)
+    held_out = trm.rm_lib.labelled_samples(task, "test", 4, seed=8, samples_per_prompt=4, wrong_step_prob=0.5)
+    for name, samples in (("train.jsonl", policy), ("held_out.jsonl", held_out)):
+        trm.rm_lib.write_samples(tmp_path / name, samples)
+    seen = {}
+    train = trm.rm_lib.train_reward_model
+
+    def recorded(*a, **kw):
+        seen["train"], seen["validation"] = a[2], kw["validation"]
+        return train(*a, **kw)
+
+    monkeypatch.setattr(trm.rm_lib, "train_reward_model", recorded)
+    trm.main(["--kind", "outcome", "--trunk-steps", "0", "--train-samples", str(tmp_path / "train.jsonl"),
+              "--held-out-samples", str(tmp_path / "held_out.jsonl"), "--synthetic-prompts", "5",
+              "--samples-per-prompt", "2", "--batch-size", "8", "--no-progress", "--validation-fraction", "0.25",
+              "data.task=modular", "model.max_seq_len=64", "run.steps=2", f"run.run_dir={tmp_path / 'rm'}", *TINY])
+    policy_prompts = {s.prompt for s in policy}
+    assert {s.prompt for s in seen["validation"]} <= policy_prompts  # validation: the file's questions only
+    synthetic = [s for s in seen["train"] if s.prompt not in policy_prompts]
+    assert len(synthetic) == 10 and len({s.prompt for s in synthetic}) == 5
+    assert len(seen["train"]) + len(seen["validation"]) == len(policy) + 10
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--synthetic-prompts", "5"], "--synthetic-prompts adds to --train-samples"),
+    (["--validation-fraction", "1"], "--validation-fraction must be in [0, 1)"),
+    (["--eval-every", "0"], "--eval-every must be >= 1"),
+    (["--train-samples", "x.jsonl"], "--train-samples needs --held-out-samples"),
+])
+def test_bad_validation_and_data_options_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        trm.main([*argv, "run.steps=1"])
+    assert message in capsys.readouterr().err
+
+
+def test_validation_without_a_right_and_wrong_pair_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        trm.main(["--trunk-steps", "0", "--train-prompts", "8", "--samples-per-prompt", "1", "--no-progress",
+                  "data.wrong_step_prob=0.5", "run.steps=1", f"run.run_dir={tmp_path}", *TINY])
+    assert "have no question with both a right and a wrong sample" in capsys.readouterr().err

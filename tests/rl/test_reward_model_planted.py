@@ -71,3 +71,30 @@ def test_a_prm_labels_every_held_out_step_of_planted_data(tok, cfg):
     assert majority < 0.8  # the labels are not one class: accuracy 1.0 means reading the mark
     assert accuracy == 1.0
     assert rm_lib.pairwise_accuracy(rm, held_out) == 1.0
+
+
+def flipped(samples: list[LabelledSample]) -> list[LabelledSample]:
+    """The same samples with the outcome label inverted."""
+    return [LabelledSample(s.prompt, s.completion, not s.correct, s.step_labels) for s in samples]
+
+
+def test_validation_keeps_the_best_evaluations_model_not_the_last(tok, cfg):
+    """Against a validation set labelled the other way round, the more the model learns the
+    worse it scores, so the model kept must be the first evaluation's, and score exactly what
+    that evaluation logged."""
+    validation = flipped(planted(96, 5))
+    rm, history = rm_lib.train_reward_model(cfg, tok, planted(512, 1), kind="outcome", steps=60, batch_size=32,
+                                            seed=0, progress=False, validation=validation, eval_every=4)
+    logged = {h["step"] + 1: h["validation_pairwise"] for h in history if "validation_pairwise" in h}
+    assert sorted(logged) == list(range(4, 61, 4))
+    best = max(logged.values())
+    assert logged[60] < best  # it did learn the training labels, so the flipped ones got worse
+    assert rm.trained_steps == min(step for step, v in logged.items() if v == best)
+    assert rm_lib.pairwise_accuracy(rm, validation) == best
+
+
+def test_validation_without_a_same_prompt_pair_is_refused(tok, cfg):
+    one_label = [s for s in planted(64, 6) if s.correct]
+    with pytest.raises(ValueError, match="no prompt with both a correct and an incorrect"):
+        rm_lib.train_reward_model(cfg, tok, planted(64, 1), kind="outcome", steps=2, batch_size=8,
+                                  progress=False, validation=one_label)

@@ -170,6 +170,23 @@ def test_samples_file_round_trip(tmp_path):
 
 
 # ------------------------------------------------------------------ replay
+def test_split_by_prompt_holds_back_whole_questions(data):
+    train = data[0][:400]  # 100 questions x 4
+    kept, held = rm_lib.split_by_prompt(train, 0.1, seed=3)
+    kept_prompts, held_prompts = {s.prompt for s in kept}, {s.prompt for s in held}
+    assert not kept_prompts & held_prompts
+    assert len(held_prompts) == math.ceil(0.1 * len({s.prompt for s in train}))
+    assert sorted(map(repr, kept + held)) == sorted(map(repr, train))
+    assert kept == [s for s in train if s.prompt in kept_prompts]  # order kept
+    assert rm_lib.split_by_prompt(train, 0.1, seed=3) == (kept, held)
+    assert rm_lib.split_by_prompt(train, 0.1, seed=4) != (kept, held)
+    for bad in (0.0, 1.0, -0.5):
+        with pytest.raises(ValueError, match="validation fraction"):
+            rm_lib.split_by_prompt(train, bad, seed=0)
+    with pytest.raises(ValueError, match="leaves none to train on"):
+        rm_lib.split_by_prompt(train[:4], 0.5, seed=0)  # one question
+
+
 def test_replay_buffer_mixes_exact_counts():
     old = [_sample(completion=f"old{i}") for i in range(30)]
     new = [_sample(completion=f"new{i}") for i in range(50)]

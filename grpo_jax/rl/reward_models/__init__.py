@@ -34,8 +34,9 @@ The package by role:
   pretrain  `pretrain_trunk`: next-token training of the trunk a reward model starts from
   checks    the warnings: a model that ranks near chance, a score that rises as accuracy falls
 """
-from grpo_jax.rl.reward_models.data import (LabelledSample, ReplayBuffer, label_completions, labelled_samples,
-                                         line_step_ends, read_samples, replay_count, write_samples)
+from grpo_jax.rl.reward_models.data import (LabelledSample, ReplayBuffer, has_same_prompt_pair, label_completions,
+                                         labelled_samples, line_step_ends, read_samples, replay_count,
+                                         split_by_prompt, write_samples)
 from grpo_jax.rl.reward_models.pretrain import pretrain_trunk
 from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, READS, RewardModel
 from grpo_jax.rl.reward_models.training import (bradley_terry_loss, outcome_accuracy, pairwise_accuracy,
@@ -52,6 +53,8 @@ __all__ = [
     "pointwise_loss",
     "pretrain_trunk",
     "replay_count",
+    "split_by_prompt",
+    "has_same_prompt_pair",
     "label_completions",
     "labelled_samples",
     "line_step_ends",

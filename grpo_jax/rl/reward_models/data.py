@@ -52,6 +52,30 @@ def labelled_samples(task, split: str, num_prompts: int, seed: int, *, samples_p
     return label_completions(task, examples, completions)
 
 
+def split_by_prompt(samples: Sequence[LabelledSample], fraction: float, seed: int
+                    ) -> tuple[list[LabelledSample], list[LabelledSample]]:
+    """(train, validation): the samples of a ``fraction`` of the distinct prompts, drawn at
+    random (deterministic in ``seed``), go to validation, so no prompt is in both. Order
+    within each part is kept."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"the validation fraction must be in (0, 1), got {fraction}")
+    prompts = sorted({s.prompt for s in samples})
+    held = math.ceil(fraction * len(prompts))
+    if held >= len(prompts):
+        raise ValueError(f"a validation fraction of {fraction} of {len(prompts)} prompts leaves none to train on")
+    chosen = set(random.Random(f"split_by_prompt/{seed}").sample(prompts, held))
+    return [s for s in samples if s.prompt not in chosen], [s for s in samples if s.prompt in chosen]
+
+
+def has_same_prompt_pair(samples: Sequence[LabelledSample]) -> bool:
+    """Whether some prompt has both a correct and an incorrect completion: a pairwise accuracy
+    needs one."""
+    labels: dict[str, set[bool]] = {}
+    for s in samples:
+        labels.setdefault(s.prompt, set()).add(bool(s.correct))
+    return any(len(v) == 2 for v in labels.values())
+
+
 def write_samples(path, samples: Iterable[LabelledSample]) -> int:
     """Labelled samples as JSON lines (prompt, completion, correct, step_labels), the file
     `read_samples` reads back; returns how many were written."""

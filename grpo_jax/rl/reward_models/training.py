@@ -16,7 +16,7 @@ from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import ModelConfig, OptimizerConfig
 from grpo_jax.model.logprobs import token_logprobs
 from grpo_jax.rl.optimizer import make_optimizer
-from grpo_jax.rl.reward_models.data import LabelledSample, ReplayBuffer, replay_count
+from grpo_jax.rl.reward_models.data import LabelledSample, ReplayBuffer, has_same_prompt_pair, replay_count
 from grpo_jax.rl.reward_models.scorer import (KINDS, LIKELIHOOD_SCALE, LOSSES, READS, RewardModel, add_likelihood_scale,
                                               bucket, encode, pad_batch, read_ends, values_from_hidden)
 from grpo_jax.text.tokenizer import Tokenizer
@@ -251,6 +251,8 @@ def train_reward_model(
     read: str | None = None,
     lm_weight: float = 0.0,
     likelihood: bool | None = None,
+    validation: Sequence[LabelledSample] | None = None,
+    eval_every: int = 100,
 ) -> tuple[RewardModel, list[dict[str, float]]]:
     """Train an ORM or PRM on labelled samples; returns (model, per-step metrics).
 
@@ -273,6 +275,12 @@ def train_reward_model(
     likelihood: the score also reads the trunk's log-likelihood of the completion so far,
       times a learned scale (`scorer.values_from_hidden`); default that of ``init_params``
       when it is a reward model, else False.
+    validation, eval_every: labelled samples never trained on (other prompts than
+      ``samples``'); every ``eval_every`` steps and at the last, the model's pairwise accuracy
+      on them (`pairwise_accuracy`) is logged as ``validation_pairwise``, and the model
+      returned is the one of the best evaluation (the earliest on a tie), not the last:
+      on a few thousand samples the model fits its batches exactly long before the last
+      step, and ranking within a prompt is what GRPO's group normalisation reads.
     Metrics per step: loss, accuracy (pairs ranked right / outcomes or steps classified
       right at σ = ½), grad_norm, lr, replay_items (historical items in the batch), and
       for pairwise margin (mean r⁺ − r⁻) and same_prompt_pairs (fraction of the new pairs
@@ -295,6 +303,14 @@ def train_reward_model(
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is "
                          f"{cfg_model.vocab_size}")
 
+    if validation is not None:
+        validation = list(validation)
+        _check_samples(validation, kind, "validation")
+        if not has_same_prompt_pair(validation):
+            raise ValueError("validation samples have no prompt with both a correct and an incorrect "
+                             "completion, so their pairwise accuracy is undefined")
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {eval_every}")
     source = BatchSource(tokenizer, samples, history, kind=kind, loss=loss, batch_size=batch_size,
                          replay_fraction=replay_fraction, max_len=cfg_model.max_seq_len, seed=seed, read=read)
 
@@ -310,18 +326,26 @@ def train_reward_model(
     train_step, tx, schedule = _train_step_fn(cfg_model, kind, loss, float(lm_weight), opt_cfg, steps)
     lrs = np.asarray(jax.vmap(schedule)(jnp.arange(steps)))
 
-    params, history_out = _fit(train_step, params, tx.init(params), source, lrs, progress=progress,
-                               desc=f"{kind} reward model")
-    rm = RewardModel(cfg_model, params, tokenizer, kind, loss=loss, process_reduce=process_reduce,
-                     trained_steps=prior_steps + steps, read=read)
-    return rm, history_out
+    def as_model(p, trained: int) -> RewardModel:
+        return RewardModel(cfg_model, p, tokenizer, kind, loss=loss, process_reduce=process_reduce,
+                           trained_steps=prior_steps + trained, read=read)
+
+    validate = None if validation is None else (lambda p, trained: pairwise_accuracy(as_model(p, trained),
+                                                                                     validation))
+    params, trained, history_out = _fit(train_step, params, tx.init(params), source, lrs, progress=progress,
+                                        desc=f"{kind} reward model", validate=validate, eval_every=eval_every)
+    return as_model(params, trained), history_out
+
 
 
 def _fit(train_step, params, opt_state, source: "BatchSource", lrs: np.ndarray, *, progress: bool,
-         desc: str) -> tuple[Any, list[dict[str, float]]]:
-    """``len(lrs)`` jitted updates of ``params`` on ``source``'s batches -> (params, the
-    metrics of every step); FloatingPointError at a non-finite loss."""
+         desc: str, validate=None, eval_every: int = 100) -> tuple[Any, int, list[dict[str, float]]]:
+    """``len(lrs)`` jitted updates of ``params`` on ``source``'s batches -> (params, the number
+    of updates they hold, the metrics of every step); FloatingPointError at a non-finite loss.
+    With ``validate`` (params, updates) -> score, the params of the best-scoring evaluation
+    (every ``eval_every`` steps and the last) instead of the last."""
     history_out: list[dict[str, float]] = []
+    best = None  # (score, updates, host copy of params): the update donates the device copy
     bar = progress_bar(progress, len(lrs), desc)
     try:
         for step in range(len(lrs)):
@@ -333,6 +357,10 @@ def _fit(train_step, params, opt_state, source: "BatchSource", lrs: np.ndarray, 
                 row["same_prompt_pairs"] = source.same_prompt_fraction
             if not np.isfinite(row["loss"]):
                 raise FloatingPointError(f"reward-model loss is {row['loss']} at step {step}")
+            if validate is not None and ((step + 1) % eval_every == 0 or step + 1 == len(lrs)):
+                row["validation_pairwise"] = score = float(validate(params, step + 1))
+                if best is None or score > best[0]:
+                    best = (score, step + 1, jax.device_get(params))
             history_out.append(row)
             if bar is not None:
                 bar.update(1)
@@ -340,7 +368,9 @@ def _fit(train_step, params, opt_state, source: "BatchSource", lrs: np.ndarray, 
     finally:
         if bar is not None:
             bar.close()
-    return params, history_out
+    if best is None:
+        return params, len(lrs), history_out
+    return jax.tree.map(jnp.asarray, best[2]), best[1], history_out
 
 
 def progress_bar(enabled: bool, total: int, desc: str):

@@ -1,0 +1,121 @@
+"""What a reward model that checks each line by itself can reach on labelled testbed samples.
+
+An outcome label says whether the final answer is right, not whether the chain is. On a
+policy's samples, two wrong lines can cancel (a slipped subtraction, then a wrong lookup), so
+some right answers come from wrong chains. A checker that reads every line by itself (is the
+line the question's next operator and operand, its value its own ``a op b``, its ``a`` the
+previous line's value, the answer line the last value) cannot tell those apart from wrong
+answers. This script measures, on rule-labelled samples of the modular testbed (JSON lines,
+`reward_models.write_samples`, e.g. Figure 5's reward-model data):
+
+- the share of right answers reached through a chain with a wrong line;
+- the pairwise accuracy (same-prompt right vs wrong pairs, ties ½) of three rule scores:
+  ``clean`` (1 if no line is wrong), ``-errors`` (minus the number of wrong lines) and
+  ``P(right | errors)`` (the rate of right answers among --fit samples with as many wrong
+  lines): what a reward model can reach by finding wrong lines, and by also counting them;
+- the step accuracy against the progress labels of a checker that says "right" until the
+  first wrong line and "wrong" from there on (with the majority baseline).
+
+    python experiments/reward_model_ceilings.py runs/figure5_testbed/reward_models/held_out.jsonl \\
+        --fit runs/figure5_testbed/reward_models/train.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+
+from grpo_jax.rl.reward_models import read_samples
+from grpo_jax.tasks.modular import step
+
+_PROMPT_RE = re.compile(r"Q: (\d+(?:[+-]\d+)*) mod (\d+)=\?\n")
+_LINE_RE = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
+_ANSWER_RE = re.compile(r"A: (\d+)")
+
+
+def question(prompt: str) -> tuple[list[int], list[str], int]:
+    """(operands, operators, modulus) of a testbed prompt; ValueError for any other prompt."""
+    match = _PROMPT_RE.fullmatch(prompt)
+    if match is None:
+        raise ValueError(f"not a modular testbed prompt: {prompt!r}")
+    expr, modulus = match.group(1), int(match.group(2))
+    return [int(x) for x in re.findall(r"\d+", expr)], re.findall(r"[+-]", expr), modulus
+
+
+def line_errors(prompt: str, completion: str) -> list[bool]:
+    """Per step line of the question (then the answer line): whether the completion's line,
+    read by itself, is wrong. A missing or unreadable line is wrong."""
+    operands, ops, p = question(prompt)
+    lines = completion.split("\n")
+    errors, previous = [], operands[0]
+    for k, (op, b) in enumerate(zip(ops, operands[1:])):
+        match = _LINE_RE.fullmatch(lines[k]) if k < len(lines) else None
+        if match is None:
+            errors.append(True)
+            previous = None
+            continue
+        a, line_op, line_b, c = int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))
+        errors.append(line_op != op or line_b != b or a != previous or c != step(a, line_op, line_b, p))
+        previous = c
+    answer = _ANSWER_RE.fullmatch(lines[len(ops)]) if len(lines) > len(ops) else None
+    errors.append(answer is None or int(answer.group(1)) != previous)
+    return errors
+
+
+def pairwise(samples, score) -> float:
+    """Same-prompt (right, wrong) pairs ranked right by ``score(sample)``; ties count ½."""
+    by_prompt: dict[str, tuple[list[float], list[float]]] = collections.defaultdict(lambda: ([], []))
+    for s in samples:
+        by_prompt[s.prompt][0 if s.correct else 1].append(score(s))
+    wins = total = 0.0
+    for pos, neg in by_prompt.values():
+        for a in pos:
+            for b in neg:
+                wins += 1.0 if a > b else 0.5 if a == b else 0.0
+                total += 1
+    return wins / total if total else float("nan")
+
+
+def report(samples, fit) -> dict:
+    errors = {id(s): sum(line_errors(s.prompt, s.completion)) for s in [*samples, *fit]}
+    right = [s for s in samples if s.correct]
+    counts, rights = collections.Counter(), collections.Counter()
+    for s in fit:
+        counts[errors[id(s)]] += 1
+        rights[errors[id(s)]] += s.correct
+    rate = {k: rights[k] / counts[k] for k in counts}
+    steps = agree = ones = 0
+    for s in samples:
+        flags = line_errors(s.prompt, s.completion)
+        first = flags.index(True) if True in flags else len(flags)
+        for j, (_, label) in enumerate(s.step_labels):
+            steps += 1
+            ones += label > 0.5
+            agree += (j < first) == (label > 0.5)
+    return {
+        "samples": len(samples), "right": len(right),
+        "right_through_a_wrong_line": sum(errors[id(s)] > 0 for s in right) / len(right),
+        "pairwise_clean": pairwise(samples, lambda s: float(errors[id(s)] == 0)),
+        "pairwise_minus_errors": pairwise(samples, lambda s: -errors[id(s)]),
+        "pairwise_p_right_given_errors": pairwise(samples, lambda s: rate.get(errors[id(s)], 0.0)),
+        "p_right_given_errors": {k: [counts[k], round(rate[k], 3)] for k in sorted(counts)},
+        "step_accuracy_until_first_wrong_line": agree / steps,
+        "step_majority": max(ones, steps - ones) / steps,
+    }
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("samples", help="labelled samples to measure (JSON lines)")
+    p.add_argument("--fit", default=None,
+                   help="labelled samples to fit P(right | wrong lines) on (default: the measured ones)")
+    args = p.parse_args(argv)
+    samples = read_samples(args.samples)
+    out = report(samples, read_samples(args.fit) if args.fit else samples)
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
