@@ -1,0 +1,44 @@
+"""experiments/reward_model_ceilings.py: line-by-line errors and the rule scores' pairwise
+accuracy, on hand-made testbed samples whose answers are computed here."""
+import pytest
+
+from tests.cli.test_evaluate import script
+
+from grpo_jax.rl.reward_models import LabelledSample
+
+ceilings = script("reward_model_ceilings")
+PROMPT = "Q: 5+4-4-10 mod 13=?\n"  # 5+4=9, 9-4=5, 5-10=8
+
+
+def test_each_kind_of_wrong_line_is_found():
+    assert ceilings.question(PROMPT) == ([5, 4, 4, 10], ["+", "-", "-"], 13)
+    cases = {
+        "5+4=9\n9-4=5\n5-10=8\nA: 8\n": [False, False, False, False],
+        "5+4=9\n9-4=0\n0-10=3\nA: 3\n": [False, True, False, False],   # a slip, carried on correctly
+        "5+4=9\n9-4=5\n5-11=7\nA: 7\n": [False, False, True, False],   # a copied operand
+        "5+4=9\n9-4=5\n6-10=9\nA: 9\n": [False, False, True, False],   # a carried value
+        "5+4=9\n9-4=5\n5-10=8\nA: 7\n": [False, False, False, True],   # the answer line
+        "5+4=9\n9-4=5\nA: 5\n": [False, False, True, True],            # a missing line
+    }
+    for completion, errors in cases.items():
+        assert ceilings.line_errors(PROMPT, completion) == errors, completion
+    with pytest.raises(ValueError, match="not a modular testbed prompt"):
+        ceilings.question("Q: 2+2=?\n")
+
+
+def test_two_cancelling_errors_make_a_right_answer_the_checkers_cannot_see():
+    right = LabelledSample(PROMPT, "5+4=9\n9-4=5\n5-10=8\nA: 8\n", True, ((6, 1.0), (12, 1.0), (19, 1.0), (24, 1.0)))
+    # 9-4 slipped to 0 (+8), then 0-10 written as 8 (a wrong lookup, -8): the answer is right again.
+    lucky = LabelledSample(PROMPT, "5+4=9\n9-4=0\n0-10=8\nA: 8\n", True, ((6, 1.0), (12, 0.0), (19, 1.0), (24, 1.0)))
+    one = LabelledSample(PROMPT, "5+4=9\n9-4=0\n0-10=3\nA: 3\n", False, ((6, 1.0), (12, 0.0), (19, 0.0), (24, 0.0)))
+    out = ceilings.report([right, lucky, one], [right, lucky, one])
+    assert out["right_through_a_wrong_line"] == 0.5
+    # pairs (right, one): clean 1 > 0; (lucky, one): both have errors, a tie for "clean" ...
+    assert out["pairwise_clean"] == (1 + 0.5) / 2
+    # ... and -errors ranks the 2-error right answer below the 1-error wrong one
+    assert out["pairwise_minus_errors"] == (1 + 0) / 2
+    # P(right | 2 errors) = 1 > P(right | 1 error) = 0 on the fitted samples
+    assert out["pairwise_p_right_given_errors"] == 1.0
+    # "right until the first wrong line": wrong on lucky's steps 3-4 (back to right), right elsewhere
+    assert out["step_accuracy_until_first_wrong_line"] == 10 / 12
+    assert out["step_majority"] == 8 / 12
