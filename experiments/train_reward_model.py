@@ -24,6 +24,9 @@ arithmetic by default, or modular, the testbed).
     python experiments/train_reward_model.py --kind process data.task=modular model.max_seq_len=96 \
         data.wrong_step_prob=0.6     # the testbed
 
+    python experiments/train_reward_model.py --evaluate runs/reward_model/reward_model \
+        --held-out-samples policy_samples.jsonl   # a saved model on other labelled samples
+
 Step 3 reads labelled samples from files instead with --train-samples / --held-out-samples
 (JSON lines, `reward_models.write_samples`): e.g. samples of an SFT model labelled by the
 rule, as experiments/figure5_sparse.py makes them. --tokenizer reuses a policy's
@@ -95,6 +98,33 @@ def task_description(task) -> dict:
     return out | {"max_digits": task.max_digits, "operations": task.operations, "min_carries": task.min_carries}
 
 
+def held_out_metrics(model, held_out) -> dict:
+    """A reward model's accuracies on labelled samples, as metrics.json records them."""
+    out = {"held_out_pairwise_accuracy": rm_lib.pairwise_accuracy(model, held_out)}
+    if model.kind == "outcome":
+        if model.transform == "sigmoid":
+            out["held_out_outcome_accuracy"] = rm_lib.outcome_accuracy(model, held_out)
+        out["pairwise_chance"] = 0.5
+    else:
+        out["held_out_step_accuracy"], out["majority_baseline"] = rm_lib.step_accuracy(model, held_out)
+    return out
+
+
+def evaluate(path: str, held_out_path: str) -> dict:
+    """--evaluate: a saved reward model's accuracies on a labelled samples file, printed."""
+    model = rm_lib.RewardModel.load(path)
+    held_out = rm_lib.read_samples(held_out_path)
+    out = {"kind": model.kind, "held_out_samples": len(held_out),
+           "held_out_fraction_correct": float(np.mean([s.correct for s in held_out])),
+           **held_out_metrics(model, held_out)}
+    print(f"[reward model] {path} on {held_out_path}: "
+          f"{json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
+    warning = ranking_warning(out["held_out_pairwise_accuracy"])
+    if warning:
+        print(f"[reward model] {warning}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_config_args(p)
@@ -120,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic-prompts", type=int, default=0,
                    help="with --train-samples: also train on the task's worked solutions of this many training "
                         "questions x --samples-per-prompt, labelled by its rule (validation stays on the file's)")
+    p.add_argument("--evaluate", default=None, metavar="REWARD_MODEL",
+                   help="train nothing: print a saved reward model's accuracies on --held-out-samples")
     p.add_argument("--validation-fraction", type=float, default=0.1,
                    help="fraction of the training questions held back to pick the best evaluation's model "
                         "(0: train on all, keep the last step's model)")
@@ -137,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_intermixed_args(argv)  # overrides may sit between options
+    if args.evaluate:
+        if args.held_out_samples is None:
+            parser.error("--evaluate needs --held-out-samples (the labelled samples to evaluate on)")
+        return evaluate(args.evaluate, args.held_out_samples)
     if args.train_samples is not None and args.held_out_samples is None:
         parser.error("--train-samples needs --held-out-samples (samples of other questions to evaluate on)")
     if not 0.0 <= args.validation_fraction < 1.0:
@@ -222,16 +258,7 @@ def main(argv=None) -> dict:
                "held_out_samples": len(held_out),
                "held_out_fraction_correct": float(np.mean([s.correct for s in held_out])),
                "final_train_loss": float(np.mean([h["loss"] for h in history[-20:]]))}
-    if model.kind == "outcome":
-        metrics["held_out_pairwise_accuracy"] = rm_lib.pairwise_accuracy(model, held_out)
-        if model.transform == "sigmoid":
-            metrics["held_out_outcome_accuracy"] = rm_lib.outcome_accuracy(model, held_out)
-        metrics["pairwise_chance"] = 0.5
-    else:
-        acc, baseline = rm_lib.step_accuracy(model, held_out)
-        metrics["held_out_step_accuracy"] = acc
-        metrics["majority_baseline"] = baseline
-        metrics["held_out_pairwise_accuracy"] = rm_lib.pairwise_accuracy(model, held_out)
+    metrics |= held_out_metrics(model, held_out)
     warning = ranking_warning(metrics["held_out_pairwise_accuracy"])
     metrics["ranks"] = warning is None
     metrics["seconds"] = time.perf_counter() - t0

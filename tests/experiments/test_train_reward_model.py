@@ -59,6 +59,14 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
     # Two steps rank nothing: the run says so in one line, and metrics.json records it.
     ranks = metrics["held_out_pairwise_accuracy"] >= 0.7
     assert metrics["ranks"] is ranks and ("warning: the reward model ranks" in capsys.readouterr().out) is not ranks
+    # --evaluate: the saved model on a samples file scores what training measured on the same samples
+    trm.rm_lib.write_samples(tmp_path / "held_out.jsonl", held_out)
+    again = trm.main(["--evaluate", str(tmp_path / "reward_model"), "--held-out-samples", str(tmp_path / "held_out.jsonl")])
+    for key in ("held_out_pairwise_accuracy", "held_out_step_accuracy", "majority_baseline", "held_out_samples"):
+        assert again[key] == pytest.approx(metrics[key], rel=0, abs=0, nan_ok=True), key  # NaN: no pair
+    with pytest.raises(SystemExit):
+        trm.main(["--evaluate", str(tmp_path / "reward_model")])
+    assert "--evaluate needs --held-out-samples" in capsys.readouterr().err
 
 
 def test_an_orm_and_a_prm_of_one_seed_share_the_base_model(tmp_path, monkeypatch):
