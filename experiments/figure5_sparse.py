@@ -319,8 +319,8 @@ def main(argv=None):
                         "before issue #71 trained both kinds pointwise, so the two differed only in where the "
                         "labels sit")
     p.add_argument("--rm-validation-fraction", type=float, default=0.0,
-                   help="train_reward_model.py's --validation-fraction (default 0: every model of the committed "
-                        "studies kept its last step; the script's own default is 0.1)")
+                   help="train_reward_model.py's --validation-fraction (default 0, the script's: every model of the "
+                        "committed studies kept its last step)")
     p.add_argument("--rm-draws", type=int, default=1,
                    help="draws of each reward model (run.seed = 0..N-1, the same labelled samples); a "
                         "reward-model arm's seed s is scored by draw s %% N (default 1: reward_models/{orm,prm})")

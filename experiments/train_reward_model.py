@@ -10,9 +10,9 @@ arithmetic by default, or modular, the testbed).
 4. train the reward model (Bradley-Terry or pointwise for an ORM, per-step BCE for a PRM),
    with a joint next-token loss on the correct samples (--lm-weight) and a score that adds
    a learned multiple of the trunk's log-likelihood of the completion (--no-likelihood: the
-   value head alone); docs/reward_models.md says why. --validation-fraction of the training
-   questions are held back, and the model kept is the one of the best validation pairwise
-   accuracy (every --eval-every steps), not the last step's;
+   value head alone); docs/reward_models.md says why. With --validation-fraction, that share
+   of the training questions is held back and the model kept is the one of the best validation
+   pairwise accuracy (every --eval-every steps), not the last step's;
 5. evaluate on held-out questions (the task's test split) and write into run.run_dir:
    reward_model/ (checkpoint + tokenizer, `RewardModel.load`), metrics.json
    (held-out accuracy, baselines, config) and history.json (per-step losses). A model whose
@@ -152,9 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "questions x --samples-per-prompt, labelled by its rule (validation stays on the file's)")
     p.add_argument("--evaluate", default=None, metavar="REWARD_MODEL",
                    help="train nothing: print a saved reward model's accuracies on --held-out-samples")
-    p.add_argument("--validation-fraction", type=float, default=0.1,
+    p.add_argument("--validation-fraction", type=float, default=0.0,
                    help="fraction of the training questions held back to pick the best evaluation's model "
-                        "(0: train on all, keep the last step's model)")
+                        "(default 0: train on all, keep the last step's model; docs/reward_models.md has why)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between validation evaluations")
     p.add_argument("--read", choices=rm_lib.READS, default="end",
                    help="PRM: where the head reads a step, its newline (end) or the token before it (value)")

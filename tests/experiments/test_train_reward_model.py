@@ -46,7 +46,7 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
 
     monkeypatch.setattr(trm.rm_lib, "labelled_samples", recorded)
     metrics = trm.main(["--kind", "process", "--trunk-steps", "0", "--train-prompts", "8", "--eval-prompts", "4",
-                        "--samples-per-prompt", "2", "--batch-size", "4", "--no-progress", "--validation-fraction", "0",
+                        "--samples-per-prompt", "2", "--batch-size", "4", "--no-progress",
                         "data.task=modular", "data.modulus=7", "data.num_operands=4", "data.num_subtractions=1",
                         "run.steps=2", f"run.run_dir={tmp_path}", "model.max_seq_len=64", *TINY])
     assert metrics["task"] == {"name": "modular", "num_operands": 4, "modulus": 7, "num_subtractions": 1}
@@ -56,6 +56,7 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
     assert all(s.prompt.startswith("Q: ") and s.prompt.endswith(" mod 7=?\n") and s.prompt.count("-") == 1
                for s in held_out)
     assert 0 <= metrics["held_out_step_accuracy"] <= 1
+    assert (metrics["validation_samples"], metrics["kept_step"]) == (0, 2)  # by default: all trained on, last step
     # Two steps rank nothing: the run says so in one line, and metrics.json records it.
     ranks = metrics["held_out_pairwise_accuracy"] >= 0.7
     assert metrics["ranks"] is ranks and ("warning: the reward model ranks" in capsys.readouterr().out) is not ranks
@@ -79,7 +80,7 @@ def test_an_orm_and_a_prm_of_one_seed_share_the_base_model(tmp_path, monkeypatch
     monkeypatch.setattr(trm.rm_lib, "pretrain_trunk", counted)
     monkeypatch.setattr(trm, "_TRUNKS", {})
     common = ["--trunk-steps", "2", "--train-prompts", "8", "--eval-prompts", "4", "--samples-per-prompt", "2",
-              "--batch-size", "4", "--no-progress", "--validation-fraction", "0", "run.steps=1", "model.max_seq_len=48", *TINY]
+              "--batch-size", "4", "--no-progress", "run.steps=1", "model.max_seq_len=48", *TINY]
     runs = [("outcome", 0), ("process", 0), ("outcome", 1)]
     metrics = [trm.main(["--kind", kind, *common, f"run.seed={seed}", f"run.run_dir={tmp_path / f'{kind}{seed}'}"])
                for kind, seed in runs]
@@ -151,5 +152,5 @@ def test_bad_validation_and_data_options_are_named(argv, message, capsys):
 def test_validation_without_a_right_and_wrong_pair_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         trm.main(["--trunk-steps", "0", "--train-prompts", "8", "--samples-per-prompt", "1", "--no-progress",
-                  "data.wrong_step_prob=0.5", "run.steps=1", f"run.run_dir={tmp_path}", *TINY])
+                  "--validation-fraction", "0.25", "data.wrong_step_prob=0.5", "run.steps=1", f"run.run_dir={tmp_path}", *TINY])
     assert "have no question with both a right and a wrong sample" in capsys.readouterr().err
