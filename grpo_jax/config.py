@@ -251,6 +251,9 @@ class RLConfig:
     # of the loss; max_new_tokens bounds the model's and the tool's tokens together.
     # 0 = no tool: one decode per rollout, as before.
     max_tool_calls: int = _rl(0, "sampling", _SAMPLED)
+    # Sandbox processes the code blocks of one sampler call run on at once (turns.ToolUse.run);
+    # the rollout is the same whatever it is. 0 = min(4, the machine's cores).
+    tool_workers: int = _rl(0, "sampling", _SAMPLED)
     num_micro_batches: int = _rl(1, "mode")
     logprob_chunk_size: int = _rl(64, "mode")  # sequence positions per chunk of full-vocab log-softmax
     # Keep each chunk's softmax for the backward pass ([micro-batch rows, Tc, V] float32)
@@ -314,6 +317,9 @@ class RLConfig:
             raise ConfigError(f"rl.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
         if self.max_tool_calls < 0:
             raise ConfigError(f"rl.max_tool_calls must be >= 0 (0 = no tool), got {self.max_tool_calls}")
+        if self.tool_workers < 0:
+            raise ConfigError(f"rl.tool_workers must be >= 0 (sandbox processes at once; 0 = min(4, cores)), "
+                              f"got {self.tool_workers}")
         if self.async_steps < 0:
             raise ConfigError(f"rl.async_steps must be >= 0 (0 = on-policy), got {self.async_steps}")
         if self.async_steps and self.algorithm not in ("ppo", "grpo"):
