@@ -446,6 +446,9 @@ class DataConfig:
     # operators are subtractions (the SFT corpus reads each as "+" with wrong_step_prob)
     modulus: int = 13
     num_subtractions: int = 2
+    # modular: the share of SFT worked solutions that call the task's Python tool instead of
+    # writing the chain (docs/tools_learning_design.md); 0 = none, the corpus as before
+    tool_prob: float = 0.0
     seed: int = 0
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing
 
@@ -463,6 +466,9 @@ class DataConfig:
             raise ConfigError(f"data.wrong_step_prob must be in [0, 1], got {self.wrong_step_prob}")
         if not 0 <= self.format_reward < 1:
             raise ConfigError(f"data.format_reward must be in [0, 1) (a right answer earns 1), got {self.format_reward}")
+        if not 0 <= self.tool_prob <= 1:
+            raise ConfigError(f"data.tool_prob must be in [0, 1] (the share of SFT solutions that call the "
+                              f"tool), got {self.tool_prob}")
         if self.task == "modular":
             if not (is_prime(self.modulus) and self.modulus >= 5):
                 raise ConfigError(f"data.modulus must be a prime >= 5 (a composite one leaks answers "
@@ -559,7 +565,7 @@ class Config:
         if self.data.task != "modular":
             default_data = DataConfig()
             out += [f"data.{name}={getattr(self.data, name)!r} is ignored by data.task={self.data.task} "
-                    "(only data.task=modular reads it)" for name in ("modulus", "num_subtractions")
+                    "(only data.task=modular reads it)" for name in ("modulus", "num_subtractions", "tool_prob")
                     if getattr(self.data, name) != getattr(default_data, name)]
         if self.data.skip_bad_rows and self.data.task not in FILE_TASKS:
             out.append(f"data.skip_bad_rows=True is ignored by data.task={self.data.task} "

@@ -106,6 +106,7 @@ CHANGES = {
     "data.min_carries": (2, "grpo", {}),
     "data.modulus": (11, "grpo", {"data.task": "modular"}),
     "data.num_subtractions": (3, "grpo", {"data.task": "modular"}),
+    "data.tool_prob": (0.5, "grpo", {"data.task": "modular"}),
     "data.seed": (5, "grpo", {}),
     "data.skip_bad_rows": (True, "grpo", {}),  # refused (warned) for the generated default task
 }
