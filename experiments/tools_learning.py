@@ -53,8 +53,11 @@ START_JSON = "start.json"
 EVAL_KEY = 7_300_000
 
 
+SLUGS = {TOOL: "grpo_tool", NO_TOOL: "grpo_no_tool"}  # folder names, and --arms' spelling
+
+
 def slug(arm: str) -> str:
-    return {TOOL: "grpo_tool", NO_TOOL: "grpo_no_tool"}[arm]
+    return SLUGS[arm]
 
 
 def seed_json(root: str, arm: str, seed: int) -> str:
@@ -230,7 +233,8 @@ def main(argv=None):
     config_lib.add_config_args(p)
     common.add_sft_args(p)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of both arms (default 0 1 2)")
-    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="arms to run (default both)")
+    p.add_argument("--arms", nargs="+", choices=list(SLUGS.values()), default=list(SLUGS.values()),
+                   help=f"arms to run, {SLUGS[TOOL]} ({TOOL}) and {SLUGS[NO_TOOL]} ({NO_TOOL}) (default both)")
     p.add_argument("--eval-size", type=int, choices=PILOT["eval_size"], default=PILOT["eval_size"][0],
                    help="held-out questions (the design's pilot knob: 512 or 256)")
     p.add_argument("--eval-every", type=int, choices=PILOT["eval_every"], default=PILOT["eval_every"][0],
@@ -239,6 +243,7 @@ def main(argv=None):
                    help="share of SFT solutions that call the tool (the design's pilot knob: 0.25 or 0.5)")
     p.add_argument("--out", default="runs/tools_learning", help="output directory")
     args = p.parse_intermixed_args(argv)  # overrides go before --seeds, which takes a list
+    arms = [arm for arm in ARMS if SLUGS[arm] in args.arms]
     knobs = [f"data.eval_size={args.eval_size}", f"run.eval_every={args.eval_every}",
              f"run.checkpoint_every={args.eval_every}", f"data.tool_prob={args.tool_prob}"]
     cfg = common.load_cfg(args, [f"run.run_dir={args.out}"] + common.MODULAR_DEFAULTS + STUDY + knobs)
@@ -260,10 +265,10 @@ def main(argv=None):
               f"(with a call {s['accuracy_with_call']}, without {s['accuracy_without_call']}); "
               f"best shortcut {shortcuts.best[1]:.3f}")
     steps = eval_steps(cfg)
-    for arm, seed in pending(root, args.arms, args.seeds):
+    for arm, seed in pending(root, arms, args.seeds):
         print(f"[tools] {arm} seed {seed}")
         run_seed(cfg, task, tok, params, mesh, examples, root, arm, seed, start, not args.no_progress)
-    return summarize(root, args.arms, args.seeds, steps, start, shortcuts, cfg)
+    return summarize(root, arms, args.seeds, steps, start, shortcuts, cfg)
 
 
 def summarize(root: str, arms, seeds, steps, start: dict, shortcuts, cfg) -> dict:

@@ -124,3 +124,19 @@ def test_the_design_settings_and_pilot_knobs(study, monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as e:  # a value the design does not allow is refused by the parser
         study.main(["--out", str(tmp_path), "--eval-size", "100"])
     assert e.value.code == 2
+
+
+def test_one_arm_runs_alone(study, monkeypatch, tmp_path):
+    ran = []
+    common = sys.modules["common"]
+    monkeypatch.setattr(common, "sft_start", lambda *a, **k: (None, None))
+    monkeypatch.setattr(study, "start_measure", lambda *a, **k: {arm: {"accuracy": 0.0, "call_rate": 0.0,
+                                                                       "accuracy_with_call": None,
+                                                                       "accuracy_without_call": 0.0}
+                                                                 for arm in study.ARMS})
+    monkeypatch.setattr(study, "run_seed", lambda cfg, task, tok, params, mesh, examples, root, arm, seed, *a:
+                        ran.append((arm, seed)))
+    monkeypatch.setattr(study, "summarize", lambda root, arms, seeds, *a: arms)
+    arms = study.main(["data.eval_size=8", "--arms", "grpo_no_tool", "--seeds", "3", "--out", str(tmp_path),
+                       "--no-progress"])
+    assert arms == [study.NO_TOOL] and ran == [(study.NO_TOOL, 3)]
