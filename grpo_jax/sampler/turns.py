@@ -85,8 +85,9 @@ class ToolUse:
 
     def run(self, codes: Sequence[str]) -> list[ExecutionResult]:
         """Each of ``codes`` run in the tool's sandbox, on up to ``workers`` processes at once;
-        the results in the order of ``codes``. The threads only wait on their sandbox
-        process, so a slow or failing block holds up no other block's result."""
+        the results in the order of ``codes``. Each thread only waits on its sandbox process,
+        so a slow block delays no other block's run, though the next sampler call waits for
+        all of them."""
         if self.workers == 1 or len(codes) <= 1:
             return [self.tool.sandbox.run(code) for code in codes]
         with ThreadPoolExecutor(max_workers=min(self.workers, len(codes)), thread_name_prefix="sandbox") as pool:
