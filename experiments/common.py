@@ -53,7 +53,7 @@ STUDY_REGIMES = {"modular": MODULAR_DEFAULTS}
 # What an SFT start depends on besides the model (see sft_start).
 SFT_CACHE_FIELDS = ("optimizer", "run.seed", "run.steps", "data.task", "data.seed", "data.batch_size",
                     "data.num_operands", "data.max_digits", "data.slip", "data.wrong_step_prob", "data.min_carries",
-                    "data.modulus", "data.num_subtractions")
+                    "data.modulus", "data.num_subtractions", "data.tool_prob")
 
 
 # SFT per task when --sft-steps / --sft-until are not given: (steps, until). Modular tables are
@@ -114,8 +114,7 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
         data={"batch_size": args.sft_batch}).validate()
     # A cached SFT run is reused only if it was trained on the same data with the same recipe:
     # the Trainer's own check covers the model alone, since a resume may change the rest.
-    checkpointing.check_run_dir(os.path.join(sft_cfg.run.run_dir, "checkpoints"), sft_cfg.to_dict(),
-                                also=SFT_CACHE_FIELDS)
+    _check_sft_cache(sft_cfg)
     pairs = task.sft_examples("train", args.sft_steps * args.sft_batch, cfg.data.seed,
                               wrong_step_prob=cfg.data.wrong_step_prob)
 
@@ -134,6 +133,26 @@ def sft_start(cfg, task, tokenizer, root: str, args, *, mesh=None):
     params, mesh = trainer.params, trainer.mesh
     trainer.close()
     return params, mesh
+
+
+def _check_sft_cache(sft_cfg) -> None:
+    """Refuse a cached SFT start of another recipe (SFT_CACHE_FIELDS). A start cached before
+    data.tool_prob existed saved no such field; its corpus had no tool solutions, so it
+    stands for data.tool_prob=0."""
+    directory = os.path.join(sft_cfg.run.run_dir, "checkpoints")
+    requested = sft_cfg.to_dict()
+    if not sft_cfg.data.tool_prob and os.path.isdir(directory):
+        ckpt = checkpointing.Checkpointer(directory)
+        try:
+            steps = ckpt.all_steps()
+            saved = ckpt.read_meta(steps[-1]).get("config") or {} if steps else {}
+        except Exception:  # an unreadable cache is the full check's (and the restore's) to report
+            saved = {}
+        finally:
+            ckpt.close()
+        if "tool_prob" not in saved.get("data", {"tool_prob": None}):
+            del requested["data"]["tool_prob"]
+    checkpointing.check_run_dir(directory, requested, also=SFT_CACHE_FIELDS)
 
 
 SFT_CHECK_QUESTIONS, SFT_CHECK_SEED = 64, 9_500_000

@@ -251,6 +251,9 @@ class RLConfig:
     # of the loss; max_new_tokens bounds the model's and the tool's tokens together.
     # 0 = no tool: one decode per rollout, as before.
     max_tool_calls: int = _rl(0, "sampling", _SAMPLED)
+    # Sandbox processes the code blocks of one sampler call run on at once (turns.ToolUse.run);
+    # the rollout is the same whatever it is. 0 = min(4, the machine's cores).
+    tool_workers: int = _rl(0, "sampling", _SAMPLED)
     num_micro_batches: int = _rl(1, "mode")
     logprob_chunk_size: int = _rl(64, "mode")  # sequence positions per chunk of full-vocab log-softmax
     # Keep each chunk's softmax for the backward pass ([micro-batch rows, Tc, V] float32)
@@ -314,6 +317,9 @@ class RLConfig:
             raise ConfigError(f"rl.tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
         if self.max_tool_calls < 0:
             raise ConfigError(f"rl.max_tool_calls must be >= 0 (0 = no tool), got {self.max_tool_calls}")
+        if self.tool_workers < 0:
+            raise ConfigError(f"rl.tool_workers must be >= 0 (sandbox processes at once; 0 = min(4, cores)), "
+                              f"got {self.tool_workers}")
         if self.async_steps < 0:
             raise ConfigError(f"rl.async_steps must be >= 0 (0 = on-policy), got {self.async_steps}")
         if self.async_steps and self.algorithm not in ("ppo", "grpo"):
@@ -440,6 +446,9 @@ class DataConfig:
     # operators are subtractions (the SFT corpus reads each as "+" with wrong_step_prob)
     modulus: int = 13
     num_subtractions: int = 2
+    # modular: the share of SFT worked solutions that call the task's Python tool instead of
+    # writing the chain (docs/tools_learning_design.md); 0 = none, the corpus as before
+    tool_prob: float = 0.0
     seed: int = 0
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing
 
@@ -457,6 +466,9 @@ class DataConfig:
             raise ConfigError(f"data.wrong_step_prob must be in [0, 1], got {self.wrong_step_prob}")
         if not 0 <= self.format_reward < 1:
             raise ConfigError(f"data.format_reward must be in [0, 1) (a right answer earns 1), got {self.format_reward}")
+        if not 0 <= self.tool_prob <= 1:
+            raise ConfigError(f"data.tool_prob must be in [0, 1] (the share of SFT solutions that call the "
+                              f"tool), got {self.tool_prob}")
         if self.task == "modular":
             if not (is_prime(self.modulus) and self.modulus >= 5):
                 raise ConfigError(f"data.modulus must be a prime >= 5 (a composite one leaks answers "
@@ -553,7 +565,7 @@ class Config:
         if self.data.task != "modular":
             default_data = DataConfig()
             out += [f"data.{name}={getattr(self.data, name)!r} is ignored by data.task={self.data.task} "
-                    "(only data.task=modular reads it)" for name in ("modulus", "num_subtractions")
+                    "(only data.task=modular reads it)" for name in ("modulus", "num_subtractions", "tool_prob")
                     if getattr(self.data, name) != getattr(default_data, name)]
         if self.data.skip_bad_rows and self.data.task not in FILE_TASKS:
             out.append(f"data.skip_bad_rows=True is ignored by data.task={self.data.task} "

@@ -106,6 +106,7 @@ CHANGES = {
     "data.min_carries": (2, "grpo", {}),
     "data.modulus": (11, "grpo", {"data.task": "modular"}),
     "data.num_subtractions": (3, "grpo", {"data.task": "modular"}),
+    "data.tool_prob": (0.5, "grpo", {"data.task": "modular"}),
     "data.seed": (5, "grpo", {}),
     "data.skip_bad_rows": (True, "grpo", {}),  # refused (warned) for the generated default task
 }
@@ -114,6 +115,7 @@ CHANGES = {
 ELSEWHERE = {
     "rl.max_new_tokens": "sampler/test_sampling.py::test_rollout_layout",
     "rl.max_tool_calls": "rl/test_tool_rollouts.py::test_grpo_trains_on_rollouts_that_call_the_tool",
+    "rl.tool_workers": "rl/test_tool_rollouts.py::test_rl_tool_workers_sizes_the_runs_sandbox_pool",
     "rl.reward_model": "rl/test_options.py::test_reward_model_with_a_rule_reward_algorithm_is_refused",
     "rl.sample_prompts": "rl/test_trainer.py::test_rollout_in_calls_of_a_few_questions_equals_one_call",
     "rl.sample_dtype": "rl/test_trainer.py::test_bfloat16_sampling_copy_reaches_the_sampler",

@@ -41,7 +41,8 @@ def make_task(name: str, data: config_lib.DataConfig | None = None, *, data_dir:
                         format_reward=data.format_reward, min_carries=data.min_carries)
     if name == "modular" and data is not None:
         return get_task(name, modulus=data.modulus, num_operands=data.num_operands,
-                        num_subtractions=data.num_subtractions, format_reward=data.format_reward)
+                        num_subtractions=data.num_subtractions, format_reward=data.format_reward,
+                        tool_prob=data.tool_prob)
     return get_task(name)
 
 

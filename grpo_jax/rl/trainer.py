@@ -83,7 +83,7 @@ def _tool_use(cfg: Config, task: Task, tokenizer: Tokenizer) -> ToolUse | None:
     if task.tool is None:
         raise ConfigError(f"rl.max_tool_calls={cfg.rl.max_tool_calls} but task {task.name!r} has no tool: "
                           "give it one (CustomTask(..., tool=PythonTool())) or set rl.max_tool_calls=0")
-    return ToolUse.build(task.tool, tokenizer, cfg.rl.max_tool_calls)
+    return ToolUse.build(task.tool, tokenizer, cfg.rl.max_tool_calls, cfg.rl.tool_workers)
 
 
 def _shortcuts(task: Task, examples: list[Example]):

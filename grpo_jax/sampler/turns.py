@@ -11,7 +11,9 @@ sampler calls; each call is an ordinary `sample_to_host`:
 2. For a row stopped where its text since the last output holds a complete block
    (`PythonTool.code`): run it in the tool's sandbox and append its output
    (`PythonTool.output`, tokenized) to the row. A fence that opened a block, or a block
-   after the last allowed call, is just text: the row decodes on.
+   after the last allowed call, is just text: the row decodes on. The blocks of one call,
+   across the rows, run on up to ``tools.workers`` sandbox processes at once (`ToolUse.run`);
+   their outputs are appended in row order, whichever finishes first.
 3. Sample the running rows again, each with its prompt and completion so far as the prompt
    (a fresh prefill: no cache is carried between calls), until every row has stopped or
    filled ``max_new_tokens``.
@@ -23,7 +25,8 @@ tool's only (the loss, the KL and the entropy skip them: ``rl.algorithms.own_tok
 ``logprobs`` are the model's own (0 on the tool's). The tool runs' results come back beside it.
 
 Randomness: call k draws with ``fold_in(key, k)``, the running rows in their order as its
-rows, so a rollout is a function of (key, prompts, params, settings, the code's outputs).
+rows, so a rollout is a function of (key, prompts, params, settings, the code's outputs),
+whatever ``tools.workers`` is.
 Unlike a single-turn rollout, a row's draws depend on which other rows were still running
 at each call. The running rows of a call are padded to a power of two (repeats of the first,
 discarded), so a rollout compiles for few batch shapes.
@@ -32,6 +35,8 @@ discarded), so a rollout compiles for few batch shapes.
 from __future__ import annotations
 
 import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import jax
@@ -43,28 +48,50 @@ from grpo_jax.tools.python_tool import PythonTool
 from grpo_jax.tools.sandbox import ExecutionResult
 
 
+def default_workers() -> int:
+    """Sandbox processes one call's blocks run on at once by default: a few, never more than
+    the cores (each process is a fresh interpreter, CPU-bound while it starts)."""
+    return min(4, os.cpu_count() or 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolUse:
     """A run's tool use, built once (`build`): the ``tool``, the ``tokenizer`` its output is
-    encoded with, the most calls per completion, and ``fence_ids``, every token whose text
+    encoded with, the most calls per completion, ``fence_ids``, every token whose text
     holds the last character of the tool's closing marker (a marker split over several
-    tokens ends on one of them)."""
+    tokens ends on one of them), and ``workers``, the most sandbox processes one call's
+    blocks run on at once (1: one after another)."""
 
     tool: PythonTool
     tokenizer: Tokenizer
     max_calls: int
     fence_ids: tuple[int, ...]
+    workers: int = 1
 
     @classmethod
-    def build(cls, tool: PythonTool, tokenizer: Tokenizer, max_calls: int) -> "ToolUse":
+    def build(cls, tool: PythonTool, tokenizer: Tokenizer, max_calls: int, workers: int | None = None) -> "ToolUse":
+        """``workers``: None (or 0) for `default_workers`."""
         if max_calls < 1:
             raise ValueError(f"max_calls must be >= 1 (0 is a rollout without tools), got {max_calls}")
+        workers = workers or default_workers()
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers (sandbox processes at once) must be an int >= 1, got {workers!r}")
         last = tool.close[-1]
         fence = tuple(i for i in range(tokenizer.vocab_size) if last in tokenizer.decode([i]))
         if not fence:
             raise ValueError(f"no token of the vocabulary holds {last!r}: the model cannot close a "
                              f"code block with {tool.close!r}")
-        return cls(tool, tokenizer, max_calls, fence)
+        return cls(tool, tokenizer, max_calls, fence, workers)
+
+    def run(self, codes: Sequence[str]) -> list[ExecutionResult]:
+        """Each of ``codes`` run in the tool's sandbox, on up to ``workers`` processes at once;
+        the results in the order of ``codes``. Each thread only waits on its sandbox process,
+        so a slow block delays no other block's run, though the next sampler call waits for
+        all of them."""
+        if self.workers == 1 or len(codes) <= 1:
+            return [self.tool.sandbox.run(code) for code in codes]
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(codes)), thread_name_prefix="sandbox") as pool:
+            return list(pool.map(self.tool.sandbox.run, codes))
 
 
 @dataclasses.dataclass
@@ -117,29 +144,34 @@ def generate_with_tools(sampler: Sampler, weights, prompts: Sequence[Sequence[in
             out = this.generate(weights, contexts, key=jax.random.fold_in(key, call), group_size=1,
                                 prompts_per_call=prompts_per_call * group_size, between_calls=between_calls)
         tokens, mask, logps = (np.asarray(x) for x in (out.tokens, out.mask, out.logprobs))
+        blocks = []  # (row, its closed block's code), in row order
         for i, r in enumerate(running):
             row, real = rows[r], mask[i]
             row.extend(tokens[i][real], logps[i][real], own=True)
-            _after_turn(row, tools, stops, fence, budget)
-    return _rollout(first, rows, budget, sampler.settings.pad_id), [row.calls for row in rows]
-
-
-def _after_turn(row: _Row, tools: ToolUse, stops: set[int], fence: set[int], budget: int) -> None:
-    """What follows a row's decoding: the end (a stop token, the budget), a tool run whose
-    output is appended (a complete block after a fence), or more decoding."""
-    last = row.ids[-1]
-    if last in stops:
-        row.done = row.finished = True
-        return
-    if last in fence and len(row.calls) < tools.max_calls:
-        code = tools.tool.code(tools.tokenizer.decode(row.ids[row.turn_start:]))
-        if code is not None:
-            result = tools.tool.sandbox.run(code)
+            code = _closed_block(row, tools, stops, fence)
+            if code is not None:
+                blocks.append((row, code))
+        for (row, _), result in zip(blocks, tools.run([code for _, code in blocks])):
             row.calls.append(result)
             output = tools.tokenizer.encode(tools.tool.output(result))[: budget - len(row.ids)]
             row.extend(output, [0.0] * len(output), own=False)
             row.turn_start = len(row.ids)
-    row.done = len(row.ids) >= budget
+        for r in running:
+            rows[r].done = rows[r].done or len(rows[r].ids) >= budget
+    return _rollout(first, rows, budget, sampler.settings.pad_id), [row.calls for row in rows]
+
+
+def _closed_block(row: _Row, tools: ToolUse, stops: set[int], fence: set[int]) -> str | None:
+    """What follows a row's decoding: the end (a stop token: marks the row done), the code of
+    a block to run (a complete block after a fence, while the row has calls left), or more
+    decoding (None)."""
+    last = row.ids[-1]
+    if last in stops:
+        row.done = row.finished = True
+        return None
+    if last in fence and len(row.calls) < tools.max_calls:
+        return tools.tool.code(tools.tokenizer.decode(row.ids[row.turn_start:]))
+    return None
 
 
 def _power_of_two(n: int) -> int:

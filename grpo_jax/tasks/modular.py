@@ -24,17 +24,35 @@ The SFT corpus reads ``-`` as ``+`` with probability ``wrong_step_prob`` at each
 (the line still writes ``-``; the later lines carry the slip on), so the SFT model writes
 the lookups right and the signs wrong often enough that few of its samples, but some, are
 right: what GRPO re-ranks.
+
+With ``tool_prob`` > 0 (docs/tools_learning_design.md) a worked solution is, with that
+probability, a call of the task's Python tool (``ModularTask.tool``) instead of the chain::
+
+    completion:  "```python\nprint((9+4-5+10-8+0) % 11)\n```\n```output\n10\n```\nA: 10\n"
+
+one line that prints the question's expression modulo ``P``, copied from the prompt, then
+the tool's output as `PythonTool.output` gives it back, then the answer line. The reward
+takes either form (`format_ok`); in the tool form the code may only be ``print(...)`` of
+digits, ``+``, ``-``, ``%``, brackets and spaces, whose output is a number or a status line,
+so the ``A:`` line after the output block is always the model's own.
 """
 from __future__ import annotations
 
 import itertools
 import random
+import re
 from typing import Any, Sequence
 
 from grpo_jax.config import is_prime
 from grpo_jax.tasks.shortcuts import lookup_rule
 from grpo_jax.tasks import SPLITS, Example, as_random, draw_distinct, split_of
 from grpo_jax.tasks.arithmetic import _STEP_RE, MAX_STEPS, ArithmeticTask, _lines
+from grpo_jax.tools import ExecutionResult, PythonTool
+
+# The tool form of a solution (module docstring): the code, the output block, the answer.
+# Blank space may stand between the fences where a tokenizer's fence token holds a newline.
+_TOOL_FORM = re.compile(r"```python\n(print\([0-9+\-() %]{1,200}\))\n```\s*```output\n([^`]{0,600})\n```\s*"
+                        r"(A: -?\d{1,48})\s*")
 
 
 def step(value: int, op: str, b: int, modulus: int) -> int:
@@ -63,7 +81,7 @@ class ModularTask(ArithmeticTask):
     name = "modular"
 
     def __init__(self, modulus: int = 13, num_operands: int = 6, num_subtractions: int = 2,
-                 format_reward: float = 0.0):
+                 format_reward: float = 0.0, tool_prob: float = 0.0):
         if not is_prime(modulus) or modulus < 5:
             raise ValueError(f"modulus must be a prime >= 5 (a composite one leaks the answer to "
                              f"sign-flip rules), got {modulus}")
@@ -72,7 +90,14 @@ class ModularTask(ArithmeticTask):
         if not 0 <= num_subtractions <= num_operands - 1:
             raise ValueError(f"num_subtractions must be in [0, num_operands - 1], got {num_subtractions} "
                              f"with {num_operands} operands")
+        if not 0 <= tool_prob <= 1:
+            raise ValueError(f"tool_prob (the share of worked solutions that call the tool) must be in [0, 1], "
+                             f"got {tool_prob}")
         self.modulus, self.num_subtractions = modulus, num_subtractions
+        self.tool_prob = tool_prob
+        # The trainer calls it where rl.max_tool_calls > 0; a task without tool solutions has
+        # none, as before.
+        self.tool = PythonTool() if tool_prob > 0 else None
         self.num_operands = (num_operands, num_operands)
         self.format_reward = format_reward
         # ArithmeticTask attributes its scoring never reads for this task, kept coherent.
@@ -117,10 +142,14 @@ class ModularTask(ArithmeticTask):
         return chain_values(example.meta["operands"], example.meta["ops"], self.modulus)
 
     def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0) -> str:
-        """The worked solution; each subtraction is computed as an addition with
-        probability ``wrong_step_prob`` (the line keeps its ``-``), later lines carrying the
-        wrong value on. A draw is made at subtractions only."""
+        """The worked solution: with probability ``tool_prob`` the tool form (`tool_text`),
+        else the chain, where each subtraction is computed as an addition with probability
+        ``wrong_step_prob`` (the line keeps its ``-``), later lines carrying the wrong value
+        on. A draw is made for the form only where ``tool_prob`` > 0 (a corpus without tool
+        solutions draws as before), and at subtractions only."""
         rng = as_random(rng)
+        if self.tool_prob > 0 and rng.random() < self.tool_prob:
+            return self.tool_text(example)
         operands, ops = example.meta["operands"], example.meta["ops"]
         lines, value = [], operands[0]
         for op, b in zip(ops, operands[1:]):
@@ -130,6 +159,27 @@ class ModularTask(ArithmeticTask):
             value = c
         lines.append(f"A: {value}\n")
         return "".join(lines)
+
+    def tool_code(self, example: Example) -> str:
+        """The tool form's one line of code: the question's expression modulo ``P``, printed."""
+        return f"print(({example.meta['expression']}) % {self.modulus})"
+
+    def tool_text(self, example: Example) -> str:
+        """The tool form of the worked solution (module docstring): the code block, the output
+        block exactly as the tool gives back what the code prints, the answer line."""
+        tool = self.tool or PythonTool()
+        printed = ExecutionResult("ok", f"{example.answer}\n", "", 0)
+        return f"{tool.open}{self.tool_code(example)}\n{tool.close}{tool.output(printed)}A: {example.answer}\n"
+
+    def is_tool_form(self, completion: str) -> bool:
+        """Whether ``completion`` is a well-formed tool solution (only where ``tool_prob`` > 0)."""
+        return (self.tool_prob > 0 and isinstance(completion, str) and len(completion) < 2000
+                and _TOOL_FORM.fullmatch(completion) is not None)
+
+    def format_ok(self, completion: str) -> bool:
+        """The chain's line grammar (`ArithmeticTask.format_ok`), or where ``tool_prob`` > 0
+        the tool form."""
+        return self.is_tool_form(completion) or super().format_ok(completion)
 
     def _line_checks(self, completion: str, example: Example, slip_reading: bool) -> tuple[int, int]:
         operands, ops, p = example.meta["operands"], example.meta["ops"], self.modulus
@@ -154,7 +204,10 @@ class ModularTask(ArithmeticTask):
     def lookups_right(self, completion: str, example: Example) -> tuple[int, int]:
         """As :meth:`locally_right`, but a ``-`` line computed as ``+`` (the SFT corpus's slip)
         counts as right: whether the model has learned the tables and copies the question,
-        whichever reading of the sign it took."""
+        whichever reading of the sign it took. A tool solution has no lookups: (0, 0), so
+        the share over a set of completions is that of their chains."""
+        if self.is_tool_form(completion):
+            return 0, 0
         return self._line_checks(completion, example, slip_reading=True)
 
     # ------------------------------------------------------------- shortcuts

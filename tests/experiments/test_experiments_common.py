@@ -25,3 +25,48 @@ def test_what_the_command_line_gives_is_kept():
     args = parse(["--sft-steps", "7", "--sft-until", "0"])  # 0 is a value, not "not given"
     common.resolve_sft_args(args, "modular")
     assert (args.sft_steps, args.sft_until) == (7, 0.0)
+
+
+def test_an_sft_cache_from_before_data_tool_prob_stands_for_a_corpus_without_tool_solutions(monkeypatch, tmp_path):
+    from grpo_jax.checkpoints import checkpointing
+    from grpo_jax.config import apply_overrides, get_preset
+
+    (tmp_path / "checkpoints").mkdir()
+    compared = []
+
+    def cached(tool_prob):
+        """A cached start whose saved config has this data.tool_prob (None: saved before the field)."""
+        saved = apply_overrides(get_preset("cpu-tiny"), ["data.task=modular", f"run.run_dir={tmp_path}"]).to_dict()
+        if tool_prob is None:
+            del saved["data"]["tool_prob"]
+        else:
+            saved["data"]["tool_prob"] = tool_prob
+
+        class Saved:
+            def __init__(self, directory):
+                pass
+
+            def all_steps(self):
+                return [4]
+
+            def read_meta(self, step):
+                return {"config": saved}
+
+            def close(self):
+                pass
+
+        monkeypatch.setattr(checkpointing, "Checkpointer", Saved)
+        monkeypatch.setattr(checkpointing, "check_run_dir", lambda directory, requested, also: compared.append(
+            checkpointing.config_differences(saved, requested, also)))
+
+    def differences(saved_prob, requested_prob):
+        cached(saved_prob)
+        cfg = apply_overrides(get_preset("cpu-tiny"), ["data.task=modular", f"data.tool_prob={requested_prob}",
+                                                       f"run.run_dir={tmp_path}"]).validate()
+        common._check_sft_cache(cfg)
+        return [d[0] for d in compared[-1]]
+
+    assert differences(None, 0.0) == []  # a start cached before the field: no tool solutions
+    assert differences(None, 0.25) == ["data.tool_prob"]
+    assert differences(0.25, 0.0) == ["data.tool_prob"]
+    assert differences(0.25, 0.25) == [] and differences(0.0, 0.0) == []

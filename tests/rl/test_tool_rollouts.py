@@ -36,3 +36,16 @@ def test_grpo_trains_on_rollouts_that_call_the_tool(tmp_path, tok):
     assert sum(h["tool_calls"] for h in history) > 0 and sum(h["tool_tokens"] for h in history) > 0
     for h in history:  # the step counts the model's tokens only: the tool's are not trained on
         assert h["tokens"] == pytest.approx(rows * (h["completion_length"] - h["tool_tokens"]))
+
+
+def test_rl_tool_workers_sizes_the_runs_sandbox_pool(tmp_path, tok):
+    from grpo_jax.sampler.turns import default_workers
+
+    for setting, workers in (("rl.tool_workers=3", 3), ("rl.tool_workers=0", default_workers())):
+        cfg = _cfg(tmp_path / setting, tok, "rl.max_tool_calls=1", setting)
+        trainer = Trainer(cfg, task=SevensWithTool(), tokenizer=tok,
+                          params=init_params(cfg.model, jax.random.key(0)), progress=False)
+        assert trainer.tool_use.workers == workers
+        trainer.close()
+    with pytest.raises(ConfigError, match="rl.tool_workers must be >= 0"):
+        _cfg(tmp_path, tok, "rl.tool_workers=-1")

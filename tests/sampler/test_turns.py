@@ -3,6 +3,7 @@ text it writes is fixed, so every case is exact), then the real sampler on a tin
 the shapes of a rollout without tools, the model's own log-probs, determinism given the key."""
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -73,9 +74,9 @@ class Scripted:
                        lengths=mask.sum(1), finished=np.isin(rows, [EOS]).any(1))
 
 
-def _run(turns, *, budget=64, max_calls=2, tool=None, group_size=1):
+def _run(turns, *, budget=64, max_calls=2, tool=None, group_size=1, workers=None):
     sampler = Scripted(tuple(turns), SamplingParams(max_new_tokens=budget, stop_tokens=(EOS,)))
-    tools = ToolUse.build(tool or PythonTool(SANDBOX), Chars(), max_calls)
+    tools = ToolUse.build(tool or PythonTool(SANDBOX), Chars(), max_calls, workers)
     prompts = [Chars().encode(f"P{p}:") for p in range(len(turns))]
     rollout, runs = generate_with_tools(sampler, None, prompts, key=jax.random.key(0), group_size=group_size,
                                         tools=tools)
@@ -138,9 +139,52 @@ def test_rows_of_a_group_each_call_their_own_tool_and_keep_their_row():
     assert seen[0][0] == 6 and all(rows in (1, 2, 4) for rows, _, _ in seen[1:])
 
 
-def test_tool_use_needs_a_closing_token_and_a_call():
+class Recording:
+    """A sandbox that notes the code of each run as it finishes (from whichever thread)."""
+
+    def __init__(self, sandbox):
+        self.sandbox, self.finished = sandbox, []
+
+    def run(self, code):
+        result = self.sandbox.run(code)
+        self.finished.append(code)
+        return result
+
+
+def test_one_calls_blocks_run_at_once_and_come_back_in_row_order():
+    # row 0's block sleeps, so rows 1 and 2 finish first; each row still gets its own output
+    turns = [("```python\nimport time; time.sleep(0.8); print('zero')\n```", " a"),
+             ("```python\nprint('one')\n```", " b"), ("```python\nprint('two')\n```", " c")]
+    recording = Recording(SANDBOX)
+    rollout, runs, texts, _ = _run(turns, budget=128, tool=PythonTool(recording), workers=3)
+    assert "sleep" in recording.finished[-1]  # finished last: the three ran at once
+    for text, word, end in zip(texts, ("zero", "one", "two"), " a b c".split()):
+        assert text.endswith(f"\n```output\n{word}\n```\n {end}"), text
+    assert [[r.status for r in row] for row in runs] == [["ok"]] * 3
+    # the same rollout, token for token, as one block after another
+    one_by_one, runs_1, texts_1, _ = _run(turns, budget=128, workers=1)
+    assert texts_1 == texts and [[r.stdout for r in row] for row in runs_1] == [[r.stdout for r in row] for row in runs]
+    for field in ("tokens", "mask", "tool_mask", "logprobs", "finished"):
+        np.testing.assert_array_equal(getattr(rollout, field), getattr(one_by_one, field), err_msg=field)
+
+
+def test_a_block_that_times_out_or_fails_leaves_the_other_rows_as_they_are_alone():
+    fine = ("```python\nprint(6 * 7)\n```", " So 42.")
+    turns = [("```python\nwhile True:\n    pass\n```", " slow"), fine, ("```python\nprint(1 / 0)\n```", " bad"), fine]
+    _, runs, texts, _ = _run(turns, budget=128, workers=4)
+    assert [[r.status for r in row] for row in runs] == [["timeout"], ["ok"], ["error"], ["ok"]]
+    _, alone_runs, alone, _ = _run([fine], budget=128, workers=1)
+    assert texts[1] == texts[3] == alone[0] and runs[1][0].stdout == alone_runs[0][0].stdout == "42\n"
+
+
+def test_tool_use_needs_a_closing_token_a_call_and_a_worker():
     with pytest.raises(ValueError, match="max_calls must be >= 1"):
         ToolUse.build(PythonTool(SANDBOX), Chars(), 0)
+    for bad in (-1, 2.5):
+        with pytest.raises(ValueError, match="workers .* must be an int >= 1"):
+            ToolUse.build(PythonTool(SANDBOX), Chars(), 1, bad)
+    assert ToolUse.build(PythonTool(SANDBOX), Chars(), 1, 0).workers == min(4, os.cpu_count() or 1)
+    assert ToolUse.build(PythonTool(SANDBOX), Chars(), 1, 3).workers == 3
     with pytest.raises(ValueError, match="no token of the vocabulary holds"):
         ToolUse.build(PythonTool(SANDBOX, close="\u20ac"), Chars(), 1)
 
@@ -195,3 +239,18 @@ def test_a_real_rollout_is_deterministic_given_its_key_and_logs_the_models_own_t
     own = np.asarray(a.mask) & ~np.asarray(a.tool_mask)
     np.testing.assert_allclose(np.asarray(a.logprobs)[own], full[own], atol=2e-5)
     assert np.all(np.asarray(a.logprobs)[np.asarray(a.tool_mask)] == 0.0)
+
+
+def test_a_real_rollout_is_the_same_with_its_blocks_run_at_once_or_one_by_one(tiny):
+    cfg, params, sampler, tools = tiny
+    prompts = [[2, 3, 2], [3, 2]]
+    out = {}
+    for workers in (1, 4):
+        out[workers] = generate_with_tools(sampler, params, prompts, key=jax.random.key(3), group_size=4,
+                                           tools=dataclasses.replace(tools, workers=workers))
+    (a, runs_a), (b, runs_b) = out[1], out[4]
+    for field in ("tokens", "mask", "tool_mask", "logprobs", "finished"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    assert [[(r.status, r.stdout, r.stderr) for r in row] for row in runs_a] == \
+        [[(r.status, r.stdout, r.stderr) for r in row] for row in runs_b]
+    assert sum(len(row) >= 1 for row in runs_a) >= 2  # several rows called at once

@@ -7,7 +7,9 @@ import pytest
 from grpo_jax.config import ConfigError, apply_overrides, get_preset
 from grpo_jax.tasks.shortcuts import shortcut_baselines
 from grpo_jax.tasks import get_task, split_of
+from grpo_jax.tasks.arithmetic import ArithmeticTask as ArithmeticFormat
 from grpo_jax.tasks.modular import ModularTask
+from grpo_jax.tools import PythonTool
 
 from tests.cli.test_evaluate import script
 
@@ -127,3 +129,96 @@ def test_modular_knobs_given_to_another_task_are_named_as_ignored():
 
     with pytest.warns(ConfigWarning, match="data.modulus=11 is ignored by data.task=arithmetic"):
         apply_overrides(get_preset("cpu-tiny"), ["data.modulus=11"]).validate()
+
+
+# The corpora of the default task before data.tool_prob existed (sha256 of the joined texts):
+# every study's SFT start and tokenizer are trained on exactly these.
+CORPUS_SHA256 = "3bd304f4c034cf1f778f23b27b74660df00ae2a92aaed2e1ab390e81d1088f62"
+SFT_SHA256 = "d5b30e4c2f6f4f6b124ca26d2ec32b71ff79f38cc65f74af3c68b83e83e0a54c"
+TOOL_RIGHT = "```python\nprint((9+4-5+10-8+0) % 11)\n```\n```output\n10\n```\nA: 10\n"
+
+
+def _sha256(text):
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_without_tool_solutions_the_corpora_are_the_ones_before_byte_for_byte():
+    for task in (ModularTask(), ModularTask(tool_prob=0.0)):
+        assert _sha256("".join(task.text_corpus(2000, seed=0))) == CORPUS_SHA256
+        sft = task.sft_examples("train", 2000, 0, wrong_step_prob=0.6)
+        assert _sha256("".join(ex.prompt + text for ex, text in sft)) == SFT_SHA256
+        assert task.tool is None
+    cfg = apply_overrides(get_preset("cpu-tiny"), ["data.task=modular"]).validate()
+    assert script("common").make_task(cfg.data.task, cfg.data).tool is None
+
+
+def test_tool_solutions_by_hand_at_the_asked_share(example):
+    task = ModularTask(modulus=11, tool_prob=0.25)
+    assert task.tool_text(example) == TOOL_RIGHT and task.reward(TOOL_RIGHT, example) == 1.0
+    pairs = task.sft_examples("train", 2000, 0, wrong_step_prob=0.6)
+    tool = [(ex, text) for ex, text in pairs if text.startswith("```")]
+    assert abs(len(tool) / len(pairs) - 0.25) < 0.03
+    assert all(text == task.tool_text(ex) for ex, text in tool)
+    # the other solutions are the chain with its slips: step lines, then the answer line
+    chains = [(ex, text) for ex, text in pairs if not text.startswith("```")]
+    assert all(ArithmeticFormat.format_ok(task, text) for _, text in chains)
+    assert 0.2 < sum(task.reward(text, ex) == 0 for ex, text in chains) / len(chains) < 0.95  # slips
+    assert task.lookups_right(TOOL_RIGHT, example) == (0, 0)  # no lookups in a tool solution
+
+
+def test_a_tool_solutions_code_prints_the_answer_in_the_sandbox():
+    from grpo_jax.sampler.turns import ToolUse
+
+    task = ModularTask(tool_prob=0.5)
+    examples = task.examples("train", 24, seed=4) + task.examples("test", 24, seed=4)
+    results = ToolUse(task.tool, None, 1, (), 4).run([task.tool_code(ex) for ex in examples])
+    for ex, result in zip(examples, results):
+        assert result.status == "ok" and result.stdout == ex.answer + "\n", (ex.prompt, result)
+        # the corpus's output block is exactly what the tool gives back for this run
+        assert task.tool_text(ex) == (f"```python\n{task.tool_code(ex)}\n```" + task.tool.output(result)
+                                      + f"A: {ex.answer}\n")
+
+
+def test_the_reward_reads_the_models_own_answer_line(example):
+    task = ModularTask(modulus=11, tool_prob=0.25)
+    code, output = "```python\nprint((9+4-5+10-8+0) % 11)\n```", "\n```output\n10\n```\n"
+    assert task.reward(code + output + "A: 4\n", example) == 0.0  # the tool's 10 is not the answer
+    assert task.reward(code + "\n```output\n3\n```\n" + "A: 10\n", example) == 1.0  # the model's 10 is
+    assert task.reward(code + "\n" + output + "A: 10", example) == 1.0  # a fence token that holds a newline
+    assert task.reward(code + output, example) == 0.0  # no answer line of its own
+    # code that could print an answer line is not the tool form
+    printed = "```python\nprint('A: 10')\n```\n```output\nA: 10\n```\nA: 10\n"
+    assert not task.format_ok(printed) and task.reward(printed, example) == 0.0
+    assert task.reward("```python\nprint(1)\n```\n```output\n1\n```\n9+4=2\nA: 10\n", example) == 0.0  # one form
+    assert ModularTask(modulus=11).reward(TOOL_RIGHT, example) == 0.0  # the format as before without tool_prob
+
+
+def test_the_tokenizer_corpus_holds_the_fence_with_tool_solutions():
+    from grpo_jax.sampler.turns import ToolUse
+    from grpo_jax.text.tokenizer import train_sentencepiece
+
+    task = ModularTask(tool_prob=0.25)
+    corpus = list(task.text_corpus(2000, seed=0))
+    assert sum("```python\n" in doc and "```output\n" in doc for doc in corpus) > 300
+    assert not any("`" in doc for doc in ModularTask().text_corpus(2000, seed=0))
+    tok = train_sentencepiece(corpus, vocab_size=64)
+    ex = task.examples("test", 1, 0)[0]
+    assert tok.decode(tok.encode(task.tool_text(ex))) == task.tool_text(ex)
+    assert ToolUse.build(task.tool, tok, 1).fence_ids  # a token that closes a block
+
+
+def test_data_tool_prob_reaches_the_task_and_is_checked():
+    cfg = apply_overrides(get_preset("cpu-tiny"), ["data.task=modular", "data.tool_prob=0.25"]).validate()
+    task = script("common").make_task(cfg.data.task, cfg.data)
+    assert task.tool_prob == 0.25 and isinstance(task.tool, PythonTool)
+    for bad in ("1.5", "-0.1"):
+        with pytest.raises(ConfigError, match=r"data.tool_prob must be in \[0, 1\]"):
+            apply_overrides(get_preset("cpu-tiny"), ["data.task=modular", f"data.tool_prob={bad}"]).validate()
+    with pytest.raises(ValueError, match=r"tool_prob .* must be in \[0, 1\]"):
+        ModularTask(tool_prob=2)
+    from grpo_jax.config import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match="data.tool_prob=0.25 is ignored by data.task=arithmetic"):
+        apply_overrides(get_preset("cpu-tiny"), ["data.tool_prob=0.25"]).validate()
