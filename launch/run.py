@@ -48,8 +48,8 @@ _OVERRIDE_RE = re.compile(r"[A-Za-z_][\w]*\.[\w.]+=.*")
 # Experiments that take no config (no --preset, no section.field=value): they get no
 # run.run_dir / mesh.slice / run.checkpoint_every overrides. tests/test_walkthrough.py checks
 # this set against every script's --help.
-NO_CONFIG = frozenset({"evaluate", "export", "fetch_smollm2", "math_verify_report", "reward_model_recipes",
-                       "shortcut_audit"})
+NO_CONFIG = frozenset({"evaluate", "export", "fetch_smollm2", "math_verify_report", "reward_model_ceilings",
+                       "reward_model_recipes", "shortcut_audit"})
 
 
 def parse_args(argv=None) -> argparse.Namespace:
