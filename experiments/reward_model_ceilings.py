@@ -26,7 +26,7 @@ import collections
 import json
 import re
 
-from grpo_jax.rl.reward_models import read_samples
+from grpo_jax.rl.reward_models import pairwise_from_scores, read_samples
 from grpo_jax.tasks.modular import step
 
 _PROMPT_RE = re.compile(r"Q: (\d+(?:[+-]\d+)*) mod (\d+)=\?\n")
@@ -65,16 +65,7 @@ def line_errors(prompt: str, completion: str) -> list[bool]:
 
 def pairwise(samples, score) -> float:
     """Same-prompt (right, wrong) pairs ranked right by ``score(sample)``; ties count ½."""
-    by_prompt: dict[str, tuple[list[float], list[float]]] = collections.defaultdict(lambda: ([], []))
-    for s in samples:
-        by_prompt[s.prompt][0 if s.correct else 1].append(score(s))
-    wins = total = 0.0
-    for pos, neg in by_prompt.values():
-        for a in pos:
-            for b in neg:
-                wins += 1.0 if a > b else 0.5 if a == b else 0.0
-                total += 1
-    return wins / total if total else float("nan")
+    return pairwise_from_scores(samples, [score(s) for s in samples])
 
 
 def report(samples, fit) -> dict:

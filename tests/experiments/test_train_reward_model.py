@@ -88,15 +88,20 @@ def test_an_orm_and_a_prm_of_one_seed_share_the_base_model(tmp_path, monkeypatch
     assert [m["trunk_reused"] for m in metrics] == [False, True, False]
 
 
-def test_validation_questions_are_held_back_from_training_and_pick_the_kept_step(tmp_path, monkeypatch):
-    seen = {}
-    train = trm.rm_lib.train_reward_model
+@pytest.fixture
+def seen(monkeypatch):
+    """What the script handed train_reward_model: {"train": samples, "validation": samples}."""
+    seen, train = {}, trm.rm_lib.train_reward_model
 
     def recorded(*a, **kw):
         seen["train"], seen["validation"] = a[2], kw["validation"]
         return train(*a, **kw)
 
     monkeypatch.setattr(trm.rm_lib, "train_reward_model", recorded)
+    return seen
+
+
+def test_validation_questions_are_held_back_from_training_and_pick_the_kept_step(tmp_path, seen):
     metrics = trm.main(["--kind", "outcome", "--trunk-steps", "0", "--train-prompts", "40", "--eval-prompts", "4",
                         "--samples-per-prompt", "4", "--batch-size", "8", "--no-progress", "--eval-every", "2",
                         "--validation-fraction", "0.25", "data.wrong_step_prob=0.5", "run.steps=5",
@@ -112,20 +117,12 @@ def test_validation_questions_are_held_back_from_training_and_pick_the_kept_step
     assert metrics["kept_step"] == min(step for step, v in logged.items() if v == max(logged.values()))
 
 
-def test_synthetic_prompts_add_rule_labelled_solutions_to_a_samples_file(tmp_path, monkeypatch):
+def test_synthetic_prompts_add_rule_labelled_solutions_to_a_samples_file(tmp_path, seen):
     task = trm.build_task(cfg_of(["data.task=modular"]).data)
     policy = trm.rm_lib.labelled_samples(task, "validation", 12, seed=7, samples_per_prompt=4, wrong_step_prob=0.5)
     held_out = trm.rm_lib.labelled_samples(task, "test", 4, seed=8, samples_per_prompt=4, wrong_step_prob=0.5)
     for name, samples in (("train.jsonl", policy), ("held_out.jsonl", held_out)):
         trm.rm_lib.write_samples(tmp_path / name, samples)
-    seen = {}
-    train = trm.rm_lib.train_reward_model
-
-    def recorded(*a, **kw):
-        seen["train"], seen["validation"] = a[2], kw["validation"]
-        return train(*a, **kw)
-
-    monkeypatch.setattr(trm.rm_lib, "train_reward_model", recorded)
     trm.main(["--kind", "outcome", "--trunk-steps", "0", "--train-samples", str(tmp_path / "train.jsonl"),
               "--held-out-samples", str(tmp_path / "held_out.jsonl"), "--synthetic-prompts", "5",
               "--samples-per-prompt", "2", "--batch-size", "8", "--no-progress", "--validation-fraction", "0.25",

@@ -40,6 +40,7 @@ from grpo_jax.rl.reward_models.data import (LabelledSample, ReplayBuffer, has_sa
 from grpo_jax.rl.reward_models.pretrain import pretrain_trunk
 from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, READS, RewardModel
 from grpo_jax.rl.reward_models.training import (bradley_terry_loss, outcome_accuracy, pairwise_accuracy,
+                                             pairwise_from_scores,
                                              pointwise_loss, step_accuracy, train_reward_model)
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "labelled_samples",
     "line_step_ends",
     "pairwise_accuracy",
+    "pairwise_from_scores",
     "read_samples",
     "outcome_accuracy",
     "step_accuracy",

@@ -386,9 +386,13 @@ def progress_bar(enabled: bool, total: int, desc: str):
 def pairwise_accuracy(rm: RewardModel, samples: Sequence[LabelledSample]) -> float:
     """Fraction of same-prompt (correct, incorrect) pairs the model ranks correct first
     (ties count ½); NaN when there is no such pair."""
-    scores = rm.score([s.prompt for s in samples], [s.completion for s in samples])
+    return pairwise_from_scores(samples, rm.score([s.prompt for s in samples], [s.completion for s in samples]))
+
+
+def pairwise_from_scores(samples: Sequence[LabelledSample], scores: Sequence[float]) -> float:
+    """`pairwise_accuracy` of any scores, one per sample (a model's, or a rule's)."""
     by_prompt: dict[str, tuple[list[float], list[float]]] = {}
-    for s, r in zip(samples, scores):
+    for s, r in zip(samples, scores, strict=True):
         by_prompt.setdefault(s.prompt, ([], []))[0 if s.correct else 1].append(float(r))
     wins = total = 0.0
     for pos, neg in by_prompt.values():
