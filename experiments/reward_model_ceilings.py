@@ -14,10 +14,15 @@ answers. This script measures, on rule-labelled samples of the modular testbed (
   ``P(right | errors)`` (the rate of right answers among --fit samples with as many wrong
   lines): what a reward model can reach by finding wrong lines, and by also counting them;
 - the step accuracy against the progress labels of a checker that says "right" until the
-  first wrong line and "wrong" from there on (with the majority baseline).
+  first wrong line and "wrong" from there on (with the majority baseline);
+- with --reward-model, that model's pairwise accuracy split by kind of pair: the right sample
+  clean or through a wrong line, against a wrong sample with one wrong line or more. It shows
+  whether a model loses pairs by missing wrong lines (clean right answers) or on right answers
+  that a line checker cannot tell from wrong ones.
 
     python experiments/reward_model_ceilings.py runs/figure5_testbed/reward_models/held_out.jsonl \\
-        --fit runs/figure5_testbed/reward_models/train.jsonl
+        --fit runs/figure5_testbed/reward_models/train.jsonl \\
+        --reward-model runs/rm_testbed/outcome_seed0/reward_model
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import collections
 import json
 import re
 
-from grpo_jax.rl.reward_models import pairwise_from_scores, read_samples
+from grpo_jax.rl.reward_models import RewardModel, pairwise_from_scores, read_samples
 from grpo_jax.tasks.modular import step
 
 _PROMPT_RE = re.compile(r"Q: (\d+(?:[+-]\d+)*) mod (\d+)=\?\n")
@@ -96,14 +101,52 @@ def report(samples, fit) -> dict:
     }
 
 
+def pairwise_by_kind(samples, scores, errors) -> dict[str, list]:
+    """``{"<right kind> vs <wrong kind>": [pairs, accuracy]}`` over same-prompt (right, wrong)
+    pairs (ties ½): the right sample ``clean`` or ``through a wrong line``, the wrong one with
+    ``1 wrong line`` or ``2+ wrong lines``. ``scores[i]`` and ``errors[i]`` (its wrong lines)
+    are ``samples[i]``'s."""
+    groups = collections.defaultdict(list)
+    for s, score, n in zip(samples, scores, errors):
+        groups[s.prompt].append((s.correct, float(score), n))
+    won = collections.defaultdict(float)
+    pairs = collections.Counter()
+    for group in groups.values():
+        for right, r_score, r_errors in group:
+            if not right:
+                continue
+            for wrong, w_score, w_errors in group:
+                if wrong:
+                    continue
+                key = (f"{'clean' if r_errors == 0 else 'through a wrong line'} vs "
+                       f"{'1 wrong line' if w_errors <= 1 else '2+ wrong lines'}")
+                pairs[key] += 1
+                won[key] += 1.0 if r_score > w_score else 0.5 if r_score == w_score else 0.0
+    return {k: [pairs[k], won[k] / pairs[k]] for k in sorted(pairs)}
+
+
+def model_report(samples, reward_model) -> dict:
+    """A saved reward model's pairwise accuracy on ``samples``, whole and `pairwise_by_kind`
+    (a PRM's score: the minimum over its steps, as `RewardModel.score` reduces)."""
+    scores = RewardModel.load(reward_model).score([s.prompt for s in samples], [s.completion for s in samples])
+    errors = [sum(line_errors(s.prompt, s.completion)) for s in samples]
+    return {"reward_model": reward_model, "pairwise": pairwise_from_scores(samples, list(scores)),
+            "pairwise_by_kind": {k: [n, round(a, 3)]
+                                 for k, (n, a) in pairwise_by_kind(samples, scores, errors).items()}}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("samples", help="labelled samples to measure (JSON lines)")
     p.add_argument("--fit", default=None,
                    help="labelled samples to fit P(right | wrong lines) on (default: the measured ones)")
+    p.add_argument("--reward-model", default=None, metavar="PATH",
+                   help="a saved reward model (RewardModel.load) to score the samples with")
     args = p.parse_args(argv)
     samples = read_samples(args.samples)
     out = report(samples, read_samples(args.fit) if args.fit else samples)
+    if args.reward_model:
+        out.update(model_report(samples, args.reward_model))
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}, indent=1))
     return out
 

@@ -55,6 +55,7 @@ from grpo_jax.rl import reward_models as rm_lib
 from grpo_jax.rl.reward_models.checks import ranking_warning
 from grpo_jax.cli.runs import make_task
 from grpo_jax.tasks.arithmetic import ArithmeticTask
+from grpo_jax.tasks.modular import ModularTask
 from grpo_jax.text.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
 # Read here: model.*, optimizer.* (the reward model's AdamW), data.task and its knobs,
@@ -150,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic-prompts", type=int, default=0,
                    help="with --train-samples: also train on the task's worked solutions of this many training "
                         "questions x --samples-per-prompt, labelled by its rule (validation stays on the file's)")
+    p.add_argument("--lookup-error-prob", type=float, default=0.0,
+                   help="modular task: also make each line's value a uniformly drawn wrong one with this "
+                        "probability in the synthetic solutions (the SFT policy's other error; default 0, "
+                        "the slips alone)")
     p.add_argument("--evaluate", default=None, metavar="REWARD_MODEL",
                    help="train nothing: print a saved reward model's accuracies on --held-out-samples")
     p.add_argument("--validation-fraction", type=float, default=0.0,
@@ -183,6 +188,8 @@ def main(argv=None) -> dict:
         parser.error(f"--synthetic-prompts must be >= 0, got {args.synthetic_prompts}")
     if args.eval_every < 1:
         parser.error(f"--eval-every must be >= 1, got {args.eval_every}")
+    if not 0.0 <= args.lookup_error_prob <= 1.0:
+        parser.error(f"--lookup-error-prob must be in [0, 1], got {args.lookup_error_prob}")
     cfg = config_lib.apply_overrides(config_lib.get_preset(args.preset), DEFAULTS + args.overrides)
     run_dir, seed = cfg.run.run_dir, cfg.run.seed
     os.makedirs(run_dir, exist_ok=True)
@@ -201,6 +208,10 @@ def main(argv=None) -> dict:
     cfg = cfg.replace(model={"vocab_size": tokenizer.vocab_size})
     for section in (cfg.model, cfg.optimizer, cfg.data, cfg.run):  # rl.* is not used here
         section.validate()
+    # Passed only when set: other tasks' sft_text has no such keyword.
+    sft_kwargs = {"lookup_error_prob": args.lookup_error_prob} if args.lookup_error_prob else {}
+    if sft_kwargs and not isinstance(task, ModularTask):
+        parser.error(f"--lookup-error-prob needs data.task=modular, got {cfg.data.task}")
     print(f"[reward model] {args.kind}; tokenizer {tokenizer.vocab_size} pieces; task {task_description(task)}")
 
     trunk, trunk_reused = None, False
@@ -224,13 +235,13 @@ def main(argv=None) -> dict:
     else:
         train = rm_lib.labelled_samples(task, "train", args.train_prompts, seed,
                                         samples_per_prompt=args.samples_per_prompt,
-                                        wrong_step_prob=cfg.data.wrong_step_prob)
+                                        wrong_step_prob=cfg.data.wrong_step_prob, **sft_kwargs)
     if args.held_out_samples:
         held_out = rm_lib.read_samples(args.held_out_samples)
     else:
         held_out = rm_lib.labelled_samples(task, "test", args.eval_prompts, seed + 1,
                                            samples_per_prompt=args.samples_per_prompt,
-                                           wrong_step_prob=cfg.data.wrong_step_prob)
+                                           wrong_step_prob=cfg.data.wrong_step_prob, **sft_kwargs)
     validation = None
     if args.validation_fraction > 0:
         train, validation = rm_lib.split_by_prompt(train, args.validation_fraction, seed)
@@ -241,7 +252,7 @@ def main(argv=None) -> dict:
     if args.train_samples and args.synthetic_prompts:
         train += rm_lib.labelled_samples(task, "train", args.synthetic_prompts, seed,
                                          samples_per_prompt=args.samples_per_prompt,
-                                         wrong_step_prob=cfg.data.wrong_step_prob)
+                                         wrong_step_prob=cfg.data.wrong_step_prob, **sft_kwargs)
     model, history = rm_lib.train_reward_model(
         cfg.model, tokenizer, train, kind=args.kind, loss=args.loss, steps=cfg.run.steps,
         batch_size=args.batch_size, seed=seed, init_params=trunk, optimizer=cfg.optimizer,

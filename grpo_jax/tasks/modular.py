@@ -141,12 +141,18 @@ class ModularTask(ArithmeticTask):
     def chain_values(self, example: Example) -> list[int]:
         return chain_values(example.meta["operands"], example.meta["ops"], self.modulus)
 
-    def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0) -> str:
+    def sft_text(self, example: Example, rng: Any = 0, wrong_step_prob: float = 0.0,
+                 lookup_error_prob: float = 0.0) -> str:
         """The worked solution: with probability ``tool_prob`` the tool form (`tool_text`),
         else the chain, where each subtraction is computed as an addition with probability
         ``wrong_step_prob`` (the line keeps its ``-``), later lines carrying the wrong value
         on. A draw is made for the form only where ``tool_prob`` > 0 (a corpus without tool
-        solutions draws as before), and at subtractions only."""
+        solutions draws as before), and at subtractions only.
+
+        ``lookup_error_prob`` > 0 adds the SFT policy's other error (reward-model data,
+        docs/reward_models.md): each line's value, with that probability, is a wrong one drawn
+        uniformly, carried on. Two wrong values can then cancel, as in the policy's samples.
+        At 0 nothing more is drawn, so the corpus stays as it was."""
         rng = as_random(rng)
         if self.tool_prob > 0 and rng.random() < self.tool_prob:
             return self.tool_text(example)
@@ -155,6 +161,8 @@ class ModularTask(ArithmeticTask):
         for op, b in zip(ops, operands[1:]):
             done = "+" if op == "-" and rng.random() < wrong_step_prob else op
             c = step(value, done, b, self.modulus)
+            if lookup_error_prob > 0 and rng.random() < lookup_error_prob:
+                c = (c + rng.randrange(1, self.modulus)) % self.modulus
             lines.append(f"{value}{op}{b}={c}\n")
             value = c
         lines.append(f"A: {value}\n")

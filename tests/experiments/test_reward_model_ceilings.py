@@ -4,7 +4,7 @@ import pytest
 
 from tests.cli.test_evaluate import script
 
-from grpo_jax.rl.reward_models import LabelledSample
+from grpo_jax.rl.reward_models import LabelledSample, pairwise_from_scores
 
 ceilings = script("reward_model_ceilings")
 PROMPT = "Q: 5+4-4-10 mod 13=?\n"  # 5+4=9, 9-4=5, 5-10=8
@@ -42,3 +42,23 @@ def test_two_cancelling_errors_make_a_right_answer_the_checkers_cannot_see():
     # "right until the first wrong line": wrong on lucky's steps 3-4 (back to right), right elsewhere
     assert out["step_accuracy_until_first_wrong_line"] == 10 / 12
     assert out["step_majority"] == 8 / 12
+
+
+def test_pairwise_by_kind_splits_pairs_by_the_right_and_wrong_samples_wrong_lines():
+    other = "Q: 1+1-1-1 mod 13=?\n"
+    samples = [LabelledSample(PROMPT, "clean", True, ()), LabelledSample(PROMPT, "lucky", True, ()),
+               LabelledSample(PROMPT, "one", False, ()), LabelledSample(PROMPT, "three", False, ()),
+               LabelledSample(other, "right", True, ()), LabelledSample(other, "wrong", False, ())]
+    errors = [0, 2, 1, 3, 0, 1]
+    scores = [5.0, 1.0, 2.0, 1.0, 0.0, 0.0]
+    out = ceilings.pairwise_by_kind(samples, scores, errors)
+    assert out == {
+        # (clean 5 > one 2) and, on the other prompt, a tie (0 = 0): (1 + ½) / 2
+        "clean vs 1 wrong line": [2, 0.75],
+        "clean vs 2+ wrong lines": [1, 1.0],                # 5 > 1
+        "through a wrong line vs 1 wrong line": [1, 0.0],   # lucky 1 < one 2
+        "through a wrong line vs 2+ wrong lines": [1, 0.5],  # 1 = 1
+    }
+    # the split covers every same-prompt pair: its pair-weighted mean is the pairwise accuracy
+    total = sum(n * a for n, a in out.values()) / sum(n for n, _ in out.values())
+    assert total == pytest.approx(pairwise_from_scores(samples, scores))

@@ -139,6 +139,8 @@ def test_synthetic_prompts_add_rule_labelled_solutions_to_a_samples_file(tmp_pat
     (["--validation-fraction", "1"], "--validation-fraction must be in [0, 1)"),
     (["--eval-every", "0"], "--eval-every must be >= 1"),
     (["--train-samples", "x.jsonl"], "--train-samples needs --held-out-samples"),
+    (["--lookup-error-prob", "1.5"], "--lookup-error-prob must be in [0, 1]"),
+    (["--lookup-error-prob", "0.1", "--trunk-steps", "0"], "--lookup-error-prob needs data.task=modular, got arithmetic"),
 ])
 def test_bad_validation_and_data_options_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -151,3 +153,22 @@ def test_validation_without_a_right_and_wrong_pair_is_a_clear_error(tmp_path, ca
         trm.main(["--trunk-steps", "0", "--train-prompts", "8", "--samples-per-prompt", "1", "--no-progress",
                   "--validation-fraction", "0.25", "data.wrong_step_prob=0.5", "run.steps=1", f"run.run_dir={tmp_path}", *TINY])
     assert "have no question with both a right and a wrong sample" in capsys.readouterr().err
+
+
+def test_lookup_errors_reach_every_synthetic_draw_and_only_when_asked(tmp_path, monkeypatch):
+    calls = []
+    labelled = trm.rm_lib.labelled_samples
+
+    def recorded(task, split, *a, **kw):
+        calls.append((split, kw.get("lookup_error_prob")))
+        return labelled(task, split, *a, **kw)
+
+    monkeypatch.setattr(trm.rm_lib, "labelled_samples", recorded)
+    argv = ["--kind", "process", "--trunk-steps", "0", "--train-prompts", "8", "--eval-prompts", "4",
+            "--samples-per-prompt", "2", "--batch-size", "4", "--no-progress", "data.task=modular",
+            "data.wrong_step_prob=0.0", "model.max_seq_len=64", "run.steps=1", *TINY]
+    trm.main([*argv, "--lookup-error-prob", "0.5", f"run.run_dir={tmp_path / 'a'}"])
+    assert calls == [("train", 0.5), ("test", 0.5)]
+    calls.clear()
+    trm.main([*argv, f"run.run_dir={tmp_path / 'b'}"])
+    assert calls == [("train", None), ("test", None)]

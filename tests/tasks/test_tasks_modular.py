@@ -57,6 +57,28 @@ def test_the_corpus_slips_at_subtractions_only_at_the_asked_rate(task):
     assert abs(slipped / total - 0.6 * 10 / 11) < 0.06
 
 
+def test_lookup_errors_write_wrong_values_carried_on_at_the_asked_rate(task):
+    examples = task.examples("train", 400, seed=3)
+    wrong = carried = total = 0
+    for i, ex in enumerate(examples):
+        # a slip-free corpus draws the same text whatever the seed of its generator
+        assert task.sft_text(ex, i, wrong_step_prob=0.0, lookup_error_prob=0.0) == task.sft_text(ex, i + 1)
+        text = task.sft_text(ex, i, wrong_step_prob=0.0, lookup_error_prob=0.3)
+        previous = ex.meta["operands"][0]
+        for line, op, b in zip(text.splitlines(), ex.meta["ops"], ex.meta["operands"][1:]):
+            a, rest = line.split(op, 1)
+            carried += int(a) == previous  # each line starts from the value the last one wrote
+            assert int(rest.split("=")[0]) == b
+            c = int(rest.split("=")[1])
+            wrong += c != ((int(a) + b) if op == "+" else (int(a) - b)) % 11
+            total += 1
+            previous = c
+        assert text.splitlines()[-1] == f"A: {previous}"
+    assert carried == total == 2000
+    # each wrong value is drawn from the 10 others: no wrong draw writes the right one
+    assert abs(wrong / total - 0.3) < 0.03
+
+
 def test_progress_labels_and_local_checks_by_hand(task, example):
     assert task.step_rewards(RIGHT, example) == [(6, 1.0), (12, 1.0), (19, 1.0), (26, 1.0), (34, 1.0), (40, 1.0)]
     # The slip at line 2 zeroes it and every later line that carries it on, however locally right.

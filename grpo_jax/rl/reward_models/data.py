@@ -39,16 +39,17 @@ def label_completions(task, examples: Sequence[Any], completions: Sequence[str])
 
 
 def labelled_samples(task, split: str, num_prompts: int, seed: int, *, samples_per_prompt: int = 4,
-                     wrong_step_prob: float = 0.5) -> list[LabelledSample]:
+                     wrong_step_prob: float = 0.5, **sft_kwargs) -> list[LabelledSample]:
     """Synthetic reward-model data: ``samples_per_prompt`` worked solutions per question
-    from ``task.sft_text`` (each step wrong with probability ``wrong_step_prob``), labelled
-    by the task's rules. Deterministic in (split, num_prompts, seed)."""
+    from ``task.sft_text`` (each step wrong with probability ``wrong_step_prob``; further
+    keywords go to it, e.g. the modular task's ``lookup_error_prob``), labelled by the task's
+    rules. Deterministic in (split, num_prompts, seed)."""
     rng = random.Random(f"reward_models/{split}/{seed}")
     examples, completions = [], []
     for ex in task.examples(split, num_prompts, seed):
         for _ in range(samples_per_prompt):
             examples.append(ex)
-            completions.append(task.sft_text(ex, rng, wrong_step_prob))
+            completions.append(task.sft_text(ex, rng, wrong_step_prob, **sft_kwargs))
     return label_completions(task, examples, completions)
 
 
