@@ -22,6 +22,9 @@ def study(monkeypatch):
 
 def test_a_tiny_study_writes_its_seeds_calls_the_sandbox_in_the_tool_arm_only_and_resumes(study, monkeypatch,
                                                                                          tmp_path):
+    """Cut at the tool arm's last evaluation, then run again: the evaluations made before the
+    cut are kept, the trainer resumes from its checkpoint, and every sandbox call is counted
+    once; a third run finds every seed finished."""
     from grpo_jax.tools import LocalSandbox, PythonTool, SandboxLimits
 
     common = sys.modules["common"]
@@ -39,23 +42,44 @@ def test_a_tiny_study_writes_its_seeds_calls_the_sandbox_in_the_tool_arm_only_an
         task.tool = PythonTool(Counting(SandboxLimits(wall_seconds=3, memory_bytes=192 << 20)), open="1", close="2")
         return task
 
+    class Cut(Exception):
+        pass
+
+    measure, measured = study.held_out_with_tools, []
+
+    def cut_at_step_4(*a, **k):
+        measured.append(1)
+        if len(measured) == 4:  # the start's two (one per arm), the tool arm's step 2, then its step 4: cut
+            raise Cut
+        return measure(*a, **k)
+
     monkeypatch.setattr(common, "make_task", task_with_markers_a_random_model_writes)
+    monkeypatch.setattr(study, "held_out_with_tools", cut_at_step_4)
     out = tmp_path / "study"
-    summary = study.main(TINY + ["--out", str(out)])
+    argv = TINY + ["run.steps=4", "--out", str(out)]
+    with pytest.raises(Cut):
+        study.main(argv)
+    kept = json.loads((out / "grpo_tool" / "seed0.evals.json").read_text())
+    assert sorted(kept) == ["0", "2"] and not (out / "grpo_tool" / "seed0.json").exists()
+    summary = study.main(argv)
+    assert len(measured) == 7  # after the cut: the tool arm's step 4, the other arm's steps 2 and 4
     start = json.loads((out / "start.json").read_text())
     tool, plain = (json.loads((out / study.slug(arm) / "seed0.json").read_text()) for arm in (study.TOOL,
                                                                                               study.NO_TOOL))
     for run in (tool, plain):
-        assert run["steps"] == [0, 2] and run["seed"] == 0 and run["tool_prob"] == 0.25
+        assert run["steps"] == [0, 2, 4] and run["seed"] == 0 and run["tool_prob"] == 0.25
         for key in ("accuracy", "call_rate", "block_rate", "sandbox_calls", "statuses", "accuracy_with_call",
                     "accuracy_without_call"):
-            assert len(run[key]) == 2, key
+            assert len(run[key]) == 3, key
         assert all(0 <= a <= 1 for a in run["accuracy"] + run["call_rate"])
-        assert len(run["history"]) == 2 and len(run["training_tool_failures"]) == 2
+        # every step logged once: the resumed trainer trained none of them twice
+        assert [h["step"] for h in run["history"]] == sorted({h["step"] for h in run["history"]})
+        assert len(run["history"]) == 4 and len(run["training_tool_failures"]) == 4
     assert tool["accuracy"][0] == start[study.TOOL]["accuracy"] and plain["call_rate"][0] == 0.0
+    assert tool["accuracy"][1] == kept["2"]["accuracy"] and tool["statuses"][1] == kept["2"]["statuses"]
     # every sandbox call the study made is one the tool arm's files count; the other arm made none
-    assert plain["sandbox_calls"] == [0, 0] and plain["training_sandbox_calls"] == 0
-    assert plain["call_rate"] == [0.0, 0.0] and plain["statuses"] == [{}, {}]
+    assert plain["sandbox_calls"] == [0, 0, 0] and plain["training_sandbox_calls"] == 0
+    assert plain["call_rate"] == [0.0, 0.0, 0.0] and plain["statuses"] == [{}, {}, {}]
     counted = sum(tool["sandbox_calls"]) + tool["training_sandbox_calls"]
     assert counted > 0 and len(calls) == counted
     assert sum(tool["statuses"][-1].values()) == tool["sandbox_calls"][-1]
@@ -65,7 +89,7 @@ def test_a_tiny_study_writes_its_seeds_calls_the_sandbox_in_the_tool_arm_only_an
     # a second run reads the finished seeds and the start's measurement: nothing trains, nothing runs code
     monkeypatch.setattr(study, "run_seed", lambda *a, **k: pytest.fail("a finished seed was run again"))
     before = len(calls)
-    again = study.main(TINY + ["--out", str(out)])
+    again = study.main(argv)
     assert len(calls) == before and again["final_accuracy"] == summary["final_accuracy"]
 
 
@@ -140,3 +164,4 @@ def test_one_arm_runs_alone(study, monkeypatch, tmp_path):
     arms = study.main(["data.eval_size=8", "--arms", "grpo_no_tool", "--seeds", "3", "--out", str(tmp_path),
                        "--no-progress"])
     assert arms == [study.NO_TOOL] and ran == [(study.NO_TOOL, 3)]
+
