@@ -5,9 +5,10 @@
     python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b rl.async_steps=1 mesh.sample_devices=32
 
 Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
-sampler decode, train step -- which holds the reference log-prob pass --, and the in-run
-evaluation's prefill and decode; the same programs the trainer runs: its Sampler's calls and
-grpo_jax.rl.programs' train step)
+sampler decode, train step -- which holds the reference log-prob pass --, the in-run
+evaluation's prefill and decode, and with rl.max_tool_calls > 0 the prefill and decode of the
+largest calls that continue rows after a tool call; the same programs the trainer runs: its
+Sampler's calls, grpo_jax.sampler.turns' continuations and grpo_jax.rl.programs' train step)
 it prints per-chip peak HBM against the chip's capacity, FLOPs and bytes with every loop
 trip counted, a roofline time (a bound: no program runs faster) and an expected time (the
 bound over the fraction of it measured programs reach on that chip,
@@ -36,6 +37,7 @@ from grpo_jax.rl import programs
 from grpo_jax.aot import provenance
 from grpo_jax.config import add_config_args, config_from_args  # noqa: E402
 from grpo_jax.aot.tpu_specs import EFFICIENCY, chip_of, expected_seconds  # noqa: E402
+from grpo_jax.sampler import turns  # noqa: E402
 
 
 def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool = False) -> dict:
@@ -45,7 +47,9 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
     compiles faster than the train step), before any cost is counted. The sampler is compiled for one call of
     rl.sample_prompts questions (as the trainer makes them). Each program's FLOPs and bytes
     count every loop trip (``aot.sampler_cost``, ``aot.train_cost``); MFU is the model's
-    FLOPs (``aot.model_flops``) over chips x peak x the estimated step time.
+    FLOPs (``aot.model_flops``) over chips x peak x the estimated step time. The in-run
+    evaluation's programs (`fitted_evaluation`) and a tool rollout's continuations
+    (`tool_turns`) are reported beside the step, outside its summary.
     ``sampler_only``: stop after the sampler (no train step, no summary)."""
     mesh, topology = aot.topology_mesh(cfg, slice_name)
     chip = chip_of(topology)
@@ -83,6 +87,8 @@ def check(cfg, slice_name: str, prompt_len: int, log=print, sampler_only: bool =
         log(_line(f"sample_{name}", rep))
     # Fit only, outside the step's summary: it runs every run.eval_every steps.
     evaluation = fitted_evaluation(cfg, slice_name, prompt_len, state_bytes, log)
+    # Outside the summary too: how many continuations a step makes depends on what the model writes.
+    evaluation.update(tool_turns(cfg, slice_name, prompt_len, state_bytes, log))
     if sampler_only:
         return {**results, **evaluation}
     cost = _counted(lambda: {"train_step": aot.train_cost(cfg, mesh, rows, prompt_len)}, ("train_step",), log)
@@ -168,6 +174,45 @@ def fitted_evaluation(cfg, slice_name: str, prompt_len: int, state_bytes: int, l
         log(f"  eval_{name:9s} peak {(rep['peak_bytes'] + state_bytes) / 1e9:7.2f} / "
             f"{rep['hbm_capacity_bytes'] / 1e9:.0f} GB fits  ({cfg.data.eval_size} questions x 1 greedy row; "
             f"cost not counted)  compile {secs:.0f} s")
+    return reports
+
+
+def tool_turns(cfg, slice_name: str, prompt_len: int, state_bytes: int, log=print) -> dict:
+    """{"tool_prefill_C+N" | "tool_decode_C+N": report} with rl.max_tool_calls > 0 (else
+    {}): the largest calls a tool rollout makes to continue its rows after a tool call
+    (``turns.continuation_shapes``: each running row's context, in a bucket of C tokens,
+    prefilled afresh, and the rest of the budget decoded into N completion columns; every
+    other continuation holds no more cache slots; every prompt filling its bucket of
+    ``prompt_len``), at the most rows one call takes
+    (``turns.continuation_rows``), beside the train state; aot.FitError when one does not
+    fit. Each is costed with every loop trip counted (``aot.call_cost``) for the longest
+    decode of its shape. ``calls_per_step`` is None: how many continuations a step makes
+    depends on what the model writes."""
+    if not cfg.rl.max_tool_calls:
+        return {}
+    mesh = aot.sample_mesh(cfg, slice_name)
+    chip = chip_of(aot.topology_mesh(cfg, slice_name)[1])
+    g = cfg.rl.group_size
+    rows = turns.continuation_rows(cfg.data.batch_size * g, cfg.rl.sample_prompts, g)
+    n = aot.matmul_params(cfg.model)
+    reports = {}
+    for used in turns.continuation_shapes(prompt_len, cfg.rl.max_new_tokens):
+        call = turns.continuation_call(aot.run_sampler(cfg, mesh), rows, prompt_len + used, used)
+        shape = f"{call.prompt_len}+{call.num_cols}"
+        compiled = {name: aot.compile_lowered(f"tool_{name}_{shape}", lowered)
+                    for name, lowered in aot.lower_tool_turn(cfg, mesh, rows, prompt_len + used, used).items()}
+        for name, (program, _) in compiled.items():
+            aot.check_fit(f"tool_{name}_{shape}", aot.fit(program, chip, state_bytes))
+        of = lambda sampler: turns.continuation_call(sampler, rows, prompt_len + used, used)
+        cost = _counted(lambda: aot.call_cost(cfg, mesh, of), ("prefill", "decode"), log)
+        # The prefill recomputes tokens the rollout has read before: no useful FLOPs.
+        useful = {"prefill": 0.0, "decode": 2.0 * n * rows * call.settings.max_new_tokens / mesh.size}
+        for name, (program, secs) in compiled.items():
+            rep = aot.report(program, chip, cost[name], useful[name], resident_bytes=state_bytes)
+            rep.update(compile_seconds=secs, calls_per_step=None, rows=rows, used_tokens=used,
+                       prompt_bucket=call.prompt_len, completion_bucket=call.num_cols)
+            reports[f"tool_{name}_{shape}"] = rep
+            log(_line(f"tool_{name}_{shape}", rep) + f"  ({rows} rows after {used} tokens)")
     return reports
 
 

@@ -179,26 +179,38 @@ def twin_calls(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int
                window: int | None = None) -> dict:
     """`sampler_calls` of the run's rollout call's `cost_twin` (``steps`` decode steps over
     ``window`` slots)."""
+    return _twin_calls(cfg, mesh, lambda sampler: sampler.call(prompts, group_size, prompt_len), steps, window)
+
+
+def _twin_calls(cfg: Config, mesh, call_of, steps: int, window: int | None) -> dict:
+    """The abstract programs of the `cost_twin` of ``call_of(the run's sampler)``."""
     sampler = run_sampler(cfg, mesh)
-    call = sampler.call(prompts, group_size, prompt_len)
+    call = call_of(sampler)
     return cost_twin(call, steps, window).abstract(sampler.abstract_weights(call))
 
 
 def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: int) -> dict:
+    """`call_cost` of the rollout's call of ``prompts`` x ``group_size`` rows, prompts in a
+    bucket of ``prompt_len``."""
+    return call_cost(cfg, mesh, lambda sampler: sampler.call(prompts, group_size, prompt_len))
+
+
+def call_cost(cfg: Config, mesh, call_of) -> dict:
     """Per-chip {"prefill" | "decode": [FLOPs, bytes]} of one sampler call with every loop
     trip counted, and "decode_per_token": the decode's [FLOPs, bytes] per step, averaged
-    over the rl.max_new_tokens - 1 steps.
+    over its max_new_tokens - 1 steps. ``call_of(sampler) -> SamplerCall``: the call, made
+    of the run's sampler (`run_sampler`), and made again of each twin's shallower one.
 
     XLA counts a loop body once, so the count compiles cost twins of the run's programs
     (`twin_calls`): the same code with every loop written out, at 1 and
     2 layers and 1 and 2 decode steps. Each count is linear in the layers (and for decode
     in steps, with a layers x steps term), so the four points give the count at the
-    model's depth and rl.max_new_tokens exactly, with nothing dropped: the run's own
+    model's depth and the call's max_new_tokens exactly, with nothing dropped: the run's own
     copies, in-loop slicing and cache writes are in the twin too. An engine that decodes in
     phases over a growing cache (``DecodeEngine.cache_plan``) is counted at its first and last
     window, and a step's cost is linear in the window between them (attention and the
     cache slots are; nothing else depends on it)."""
-    call = run_sampler(cfg, mesh).call(prompts, group_size, prompt_len)
+    call = call_of(run_sampler(cfg, mesh))
     tc, windows = call.num_cols, call.windows
     pre, dec = {}, {w: {} for w in dict.fromkeys((windows[0], windows[-1]))}
     with _threefry_unrolled_on_cpu():
@@ -206,7 +218,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
             variant = _variant(cfg, layers)
             for w in dec:
                 for steps in (1, 2):
-                    calls = twin_calls(variant, mesh, prompts, group_size, prompt_len, steps, w)
+                    calls = _twin_calls(variant, mesh, call_of, steps, w)
                     if steps == 1 and layers not in pre:
                         program, args, kwargs = calls["prefill"]
                         pre[layers] = loop_free_cost("sample_prefill", program.lower(*args, **kwargs), mesh)
@@ -218,7 +230,7 @@ def sampler_cost(cfg: Config, mesh, prompts: int, group_size: int, prompt_len: i
     fixed = _bilinear(dec[windows[-1]], depth, 1) - per_window[windows[-1]]
     lo, hi = windows[0], windows[-1]
     at = lambda w: per_window[hi] if lo == hi else per_window[lo] + (w - lo) / (hi - lo) * (per_window[hi] - per_window[lo])
-    steps = cfg.rl.max_new_tokens - 1  # the first token is drawn from the prefill's logits
+    steps = call.settings.max_new_tokens - 1  # the first token is drawn from the prefill's logits
     decode = fixed + sum(n * at(w) for n, w in zip(phase_steps(windows, tc, steps), windows))
     return {"prefill": prefill, "decode": decode, "decode_per_token": (decode - fixed) / max(steps, 1)}
 

@@ -1,6 +1,8 @@
 """The run's own programs lowered on abstract, sharded arguments: the train step
-(``programs.train_step``) on an abstract state and batch, and the run's sampler calls
-(``Sampler.for_run``, ``Sampler.abstract_call``), so the check compiles what a run executes."""
+(``programs.train_step``) on an abstract state and batch, the run's sampler calls
+(``Sampler.for_run``, ``Sampler.abstract_call``) and, for a run that calls a tool, the
+calls of its continuations (``sampler.turns.continuation_call``), so the check compiles
+what a run executes."""
 
 import dataclasses
 
@@ -14,14 +16,16 @@ from grpo_jax.rl import train_step as ts
 from grpo_jax.aot.fit import compile_lowered
 from grpo_jax.rl.batching import Batch
 from grpo_jax.config import Config
-from grpo_jax.sampler import Sampler
+from grpo_jax.sampler import Sampler, turns
 from grpo_jax.shapes import abstract_like
 from grpo_jax.parallel.sharding import batch_sharding
 
 
-def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh) -> Batch:
+def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh, tools: bool = False) -> Batch:
     """A Batch of ShapeDtypeStructs: [rows, prompt_len] prompts, [rows, completion_len]
-    completions, one step slot; rows sharded over the batch axes."""
+    completions, one step slot, with ``tools`` the [rows, completion_len] mask of the
+    tokens a tool wrote (a tool rollout's, ``sampler.turns``); rows sharded over the batch
+    axes."""
     def arr(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, len(shape), rows))
 
@@ -31,7 +35,7 @@ def abstract_batch(rows: int, prompt_len: int, completion_len: int, mesh) -> Bat
                     sample_logprobs=arr(tc, jnp.float32), rewards=arr((rows,), jnp.float32),
                     correct=arr((rows,), bool), truncated=arr((rows,), bool),
                     step_rewards=arr((rows, 1), jnp.float32), step_end=arr((rows, 1), jnp.int32),
-                    step_mask=arr((rows, 1), bool))
+                    step_mask=arr((rows, 1), bool), tool_mask=arr(tc, bool) if tools else None)
 
 
 def train_state(cfg: Config, mesh):
@@ -54,9 +58,10 @@ def train_state(cfg: Config, mesh):
 
 def lower_train_step(cfg: Config, mesh, rows: int, prompt_len: int):
     """The run's train step lowered for a batch of ``rows`` x (prompt_len +
-    rl.max_new_tokens) tokens, on abstract state and batch sharded like a real run's."""
+    rl.max_new_tokens) tokens, on abstract state and batch sharded like a real run's (with
+    rl.max_tool_calls > 0 the batch carries the tool's tokens' mask)."""
     step, state = train_state(cfg, mesh)
-    batch = abstract_batch(rows, prompt_len, cfg.rl.max_new_tokens, mesh)
+    batch = abstract_batch(rows, prompt_len, cfg.rl.max_new_tokens, mesh, tools=cfg.rl.max_tool_calls > 0)
     if cfg.rl.pack:  # the largest packing the batch can need (one sequence per row)
         batch = batch.replace(packing=packing.abstract(rows, prompt_len, cfg.rl.max_new_tokens, mesh))
     return step.lower(state, batch)
@@ -102,3 +107,20 @@ def compile_sampler(cfg: Config, mesh, prompts: int, group_size: int, prompt_len
     return {name: compile_lowered(f"{prefix}_{name}", lowered)
             for name, lowered in lower_sampler(cfg, mesh, prompts, group_size, prompt_len,
                                                evaluation=evaluation).items()}
+
+
+def tool_turn_calls(cfg: Config, mesh, rows: int, context_len: int, used: int) -> dict:
+    """{"prefill" | "decode": (program, args, kwargs)}: the sampler call a tool rollout
+    (rl.max_tool_calls > 0) makes to continue ``rows`` rows once the longest holds ``used``
+    tokens and the longest context ``context_len`` (``turns.continuation_call`` of
+    `run_sampler`: each row's context prefilled afresh, the rest of rl.max_new_tokens
+    decoded), with abstract arguments as in `sampler_calls`."""
+    sampler = run_sampler(cfg, mesh)
+    call = turns.continuation_call(sampler, rows, context_len, used)
+    return call.abstract(sampler.abstract_weights(call))
+
+
+def lower_tool_turn(cfg: Config, mesh, rows: int, context_len: int, used: int) -> dict:
+    """{"prefill": lowered, "decode": lowered}; see ``tool_turn_calls``."""
+    return {name: program.lower(*args, **static)
+            for name, (program, args, static) in tool_turn_calls(cfg, mesh, rows, context_len, used).items()}

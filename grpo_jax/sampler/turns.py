@@ -29,7 +29,9 @@ rows, so a rollout is a function of (key, prompts, params, settings, the code's 
 whatever ``tools.workers`` is.
 Unlike a single-turn rollout, a row's draws depend on which other rows were still running
 at each call. The running rows of a call are padded to a power of two (repeats of the first,
-discarded), so a rollout compiles for few batch shapes.
+discarded), so a rollout compiles for few batch shapes. The ahead-of-time check compiles the
+continuations from the same functions (`continuation_call` at `continuation_rows` rows and
+`continuation_shapes`; docs/tpu.md, "What a tool call costs a pod step").
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from grpo_jax.sampler.calls import SamplerCall
 from grpo_jax.sampler.host import Rollout, Sampler
+from grpo_jax.shapes import bucket_length
 from grpo_jax.text.tokenizer import Tokenizer
 from grpo_jax.tools.python_tool import PythonTool
 from grpo_jax.tools.sandbox import ExecutionResult
@@ -131,9 +135,8 @@ def generate_with_tools(sampler: Sampler, weights, prompts: Sequence[Sequence[in
         if call and between_calls is not None:
             between_calls()
         calls_left = any(len(rows[r].calls) < tools.max_calls for r in running)
-        settings = dict(max_new_tokens=budget - max(len(rows[r].ids) for r in running),
-                        stop_tokens=tuple(sorted(stops | (fence if calls_left else set()))))
-        this = sampler.with_settings(**settings)
+        this = turn_sampler(sampler, max(len(rows[r].ids) for r in running),
+                            tuple(sorted(stops | (fence if calls_left else set()))))
         if call == 0:
             out = this.generate(weights, prompts, key=jax.random.fold_in(key, 0), group_size=group_size,
                                 prompts_per_call=prompts_per_call, between_calls=between_calls)
@@ -174,8 +177,48 @@ def _closed_block(row: _Row, tools: ToolUse, stops: set[int], fence: set[int]) -
     return None
 
 
+def turn_sampler(sampler: Sampler, used: int, stop_tokens: tuple[int, ...]) -> Sampler:
+    """The sampler of one call, once the longest running row holds ``used`` tokens: the
+    rest of ``sampler``'s budget (max_new_tokens - used) as its length, stopping at
+    ``stop_tokens``. Both are traced values (``grpo_jax.sampler.settings``): only the
+    completion bucket of the length picks the programs."""
+    return sampler.with_settings(max_new_tokens=sampler.settings.max_new_tokens - used, stop_tokens=stop_tokens)
+
+
 def _power_of_two(n: int) -> int:
+    """The rows a call of ``n`` running rows samples (repeats of the first pad them)."""
     return 1 << (n - 1).bit_length()
+
+
+def continuation_rows(rows: int, prompts_per_call: int, group_size: int) -> int:
+    """The most rows one sampler call of a continuation takes, in a rollout of ``rows``
+    rows drawn ``prompts_per_call`` questions x ``group_size`` rows a call (0: all at once):
+    the running rows padded to a power of two, cut into calls of prompts_per_call x G rows
+    (``generate_with_tools``, ``sample_to_host``)."""
+    padded = _power_of_two(rows)
+    return min(padded, prompts_per_call * group_size) if prompts_per_call else padded
+
+
+def continuation_call(sampler: Sampler, rows: int, context_len: int, used: int) -> SamplerCall:
+    """The sampler call that continues ``rows`` rows once the longest holds ``used``
+    tokens and the longest context (prompt and completion so far) ``context_len``: every
+    row its own prompt (group_size 1), its context prefilled afresh in a bucket of
+    context_len, the rest of the budget decoded (`turn_sampler`)."""
+    return turn_sampler(sampler, used, sampler.settings.stop_tokens).call(rows, 1, bucket_length(context_len))
+
+
+def continuation_shapes(prompt_len: int, budget: int) -> list[int]:
+    """``used`` of each of the largest programs a continuation can compile, for prompts in
+    a bucket of ``prompt_len`` and ``budget`` new tokens (rl.max_new_tokens): a call after
+    ``used`` in 1..budget - 1 tokens has a context bucket of prompt_len + used tokens and a
+    completion bucket of budget - used. Of the pairs of buckets, those no other pair
+    reaches in both: every other program holds no more slots, so fits where these fit.
+    Each pair at its smallest ``used``: the most tokens to decode."""
+    pairs: dict[tuple[int, int], int] = {}
+    for used in range(1, budget):
+        pairs.setdefault((bucket_length(prompt_len + used), bucket_length(budget - used)), used)
+    return [used for (c, n), used in pairs.items()
+            if not any(c2 >= c and n2 >= n and (c2, n2) != (c, n) for c2, n2 in pairs)]
 
 
 def _rollout(first: Rollout, rows: list[_Row], budget: int, pad_id: int) -> Rollout:

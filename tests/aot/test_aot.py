@@ -114,9 +114,10 @@ def test_a_cost_twin_out_of_hbm_leaves_the_time_not_counted(tiny):
 # One run of the fit check serves the cost tests below: TPU compiles are not in jax's
 # persistent cache, so each cost twin the check compiles would otherwise be compiled again.
 # 3 layers x 3 micro-batches, 7 tokens: the whole twins the counts are compared with reach
-# past the 1-2 layers x 1-2 micro-batches / steps the counts extrapolate from.
+# past the 1-2 layers x 1-2 micro-batches / steps the counts extrapolate from. A tool call
+# allowed: the check compiles the rollout's continuations too (one shape at 7 tokens).
 CHECKED = ["model.num_layers=3", "rl.num_micro_batches=3", "data.batch_size=3", "rl.group_size=4",
-           "model.remat=full", "rl.max_new_tokens=7"]
+           "model.remat=full", "rl.max_new_tokens=7", "rl.max_tool_calls=1"]
 CHECK_PROMPT = 16
 
 
@@ -219,7 +220,8 @@ def test_model_flops_count_the_6n_rule():
 
 def test_fit_check_passes_where_it_fits_and_leaves_the_cpu_backend(checked):
     cfg, results = checked
-    assert set(results) == {"sample_prefill", "sample_decode", "train_step", "summary", "eval_prefill", "eval_decode"}
+    assert set(results) == {"sample_prefill", "sample_decode", "train_step", "summary", "eval_prefill", "eval_decode",
+                            "tool_prefill_32+16", "tool_decode_32+16"}
     assert all(results[f"eval_{name}"]["fits"] for name in ("prefill", "decode"))
     s = results["summary"]
     assert s["fits"] and s["decode_engine"] == "shared" and 0 < s["min_headroom"] < 1
@@ -244,6 +246,17 @@ def test_fit_check_passes_where_it_fits_and_leaves_the_cpu_backend(checked):
     resident = results["sample_decode"]["resident_bytes"]
     assert resident == aot.bytes_per_chip(aot.train_state(cfg, aot.topology_mesh(cfg, "v5e:2x2")[0])[1])
     assert 0 < resident <= results["train_step"]["alias_bytes"]
+    # A tool rollout's continuation: 12 running rows padded to 16, each its own context of
+    # up to 16 + 6 tokens (a bucket of 32) prefilled afresh, then 16 completion columns;
+    # costed, beside the train state, outside the step's summary. Its prefill reads 16 rows
+    # x 32 tokens where the first call's reads 12 (3 prompts x G as the engine lays them out
+    # on this mesh) x 16: 2.7x the FLOPs measured.
+    for name in ("prefill", "decode"):
+        rep = results[f"tool_{name}_32+16"]
+        assert (rep["rows"], rep["used_tokens"], rep["prompt_bucket"], rep["completion_bucket"]) == (16, 1, 32, 16)
+        assert rep["fits"] and rep["peak_bytes"] > 0 and rep["resident_bytes"] == resident
+        assert rep["flops_per_chip"] > 0 and rep["estimated_seconds"] > 0 and rep["calls_per_step"] is None
+    assert results["tool_prefill_32+16"]["flops_per_chip"] > 2 * results["sample_prefill"]["flops_per_chip"]
     # Loading libtpu for compiles leaves computation on the CPU devices.
     assert jax.default_backend() == "cpu" and jax.devices()[0].platform == "cpu"
 

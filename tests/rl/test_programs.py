@@ -178,3 +178,52 @@ def test_grpo_evaluate_runs_the_programs_the_aot_check_lowers(tmp_path, monkeypa
         lowered = aot.lower_sampler(cfg, mesh, prompts, group, prompt_len, evaluation=True)
         for name, text, _ in pair:
             assert lowered[name].as_text() == text, (name, prompts, group)
+
+
+def test_a_tool_rollout_runs_the_continuations_the_aot_check_lowers(tmp_path, monkeypatch, tok):
+    """rl.max_tool_calls=2, cpu-tiny on 8 fake devices: after a tool call (or a fence that
+    opened no block) the rollout continues its running rows with sampler calls of their own
+    (every row its own prompt, its context prefilled afresh, the rest of the budget
+    decoded). Each continuation one trainer step makes lowers to the HLO
+    `aot.lower_tool_turn` lowers for its rows, longest context and tokens used, and is no
+    larger than the largest the check compiles (``turns.continuation_rows`` rows,
+    ``turns.continuation_shapes``' buckets); the train step, whose batch now holds the
+    tool's tokens' mask, lowers as `aot.lower_train_step` lowers it."""
+    from grpo_jax.sampler import Sampler, turns
+    from grpo_jax.shapes import bucket_length
+    from tests.rl.test_tool_rollouts import SevensWithTool
+
+    cfg = _cfg(tmp_path, tok.vocab_size, "rl.max_tool_calls=2", "rl.max_new_tokens=16")
+    seen = _record(monkeypatch)  # the first call's programs and the train step
+    programs, asked, real_call, real_generate = [], [], OnMesh.__call__, Sampler.generate
+
+    def call(self, *args, **kwargs):
+        programs.append(self.lower(*args, **kwargs).as_text())
+        return real_call(self, *args, **kwargs)
+
+    def generate(self, weights, prompts, **kwargs):
+        asked.append((len(prompts), max(map(len, prompts)), self.settings.max_new_tokens))
+        return real_generate(self, weights, prompts, **kwargs)
+
+    monkeypatch.setattr(OnMesh, "__call__", call)
+    monkeypatch.setattr(Sampler, "generate", generate)
+    trainer = Trainer(cfg, task=SevensWithTool(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                      progress=False, resume=False)
+    trainer.train(1)
+    trainer.close()
+    budget, g = cfg.rl.max_new_tokens, cfg.rl.group_size
+    assert len(asked) > 1  # rows continued (the random policy writes fences; it may run no block)
+    assert len(programs) == 2 * len(asked)  # sample_prompts=0: one prefill and one decode per call
+    prompt_len = bucket_length(asked[0][1])
+    most = turns.continuation_rows(cfg.data.batch_size * g, cfg.rl.sample_prompts, g)
+    largest = [(bucket_length(prompt_len + u), bucket_length(budget - u))
+               for u in turns.continuation_shapes(prompt_len, budget)]
+    for k, (rows, context_len, new_tokens) in enumerate(asked[1:], start=1):
+        used = budget - new_tokens
+        lowered = aot.lower_tool_turn(cfg, trainer.sampler.mesh, rows, context_len, used)
+        assert [lowered[name].as_text() for name in ("prefill", "decode")] == programs[2 * k:2 * k + 2], k
+        assert rows <= most and any(bucket_length(context_len) <= c and bucket_length(new_tokens) <= n
+                                    for c, n in largest), (k, rows, context_len, new_tokens)
+    rows = cfg.data.batch_size * g
+    assert seen["train_step"][1].tool_mask is not None
+    assert aot.lower_train_step(cfg, trainer.mesh, rows, prompt_len).as_text() == seen["train_step"][0]
