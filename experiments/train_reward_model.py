@@ -190,6 +190,9 @@ def main(argv=None) -> dict:
         parser.error(f"--eval-every must be >= 1, got {args.eval_every}")
     if not 0.0 <= args.lookup_error_prob <= 1.0:
         parser.error(f"--lookup-error-prob must be in [0, 1], got {args.lookup_error_prob}")
+    if args.lookup_error_prob and args.train_samples and not args.synthetic_prompts and args.held_out_samples:
+        parser.error("--lookup-error-prob shapes synthetic solutions, and --train-samples with --held-out-samples "
+                     "leaves none: add --synthetic-prompts, or drop it")
     cfg = config_lib.apply_overrides(config_lib.get_preset(args.preset), DEFAULTS + args.overrides)
     run_dir, seed = cfg.run.run_dir, cfg.run.seed
     os.makedirs(run_dir, exist_ok=True)

@@ -140,6 +140,8 @@ def test_synthetic_prompts_add_rule_labelled_solutions_to_a_samples_file(tmp_pat
     (["--eval-every", "0"], "--eval-every must be >= 1"),
     (["--train-samples", "x.jsonl"], "--train-samples needs --held-out-samples"),
     (["--lookup-error-prob", "1.5"], "--lookup-error-prob must be in [0, 1]"),
+    (["--lookup-error-prob", "0.1", "--train-samples", "x.jsonl", "--held-out-samples", "y.jsonl"],
+     "--lookup-error-prob shapes synthetic solutions"),
     (["--lookup-error-prob", "0.1", "--trunk-steps", "0"], "--lookup-error-prob needs data.task=modular, got arithmetic"),
 ])
 def test_bad_validation_and_data_options_are_named(argv, message, capsys):
