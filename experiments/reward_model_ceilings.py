@@ -18,20 +18,33 @@ answers. This script measures, on rule-labelled samples of the modular testbed (
 - with --reward-model, that model's pairwise accuracy split by kind of pair: the right sample
   clean or through a wrong line, against a wrong sample with one wrong line or more. It shows
   whether a model loses pairs by missing wrong lines (clean right answers) or on right answers
-  that a line checker cannot tell from wrong ones.
+  that a line checker cannot tell from wrong ones;
+- with --likelihood-parts (a likelihood-aware ORM, `train_reward_model(likelihood=True)`), the
+  pairwise accuracy of each part of its score: the value head alone, the learned scale times the
+  trunk's log-likelihood of the completion alone, and other reductions of the same per-token
+  log-likelihoods (the least likely token; the sum with each token's term clipped at -3). It
+  shows what the score ranks by, and whether counting wrong lines differently would help.
 
     python experiments/reward_model_ceilings.py runs/figure5_testbed/reward_models/held_out.jsonl \\
         --fit runs/figure5_testbed/reward_models/train.jsonl \\
-        --reward-model runs/rm_testbed/outcome_seed0/reward_model
+        --reward-model runs/rm_testbed/outcome_seed0/reward_model --likelihood-parts
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import re
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.model import transformer as model_lib
+from grpo_jax.model.logprobs import token_logprobs
 from grpo_jax.rl.reward_models import RewardModel, pairwise_from_scores, read_samples
+from grpo_jax.rl.reward_models.scorer import LIKELIHOOD_SCALE, encode, pad_batch
 from grpo_jax.tasks.modular import step
 
 _PROMPT_RE = re.compile(r"Q: (\d+(?:[+-]\d+)*) mod (\d+)=\?\n")
@@ -135,6 +148,53 @@ def model_report(samples, reward_model) -> dict:
                                  for k, (n, a) in pairwise_by_kind(samples, scores, errors).items()}}
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _head_and_logprobs(cfg, params, tokens, mask, start):
+    hidden, _ = model_lib.forward_hidden(cfg, params, tokens, mask)
+    unembed, vocab_major = model_lib.unembedding(cfg, params)
+    logp = jnp.pad(token_logprobs(hidden[:, :-1], unembed, tokens[:, 1:], vocab_major=vocab_major),
+                   ((0, 0), (1, 0)))  # logp[:, t] is token t's
+    return model_lib.value_outputs(params, hidden), logp
+
+
+def likelihood_parts(rm: RewardModel, samples, rows: int = 64) -> tuple[np.ndarray, list[np.ndarray], float]:
+    """(head [N], per-sample completion-token log-likelihoods [n_i], scale) of a likelihood-aware
+    ORM: its score is ``head + scale * logps.sum()`` (`scorer.values_from_hidden`, at eos)."""
+    if rm.kind != "outcome" or LIKELIHOOD_SCALE not in rm.params:
+        raise ValueError("--likelihood-parts needs a likelihood-aware outcome reward model "
+                         "(train_reward_model.py --kind outcome without --no-likelihood)")
+    enc = [encode(rm.tokenizer, s.prompt, s.completion, (), rm.cfg.max_seq_len) for s in samples]
+    head, logps = np.zeros(len(enc), np.float32), []
+    for lo in range(0, len(enc), rows):
+        chunk = enc[lo:lo + rows]
+        batch = pad_batch(chunk, rows, rm.cfg.max_seq_len, 1, rm.tokenizer.pad_id)
+        h, lp = (np.asarray(x) for x in _head_and_logprobs(rm.cfg, rm.params, batch["tokens"], batch["mask"],
+                                                             batch["start"]))
+        for i, e in enumerate(chunk):
+            n = len(e.tokens)
+            head[lo + i] = h[i, n - 1]
+            logps.append(lp[i, e.start:n].astype(np.float32))
+    return head, logps, float(rm.params[LIKELIHOOD_SCALE])
+
+
+def parts_report(samples, reward_model) -> dict:
+    """`pairwise_by_kind` of each part of a likelihood-aware ORM's score (`likelihood_parts`)."""
+    head, logps, scale = likelihood_parts(RewardModel.load(reward_model), samples)
+    total = np.array([lp.sum() for lp in logps])
+    scores = {
+        "score (head + scale x log-likelihood)": head + scale * total,
+        "value head alone": head,
+        "scale x log-likelihood alone": scale * total,
+        "least likely token": np.array([lp.min(initial=0.0) for lp in logps]),
+        "log-likelihood, each token clipped at -3": np.array([np.maximum(lp, -3.0).sum() for lp in logps]),
+    }
+    errors = [sum(line_errors(s.prompt, s.completion)) for s in samples]
+    return {"likelihood_scale": scale, "parts": {
+        name: {"pairwise": round(pairwise_from_scores(samples, list(sc)), 3),
+               **{k: round(a, 3) for k, (_, a) in pairwise_by_kind(samples, sc, errors).items()}}
+        for name, sc in scores.items()}}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("samples", help="labelled samples to measure (JSON lines)")
@@ -142,11 +202,17 @@ def main(argv=None) -> dict:
                    help="labelled samples to fit P(right | wrong lines) on (default: the measured ones)")
     p.add_argument("--reward-model", default=None, metavar="PATH",
                    help="a saved reward model (RewardModel.load) to score the samples with")
+    p.add_argument("--likelihood-parts", action="store_true",
+                   help="with --reward-model (a likelihood-aware ORM): the pairwise accuracy of each part of its score")
     args = p.parse_args(argv)
+    if args.likelihood_parts and not args.reward_model:
+        p.error("--likelihood-parts needs --reward-model")
     samples = read_samples(args.samples)
     out = report(samples, read_samples(args.fit) if args.fit else samples)
     if args.reward_model:
         out.update(model_report(samples, args.reward_model))
+    if args.likelihood_parts:
+        out.update(parts_report(samples, args.reward_model))
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}, indent=1))
     return out
 

@@ -1,5 +1,6 @@
 """experiments/reward_model_ceilings.py: line-by-line errors and the rule scores' pairwise
 accuracy, on hand-made testbed samples whose answers are computed here."""
+import numpy as np
 import pytest
 
 from tests.cli.test_evaluate import script
@@ -62,3 +63,34 @@ def test_pairwise_by_kind_splits_pairs_by_the_right_and_wrong_samples_wrong_line
     # the split covers every same-prompt pair: its pair-weighted mean is the pairwise accuracy
     total = sum(n * a for n, a in out.values()) / sum(n for n, _ in out.values())
     assert total == pytest.approx(pairwise_from_scores(samples, scores))
+
+
+def test_likelihood_parts_add_up_to_the_models_own_score(tmp_path):
+    """head + scale x Σ log π over the completion reproduces `RewardModel.score`, and the head
+    alone is the score of the same model without its scale: the split is the model's score."""
+    import jax
+
+    from grpo_jax.config import ModelConfig
+    from grpo_jax.model import transformer as model_lib
+    from grpo_jax.rl.reward_models import RewardModel
+    from grpo_jax.rl.reward_models.scorer import LIKELIHOOD_SCALE, add_likelihood_scale
+    from grpo_jax.text.tokenizer import train_sentencepiece
+
+    completions = ["5+4=9\n9-4=5\n5-10=8\nA: 8\n", "5+4=9\n9-4=0\n0-10=3\nA: 3\n", "5+4=9\n9-4=0\n0-10=8\nA: 8\n"]
+    tok = train_sentencepiece([PROMPT + c for c in completions] * 20, vocab_size=32)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, embed_dim=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=16, mlp_dim=64, max_seq_len=48)
+    params = add_likelihood_scale(model_lib.init_params(cfg, jax.random.key(0), value_head=True), 0.6)
+    model = RewardModel(cfg, params, tok, "outcome")
+    samples = [LabelledSample(PROMPT, c, i != 1, ()) for i, c in enumerate(completions)]
+    head, logps, scale = ceilings.likelihood_parts(model, samples, rows=2)  # two batches, one padded
+    assert scale == pytest.approx(0.6)
+    assert [len(lp) for lp in logps] == [len(tok.encode(c)) + 1 for c in completions]  # + eos
+    prompts, comps = [s.prompt for s in samples], [s.completion for s in samples]
+    np.testing.assert_allclose(head + scale * np.array([lp.sum() for lp in logps]), model.score(prompts, comps),
+                               rtol=1e-5, atol=1e-5)
+    plain = RewardModel(cfg, {k: v for k, v in params.items() if k != LIKELIHOOD_SCALE}, tok, "outcome")
+    np.testing.assert_allclose(head, plain.score(prompts, comps), rtol=1e-5, atol=1e-5)
+    assert all((lp <= 0).all() for lp in logps)
+    with pytest.raises(ValueError, match="likelihood-aware outcome"):
+        ceilings.likelihood_parts(plain, samples)
