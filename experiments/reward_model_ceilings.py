@@ -42,9 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.model import transformer as model_lib
-from grpo_jax.model.logprobs import token_logprobs
 from grpo_jax.rl.reward_models import RewardModel, pairwise_from_scores, read_samples
-from grpo_jax.rl.reward_models.scorer import LIKELIHOOD_SCALE, encode, pad_batch
+from grpo_jax.rl.reward_models.scorer import LIKELIHOOD_SCALE, completion_logprobs, encode, pad_batch
 from grpo_jax.tasks.modular import step
 
 _PROMPT_RE = re.compile(r"Q: (\d+(?:[+-]\d+)*) mod (\d+)=\?\n")
@@ -138,12 +137,12 @@ def pairwise_by_kind(samples, scores, errors) -> dict[str, list]:
     return {k: [pairs[k], won[k] / pairs[k]] for k in sorted(pairs)}
 
 
-def model_report(samples, reward_model) -> dict:
-    """A saved reward model's pairwise accuracy on ``samples``, whole and `pairwise_by_kind`
-    (a PRM's score: the minimum over its steps, as `RewardModel.score` reduces)."""
-    scores = RewardModel.load(reward_model).score([s.prompt for s in samples], [s.completion for s in samples])
-    errors = [sum(line_errors(s.prompt, s.completion)) for s in samples]
-    return {"reward_model": reward_model, "pairwise": pairwise_from_scores(samples, list(scores)),
+def model_report(samples, rm: RewardModel, errors) -> dict:
+    """A reward model's pairwise accuracy on ``samples``, whole and `pairwise_by_kind`
+    (a PRM's score: the minimum over its steps, as `RewardModel.score` reduces); ``errors[i]``
+    is ``samples[i]``'s number of wrong lines."""
+    scores = rm.score([s.prompt for s in samples], [s.completion for s in samples])
+    return {"pairwise": pairwise_from_scores(samples, list(scores)),
             "pairwise_by_kind": {k: [n, round(a, 3)]
                                  for k, (n, a) in pairwise_by_kind(samples, scores, errors).items()}}
 
@@ -151,10 +150,7 @@ def model_report(samples, reward_model) -> dict:
 @functools.partial(jax.jit, static_argnums=0)
 def _head_and_logprobs(cfg, params, tokens, mask, start):
     hidden, _ = model_lib.forward_hidden(cfg, params, tokens, mask)
-    unembed, vocab_major = model_lib.unembedding(cfg, params)
-    logp = jnp.pad(token_logprobs(hidden[:, :-1], unembed, tokens[:, 1:], vocab_major=vocab_major),
-                   ((0, 0), (1, 0)))  # logp[:, t] is token t's
-    return model_lib.value_outputs(params, hidden), logp
+    return model_lib.value_outputs(params, hidden), completion_logprobs(cfg, params, hidden, tokens, mask, start)
 
 
 def likelihood_parts(rm: RewardModel, samples, rows: int = 64) -> tuple[np.ndarray, list[np.ndarray], float]:
@@ -177,9 +173,9 @@ def likelihood_parts(rm: RewardModel, samples, rows: int = 64) -> tuple[np.ndarr
     return head, logps, float(rm.params[LIKELIHOOD_SCALE])
 
 
-def parts_report(samples, reward_model) -> dict:
+def parts_report(samples, rm: RewardModel, errors) -> dict:
     """`pairwise_by_kind` of each part of a likelihood-aware ORM's score (`likelihood_parts`)."""
-    head, logps, scale = likelihood_parts(RewardModel.load(reward_model), samples)
+    head, logps, scale = likelihood_parts(rm, samples)
     total = np.array([lp.sum() for lp in logps])
     scores = {
         "score (head + scale x log-likelihood)": head + scale * total,
@@ -188,7 +184,6 @@ def parts_report(samples, reward_model) -> dict:
         "least likely token": np.array([lp.min(initial=0.0) for lp in logps]),
         "log-likelihood, each token clipped at -3": np.array([np.maximum(lp, -3.0).sum() for lp in logps]),
     }
-    errors = [sum(line_errors(s.prompt, s.completion)) for s in samples]
     return {"likelihood_scale": scale, "parts": {
         name: {"pairwise": round(pairwise_from_scores(samples, list(sc)), 3),
                **{k: round(a, 3) for k, (_, a) in pairwise_by_kind(samples, sc, errors).items()}}
@@ -210,9 +205,11 @@ def main(argv=None) -> dict:
     samples = read_samples(args.samples)
     out = report(samples, read_samples(args.fit) if args.fit else samples)
     if args.reward_model:
-        out.update(model_report(samples, args.reward_model))
-    if args.likelihood_parts:
-        out.update(parts_report(samples, args.reward_model))
+        rm = RewardModel.load(args.reward_model)
+        errors = [sum(line_errors(s.prompt, s.completion)) for s in samples]
+        out.update(reward_model=args.reward_model, **model_report(samples, rm, errors))
+        if args.likelihood_parts:
+            out.update(parts_report(samples, rm, errors))
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}, indent=1))
     return out
 

@@ -164,4 +164,3 @@ def test_one_arm_runs_alone(study, monkeypatch, tmp_path):
     arms = study.main(["data.eval_size=8", "--arms", "grpo_no_tool", "--seeds", "3", "--out", str(tmp_path),
                        "--no-progress"])
     assert arms == [study.NO_TOOL] and ran == [(study.NO_TOOL, 3)]
-

@@ -118,14 +118,20 @@ def add_likelihood_scale(params, value: float = 0.0):
     return dict(params, **{LIKELIHOOD_SCALE: jnp.asarray(value, jnp.float32)})
 
 
-def completion_loglik(cfg: ModelConfig, params, hidden, tokens, mask, start):
-    """C [B, T]: at token t, Σ log π(x_s | x_<s) over the completion's tokens s <= t (the
-    trunk read as a language model; 0 before the completion starts at ``start`` [B])."""
+def completion_logprobs(cfg: ModelConfig, params, hidden, tokens, mask, start):
+    """[B, T]: log π(x_t | x_<t) at each of the completion's real tokens t (the trunk read as a
+    language model), 0 elsewhere (before the completion starts at ``start`` [B], padding)."""
     unembed, vocab_major = model_lib.unembedding(cfg, params)
     logp = token_logprobs(hidden[:, :-1], unembed, tokens[:, 1:], vocab_major=vocab_major)  # [B, T-1]
     logp = jnp.pad(logp, ((0, 0), (1, 0)))  # logp[:, t] is that of token t
     t = jnp.arange(tokens.shape[1])[None, :]
-    return jnp.cumsum(jnp.where((t >= start[:, None]) & mask, logp, 0.0), axis=1)
+    return jnp.where((t >= start[:, None]) & mask, logp, 0.0)
+
+
+def completion_loglik(cfg: ModelConfig, params, hidden, tokens, mask, start):
+    """C [B, T]: at token t, Σ log π(x_s | x_<s) over the completion's tokens s <= t
+    (`completion_logprobs` summed so far)."""
+    return jnp.cumsum(completion_logprobs(cfg, params, hidden, tokens, mask, start), axis=1)
 
 
 def values_from_hidden(cfg: ModelConfig, params, hidden, tokens, mask, start):
