@@ -23,11 +23,14 @@ answers. This script measures, on rule-labelled samples of the modular testbed (
   pairwise accuracy of each part of its score: the value head alone, the learned scale times the
   trunk's log-likelihood of the completion alone, and other reductions of the same per-token
   log-likelihoods (the least likely token; the sum with each token's term clipped at -3). It
-  shows what the score ranks by, and whether counting wrong lines differently would help.
+  shows what the score ranks by, and whether counting wrong lines differently would help;
+- with --answer-check, what checking the answer could add: the reward model's trunk, read as a
+  language model, answers each question greedily; the samples are then ranked by whether their
+  answer agrees with the trunk's, alone and with the model's own score breaking ties.
 
     python experiments/reward_model_ceilings.py runs/figure5_testbed/reward_models/held_out.jsonl \\
         --fit runs/figure5_testbed/reward_models/train.jsonl \\
-        --reward-model runs/rm_testbed/outcome_seed0/reward_model --likelihood-parts
+        --reward-model runs/rm_testbed/outcome_seed0/reward_model --likelihood-parts --answer-check
 """
 from __future__ import annotations
 
@@ -43,8 +46,12 @@ import numpy as np
 
 from grpo_jax.model import transformer as model_lib
 from grpo_jax.rl.reward_models import RewardModel, pairwise_from_scores, read_samples
+from grpo_jax.eval.evaluation import sample_and_score
 from grpo_jax.rl.reward_models.scorer import LIKELIHOOD_SCALE, completion_logprobs, encode, pad_batch
-from grpo_jax.tasks.modular import step
+from grpo_jax.sampler.host import Sampler
+from grpo_jax.sampler.settings import SamplingParams
+from grpo_jax.tasks.modular import ModularTask, step
+from grpo_jax.text.tokenizer import encode_prompt
 
 _PROMPT_RE = re.compile(r"Q: (\d+(?:[+-]\d+)*) mod (\d+)=\?\n")
 _LINE_RE = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
@@ -137,11 +144,10 @@ def pairwise_by_kind(samples, scores, errors) -> dict[str, list]:
     return {k: [pairs[k], won[k] / pairs[k]] for k in sorted(pairs)}
 
 
-def model_report(samples, rm: RewardModel, errors) -> dict:
-    """A reward model's pairwise accuracy on ``samples``, whole and `pairwise_by_kind`
-    (a PRM's score: the minimum over its steps, as `RewardModel.score` reduces); ``errors[i]``
-    is ``samples[i]``'s number of wrong lines."""
-    scores = rm.score([s.prompt for s in samples], [s.completion for s in samples])
+def model_report(samples, scores, errors) -> dict:
+    """A reward model's pairwise accuracy on ``samples`` from its ``scores`` [N] (`RewardModel.score`:
+    a PRM's, the minimum over its steps), whole and `pairwise_by_kind`; ``errors[i]`` is
+    ``samples[i]``'s number of wrong lines."""
     return {"pairwise": pairwise_from_scores(samples, list(scores)),
             "pairwise_by_kind": {k: [n, round(a, 3)]
                                  for k, (n, a) in pairwise_by_kind(samples, scores, errors).items()}}
@@ -190,6 +196,31 @@ def parts_report(samples, rm: RewardModel, errors) -> dict:
         for name, sc in scores.items()}}
 
 
+def answer_check_report(samples, rm: RewardModel, scores) -> dict:
+    """The reward model's trunk as a solver: its greedy answer to each question, and the
+    samples' pairwise accuracy when ranked by agreement with it (alone; then with ``scores``
+    [N], the model's own, breaking ties). The trunk decodes up to ``max_seq_len``."""
+    prompts = sorted({s.prompt for s in samples})
+    parsed = [question(p) for p in prompts]
+    operands, ops, modulus = parsed[0]
+    task = ModularTask(modulus, len(operands), ops.count("-"))
+    examples = [task.make_example(operands, ops) for operands, ops, _ in parsed]
+    longest = max(len(encode_prompt(rm.tokenizer, p)) for p in prompts)
+    sampler = Sampler(rm.cfg, None, SamplingParams(rm.cfg.max_seq_len - longest, stop_tokens=rm.tokenizer.stop_ids,
+                                                   pad_id=rm.tokenizer.pad_id))
+    records = sample_and_score(sampler, sampler.copy(rm.params), task, rm.tokenizer, examples, prompts,
+                               key=jax.random.key(0))
+    greedy = {p: r["greedy_answer"] for p, r in zip(prompts, records)}
+    agree = np.array([float(greedy[s.prompt] is not None and task.extract_answer(s.completion) == greedy[s.prompt])
+                      for s in samples])
+    # Dense ranks of the model's scores, squeezed below 1: they order samples only within agreement.
+    ranks = np.unique(np.asarray(scores, np.float64), return_inverse=True)[1].reshape(-1)
+    return {"trunk_greedy_accuracy": float(np.mean([r["greedy_correct"] for r in records])),
+            "questions": len(prompts),
+            "pairwise_agreement": pairwise_from_scores(samples, list(agree)),
+            "pairwise_agreement_then_score": pairwise_from_scores(samples, list(agree + ranks / (ranks.max() + 1)))}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("samples", help="labelled samples to measure (JSON lines)")
@@ -199,17 +230,23 @@ def main(argv=None) -> dict:
                    help="a saved reward model (RewardModel.load) to score the samples with")
     p.add_argument("--likelihood-parts", action="store_true",
                    help="with --reward-model (a likelihood-aware ORM): the pairwise accuracy of each part of its score")
+    p.add_argument("--answer-check", action="store_true",
+                   help="with --reward-model: its trunk answers each question greedily; rank by agreement with it")
     args = p.parse_args(argv)
-    if args.likelihood_parts and not args.reward_model:
-        p.error("--likelihood-parts needs --reward-model")
+    for flag in ("likelihood_parts", "answer_check"):
+        if getattr(args, flag) and not args.reward_model:
+            p.error(f"--{flag.replace('_', '-')} needs --reward-model")
     samples = read_samples(args.samples)
     out = report(samples, read_samples(args.fit) if args.fit else samples)
     if args.reward_model:
         rm = RewardModel.load(args.reward_model)
         errors = [sum(line_errors(s.prompt, s.completion)) for s in samples]
-        out.update(reward_model=args.reward_model, **model_report(samples, rm, errors))
+        scores = rm.score([s.prompt for s in samples], [s.completion for s in samples])
+        out.update(reward_model=args.reward_model, **model_report(samples, scores, errors))
         if args.likelihood_parts:
             out.update(parts_report(samples, rm, errors))
+        if args.answer_check:
+            out.update(answer_check_report(samples, rm, scores))
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}, indent=1))
     return out
 

@@ -94,3 +94,43 @@ def test_likelihood_parts_add_up_to_the_models_own_score(tmp_path):
     assert all((lp <= 0).all() for lp in logps)
     with pytest.raises(ValueError, match="likelihood-aware outcome"):
         ceilings.likelihood_parts(plain, samples)
+
+
+def test_answer_check_ranks_by_agreement_with_the_trunks_answer_then_by_the_score(monkeypatch):
+    """The trunk's greedy answers are stubbed (decoding is `sample_and_score`'s, tested with
+    the sampler): the questions it is asked are the prompts' own, agreement ranks first, and the
+    model's score orders only samples that agree alike."""
+    other = "Q: 1+1-1-1 mod 13=?\n"  # 1+1-1-1 = 0
+    samples = [LabelledSample(PROMPT, "A: 8\n", True, ()), LabelledSample(PROMPT, "A: 3\n", False, ()),
+               LabelledSample(PROMPT, "A: 7\n", False, ()),
+               LabelledSample(other, "A: 0\n", True, ()), LabelledSample(other, "A: 5\n", False, ())]
+    scores = [0.0, 2.0, 1.0, 1.0, 1.0]
+    asked = {}
+
+    def trunk_answers(sampler, weights, task, tokenizer, examples, prompts, *, key):
+        asked.update({p: (ex.prompt, ex.answer) for p, ex in zip(prompts, examples)})
+        greedy = {PROMPT: "3", other: "0"}  # wrong on the first question, right on the other
+        return [{"greedy_answer": greedy[p], "greedy_correct": greedy[p] == ex.answer} for p, ex in zip(prompts, examples)]
+
+    class Model:  # what the report reads of a reward model before it decodes
+        tokenizer = type("Tok", (), {"stop_ids": (2,), "pad_id": 0, "add_bos": False,
+                                     "encode": lambda self, text, add_bos=False: [1] * len(text)})()
+        cfg = type("Cfg", (), {"max_seq_len": 48})()
+        params = None
+
+    monkeypatch.setattr(ceilings, "sample_and_score", trunk_answers)
+    monkeypatch.setattr(ceilings, "Sampler", lambda cfg, mesh, settings: type("S", (), {"copy": lambda self, p: p})())
+    out = ceilings.answer_check_report(samples, Model(), scores)
+    assert asked == {PROMPT: (PROMPT, "8"), other: (other, "0")}
+    assert out["trunk_greedy_accuracy"] == 0.5 and out["questions"] == 2
+    # PROMPT: right (disagrees) vs 3 (agrees): lost; vs 7 (disagrees): a tie. other: right agrees, wrong not: won.
+    assert out["pairwise_agreement"] == pytest.approx((0 + 0.5 + 1) / 3)
+    # ties among disagreeing samples go to the score: right 0.0 < 7's 1.0, lost.
+    assert out["pairwise_agreement_then_score"] == pytest.approx((0 + 0 + 1) / 3)
+
+
+@pytest.mark.parametrize("flag", ["--likelihood-parts", "--answer-check"])
+def test_a_model_option_without_a_model_is_named(flag, capsys):
+    with pytest.raises(SystemExit):
+        ceilings.main(["samples.jsonl", flag])
+    assert f"{flag} needs --reward-model" in capsys.readouterr().err
