@@ -41,12 +41,11 @@ import json
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.eval.evaluation import sample_and_score
 from grpo_jax.model import transformer as model_lib
 from grpo_jax.rl.reward_models import RewardModel, pairwise_from_scores, read_samples
-from grpo_jax.eval.evaluation import sample_and_score
 from grpo_jax.rl.reward_models.scorer import LIKELIHOOD_SCALE, completion_logprobs, encode, pad_batch
 from grpo_jax.sampler.host import Sampler
 from grpo_jax.sampler.settings import SamplingParams
@@ -202,6 +201,8 @@ def answer_check_report(samples, rm: RewardModel, scores) -> dict:
     [N], the model's own, breaking ties). The trunk decodes up to ``max_seq_len``."""
     prompts = sorted({s.prompt for s in samples})
     parsed = [question(p) for p in prompts]
+    if len({modulus for *_, modulus in parsed}) > 1:
+        raise ValueError("--answer-check needs samples of one modulus")
     operands, ops, modulus = parsed[0]
     task = ModularTask(modulus, len(operands), ops.count("-"))
     examples = [task.make_example(operands, ops) for operands, ops, _ in parsed]
