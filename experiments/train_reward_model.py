@@ -10,9 +10,12 @@ arithmetic by default, or modular, the testbed).
 4. train the reward model (Bradley-Terry or pointwise for an ORM, per-step BCE for a PRM),
    with a joint next-token loss on the correct samples (--lm-weight) and a score that adds
    a learned multiple of the trunk's log-likelihood of the completion (--no-likelihood: the
-   value head alone); docs/reward_models.md says why. With --validation-fraction, that share
-   of the training questions is held back and the model kept is the one of the best validation
-   pairwise accuracy (every --eval-every steps), not the last step's;
+   value head alone); docs/reward_models.md says why. The model then checks answers: its
+   trunk answers each question greedily, and completions that agree with it rank first, its
+   own score ordering them within each side (--no-answer-check: its own score alone). With
+   --validation-fraction, that share of the training questions is held back and the model
+   kept is the one of the best validation pairwise accuracy (every --eval-every steps), not
+   the last step's;
 5. evaluate on held-out questions (the task's test split) and write into run.run_dir:
    reward_model/ (checkpoint + tokenizer, `RewardModel.load`), metrics.json
    (held-out accuracy, baselines, config) and history.json (per-step losses). A model whose
@@ -100,8 +103,20 @@ def task_description(task) -> dict:
 
 
 def held_out_metrics(model, held_out) -> dict:
-    """A reward model's accuracies on labelled samples, as metrics.json records them."""
+    """A reward model's accuracies on labelled samples, as metrics.json records them (with an
+    answer check, also its own score's pairwise accuracy without it, and how often the
+    trunk's greedy answer is right: it is what the check leans on)."""
     out = {"held_out_pairwise_accuracy": rm_lib.pairwise_accuracy(model, held_out)}
+    if model.answer_check is not None:
+        prompts, completions = [s.prompt for s in held_out], [s.completion for s in held_out]
+        out["held_out_pairwise_without_answer_check"] = rm_lib.pairwise_from_scores(
+            held_out, model.score(prompts, completions, check=False))
+        # A question's right answer is that of its right samples: questions without one are left out.
+        right = {s.prompt: model.answer_check.extract(s.completion) for s in held_out if s.correct}
+        asked = sorted(right)
+        out["trunk_greedy_accuracy"] = float(np.mean([a == right[p] for p, a in
+                                                      zip(asked, model.greedy_answers(asked))]))
+        out["trunk_greedy_questions"] = len(asked)
     if model.kind == "outcome":
         if model.transform == "sigmoid":
             out["held_out_outcome_accuracy"] = rm_lib.outcome_accuracy(model, held_out)
@@ -167,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight of a joint next-token loss on the correct samples (0: none)")
     p.add_argument("--no-likelihood", dest="likelihood", action="store_false",
                    help="score with the value head alone, without the trunk's log-likelihood of the completion")
+    p.add_argument("--no-answer-check", dest="answer_check", action="store_false",
+                   help="score with the model's own score alone, without checking answers against its trunk's "
+                        "greedy answer")
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
     return p
 
@@ -260,7 +278,7 @@ def main(argv=None) -> dict:
         cfg.model, tokenizer, train, kind=args.kind, loss=args.loss, steps=cfg.run.steps,
         batch_size=args.batch_size, seed=seed, init_params=trunk, optimizer=cfg.optimizer,
         progress=progress, read=args.read, lm_weight=args.lm_weight, likelihood=args.likelihood,
-        validation=validation, eval_every=args.eval_every)
+        validation=validation, eval_every=args.eval_every, answer_task=task if args.answer_check else None)
 
     if validation:
         evals = [(h["validation_pairwise"], h["step"] + 1) for h in history if "validation_pairwise" in h]

@@ -60,13 +60,14 @@ from grpo_jax.rl.train_step import init_train_state, reset_reference
 log = logging.getLogger(__name__)
 
 
-def _reward_model(cfg: Config, algorithm: Algorithm, reward_model, tokenizer: Tokenizer):
-    """The run's reward model: ``reward_model``, else the one rl.reward_model names, else
-    None. ConfigError when the algorithm's reward is the rule, which would ignore it."""
+def _reward_model(cfg: Config, algorithm: Algorithm, reward_model, tokenizer: Tokenizer, task: Task):
+    """The run's reward model: ``reward_model``, else the one rl.reward_model names (one that
+    checks answers reads them with ``task``'s extraction), else None. ConfigError when the
+    algorithm's reward is the rule, which would ignore it."""
     if reward_model is None and cfg.rl.reward_model:
         from grpo_jax.rl.reward_models import RewardModel
 
-        reward_model = RewardModel.load(cfg.rl.reward_model, tokenizer)
+        reward_model = RewardModel.load(cfg.rl.reward_model, tokenizer, extract_answer=task.extract_answer)
     if reward_model is not None and algorithm.reward != "model":
         raise ConfigError(
             f"rl.reward_model is set but rl.algorithm={algorithm.name!r} uses "
@@ -177,7 +178,7 @@ class Trainer:
         # A split run's rollout of batch t + k, running in this thread while batch t trains.
         self._pool = None if self.split is None else concurrent.futures.ThreadPoolExecutor(1, "sampler")
         self._sampling: concurrent.futures.Future | None = None
-        self.reward_model = _reward_model(cfg, self.algorithm, reward_model, tokenizer)
+        self.reward_model = _reward_model(cfg, self.algorithm, reward_model, tokenizer, task)
         if not self.algorithm.data_source.sampled and sft_data is None:
             raise ValueError(f"algorithm {self.algorithm.name!r} trains on a dataset: pass sft_data")
         self.sft_data = sft_data

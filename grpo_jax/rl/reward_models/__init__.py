@@ -33,23 +33,28 @@ The package by role:
   training  the reward-model losses, `train_reward_model` and its accuracy metrics
   pretrain  `pretrain_trunk`: next-token training of the trunk a reward model starts from
   checks    the warnings: a model that ranks near chance, a score that rises as accuracy falls
+  answer_check  the answer check: the trunk answers each question greedily, and completions
+            that agree with it rank first (`add_answer_check`, `train_reward_model`'s answer_task)
 """
+from grpo_jax.rl.reward_models.answer_check import AnswerCheck
 from grpo_jax.rl.reward_models.data import (LabelledSample, ReplayBuffer, has_same_prompt_pair, label_completions,
                                          labelled_samples, line_step_ends, read_samples, replay_count,
                                          split_by_prompt, write_samples)
 from grpo_jax.rl.reward_models.pretrain import pretrain_trunk
 from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, READS, RewardModel
-from grpo_jax.rl.reward_models.training import (bradley_terry_loss, outcome_accuracy, pairwise_accuracy,
+from grpo_jax.rl.reward_models.training import (add_answer_check, bradley_terry_loss, outcome_accuracy, pairwise_accuracy,
                                              pairwise_from_scores,
                                              pointwise_loss, step_accuracy, train_reward_model)
 
 __all__ = [
+    "AnswerCheck",
     "KINDS",
     "LOSSES",
     "READS",
     "LabelledSample",
     "ReplayBuffer",
     "RewardModel",
+    "add_answer_check",
     "bradley_terry_loss",
     "pointwise_loss",
     "pretrain_trunk",

@@ -19,6 +19,7 @@ from grpo_jax import shapes
 from grpo_jax.checkpoints.checkpointing import Checkpointer
 from grpo_jax.config import ModelConfig
 from grpo_jax.errors import CheckpointError, RewardModelError
+from grpo_jax.rl.reward_models.answer_check import AnswerCheck, GreedyAnswers, agreement, combine
 from grpo_jax.rl.reward_models.data import line_step_ends
 from grpo_jax.text.tokenizer import Tokenizer, char_to_token_index
 
@@ -169,13 +170,15 @@ class RewardModel:
     weakest step decides; default) or 'last'. ``step_ends``: how a PRM splits a completion
     into steps when none are given (default: non-blank lines, `line_step_ends`). ``read``
     (PRM): where the head reads each step, 'end' (the step's newline) or 'value' (the token
-    before it), as the model was trained (`READS`).
+    before it), as the model was trained (`READS`). ``answer_check`` (an `AnswerCheck`, or None):
+    `score` also asks whether each completion's answer agrees with the trunk's own greedy
+    answer to its question (`answer_check` module), as `with_answer_check` sets it.
     """
 
     def __init__(self, cfg: ModelConfig, params, tokenizer: Tokenizer, kind: str, *,
                  transform: str | None = None, loss: str | None = None, process_reduce: str = "min",
                  step_ends: Callable[[str], list[int]] = line_step_ends, max_batch: int = 64,
-                 trained_steps: int = 0, read: str = "end"):
+                 trained_steps: int = 0, read: str = "end", answer_check: AnswerCheck | None = None):
         if kind not in KINDS:
             raise ValueError(f"reward model kind must be one of {KINDS}, got {kind!r}")
         loss = loss or ("pairwise" if kind == "outcome" else "pointwise")
@@ -191,8 +194,16 @@ class RewardModel:
         self.cfg, self.params, self.tokenizer, self.kind = cfg, params, tokenizer, kind
         self.loss, self.transform, self.process_reduce = loss, transform, process_reduce
         self.step_ends, self.max_batch, self.trained_steps = step_ends, max_batch, trained_steps
-        self.read = read
+        self.read, self.answer_check = read, answer_check
         self._values = _values_fn(cfg)
+        self._greedy = None if answer_check is None else GreedyAnswers(cfg, params, tokenizer, answer_check)
+
+    def with_answer_check(self, check: AnswerCheck | None) -> "RewardModel":
+        """This model (the same params) with ``check`` as its answer check (None: without one)."""
+        return RewardModel(self.cfg, self.params, self.tokenizer, self.kind, transform=self.transform,
+                           loss=self.loss, process_reduce=self.process_reduce, step_ends=self.step_ends,
+                           max_batch=self.max_batch, trained_steps=self.trained_steps, read=self.read,
+                           answer_check=check)
 
     # ------------------------------------------------------------------ scoring
     def _raw(self, prompts: Sequence[str], completions: Sequence[str],
@@ -222,15 +233,35 @@ class RewardModel:
         x = np.asarray(x, np.float32)
         return (0.5 + 0.5 * np.tanh(0.5 * x)).astype(np.float32) if self.transform == "sigmoid" else x
 
-    def score(self, prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
+    def score(self, prompts: Sequence[str], completions: Sequence[str], *, check: bool = True) -> np.ndarray:
         """One reward per completion, [B] float32. ORM: the head at the last token. PRM:
-        the `process_reduce` ('min' or 'last') of its step scores."""
+        the `process_reduce` ('min' or 'last') of its step scores. With an answer check (and
+        ``check``), combined with `agreement` (`answer_check.combine`)."""
         if self.kind == "outcome":
             final, _ = self._raw(prompts, completions, None)
-            return self._out(final)
-        per_step = self.step_scores(prompts, completions)
-        red = min if self.process_reduce == "min" else (lambda xs: xs[-1])
-        return np.asarray([red([r for _, r in steps]) for steps in per_step], np.float32)
+            own = self._out(final)
+        else:
+            per_step = self.step_scores(prompts, completions)
+            red = min if self.process_reduce == "min" else (lambda xs: xs[-1])
+            own = np.asarray([red([r for _, r in steps]) for steps in per_step], np.float32)
+        if self.answer_check is None or not check:
+            return own
+        return combine(own, self.agreement(prompts, completions), self.transform, self.answer_check.margin)
+
+    def agreement(self, prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
+        """[B] float32: 1 where a completion's answer is the trunk's greedy answer to its
+        question, else 0. Needs an answer check."""
+        if self._greedy is None:
+            raise RewardModelError("this reward model has no answer check (train_reward_model's answer_task)")
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        return agreement(self._greedy(prompts), completions, self.answer_check.extract)
+
+    def greedy_answers(self, prompts: Sequence[str]) -> list[str | None]:
+        """The trunk's greedy answer to each question (cached). Needs an answer check."""
+        if self._greedy is None:
+            raise RewardModelError("this reward model has no answer check (train_reward_model's answer_task)")
+        return self._greedy(prompts)
 
     def step_scores(self, prompts: Sequence[str], completions: Sequence[str],
                     step_ends: Sequence[Sequence[int]] | None = None) -> list[list[tuple[int, float]]]:
@@ -262,6 +293,7 @@ class RewardModel:
         meta = {"format": _FORMAT, "kind": self.kind, "loss": self.loss, "transform": self.transform,
                 "process_reduce": self.process_reduce, "read": self.read,
                 "likelihood": LIKELIHOOD_SCALE in self.params, "tokenizer": tok_kind,
+                "answer_check": None if self.answer_check is None else self.answer_check.meta(),
                 "model": dataclasses.asdict(self.cfg)}
         ckpt = Checkpointer(path / "checkpoints", keep=keep)
         try:
@@ -304,11 +336,14 @@ class RewardModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer: Tokenizer | None = None, *,
-             step: int | None = None, **kwargs) -> "RewardModel":
+             step: int | None = None, extract_answer: Callable[[str], str | None] | None = None,
+             **kwargs) -> "RewardModel":
         """Restore a saved reward model (latest step unless ``step``); ``tokenizer`` is needed
         only if none was saved with it, and its token ids must fit the reward model's
-        vocabulary. ``kwargs`` go to the constructor (e.g. max_batch). Anything unusable
-        about ``path`` is a RewardModelError naming it."""
+        vocabulary. A model saved with an answer check reads answers with ``extract_answer``
+        (the run's task's), else with that of the task it was trained on, rebuilt by name.
+        ``kwargs`` go to the constructor (e.g. max_batch). Anything unusable about ``path``
+        is a RewardModelError naming it."""
         path = Path(path)
         meta = cls.read_meta(path)
         cfg = ModelConfig(**meta["model"])
@@ -336,8 +371,24 @@ class RewardModel:
         restored_step, state, _ = out
         kwargs.setdefault("process_reduce", meta["process_reduce"])
         kwargs.setdefault("read", meta.get("read", "end"))  # saved before `read` existed: "end"
+        if meta.get("answer_check"):  # saved before it existed: absent
+            kwargs.setdefault("answer_check", _load_answer_check(meta["answer_check"], extract_answer, path))
         return cls(cfg, state["params"], tokenizer, meta["kind"], transform=meta["transform"],
                    loss=meta["loss"], trained_steps=restored_step, **kwargs)
+
+
+def _load_answer_check(meta: dict, extract_answer, path: Path) -> AnswerCheck:
+    try:
+        if extract_answer is None:
+            from grpo_jax.tasks import get_task
+
+            extract_answer = get_task(meta["task"]).extract_answer
+        return AnswerCheck(extract_answer, meta["task"], float(meta["margin"]), int(meta["max_new_tokens"]))
+    except Exception as err:  # noqa: BLE001 - any failure to rebuild it is the same user error
+        raise RewardModelError(
+            f"reward model {str(path)!r} checks answers with task {meta.get('task')!r}'s extraction, which "
+            f"could not be rebuilt ({type(err).__name__}: {err}); pass extract_answer=task.extract_answer "
+            "to RewardModel.load") from None
 
 
 def _save_tokenizer(tokenizer, path: Path) -> str:

@@ -16,6 +16,7 @@ from grpo_jax.model import transformer as model_lib
 from grpo_jax.config import ModelConfig, OptimizerConfig
 from grpo_jax.model.logprobs import token_logprobs
 from grpo_jax.rl.optimizer import make_optimizer
+from grpo_jax.rl.reward_models.answer_check import AnswerCheck, spread_margin
 from grpo_jax.rl.reward_models.data import LabelledSample, ReplayBuffer, has_same_prompt_pair, replay_count
 from grpo_jax.rl.reward_models.scorer import (KINDS, LIKELIHOOD_SCALE, LOSSES, READS, RewardModel, add_likelihood_scale,
                                               bucket, encode, pad_batch, read_ends, values_from_hidden)
@@ -253,6 +254,7 @@ def train_reward_model(
     likelihood: bool | None = None,
     validation: Sequence[LabelledSample] | None = None,
     eval_every: int = 100,
+    answer_task: Any = None,
 ) -> tuple[RewardModel, list[dict[str, float]]]:
     """Train an ORM or PRM on labelled samples; returns (model, per-step metrics).
 
@@ -281,6 +283,8 @@ def train_reward_model(
       returned is the one of the best evaluation (the earliest on a tie), not the last:
       on a few thousand samples the model fits its batches exactly long before the last
       step, and ranking within a prompt is what GRPO's group normalisation reads.
+    answer_task: a `Task`; the trained model then checks answers (`add_answer_check` on
+      ``samples``): its score ranks completions that agree with its trunk's greedy answer first.
     Metrics per step: loss, accuracy (pairs ranked right / outcomes or steps classified
       right at σ = ½), grad_norm, lr, replay_items (historical items in the batch), and
       for pairwise margin (mean r⁺ − r⁻) and same_prompt_pairs (fraction of the new pairs
@@ -334,7 +338,25 @@ def train_reward_model(
                                                                                      validation))
     params, trained, history_out = _fit(train_step, params, tx.init(params), source, lrs, progress=progress,
                                         desc=f"{kind} reward model", validate=validate, eval_every=eval_every)
-    return as_model(params, trained), history_out
+    model = as_model(params, trained)
+    if answer_task is None and isinstance(init_params, RewardModel):
+        answer_task = init_params.answer_check  # continued training keeps the check, margin refitted
+    return (model if answer_task is None else add_answer_check(model, answer_task, samples)), history_out
+
+
+def add_answer_check(rm: RewardModel, task, samples: Sequence[LabelledSample]) -> RewardModel:
+    """``rm`` checking answers with ``task``'s ``extract_answer`` (a `Task`, or an earlier
+    model's `AnswerCheck`; `answer_check` module): the margin is the spread of ``rm``'s own
+    scores over ``samples`` (its training samples), the greedy answer's bound their longest
+    completion (plus its stop token), within the room ``max_seq_len`` leaves."""
+    samples = list(samples)
+    if not samples:
+        raise ValueError("add_answer_check needs the model's training samples, got none")
+    extract, name = (task.extract, task.task) if isinstance(task, AnswerCheck) else (task.extract_answer, task.name)
+    own = rm.score([s.prompt for s in samples], [s.completion for s in samples], check=False)
+    longest = max(len(rm.tokenizer.encode(s.completion)) for s in samples) + 1
+    check = AnswerCheck(extract, name, spread_margin(own), min(longest, rm.cfg.max_seq_len - 1))
+    return rm.with_answer_check(check)
 
 
 
