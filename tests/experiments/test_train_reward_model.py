@@ -63,8 +63,13 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
     # --evaluate: the saved model on a samples file scores what training measured on the same samples
     trm.rm_lib.write_samples(tmp_path / "held_out.jsonl", held_out)
     again = trm.main(["--evaluate", str(tmp_path / "reward_model"), "--held-out-samples", str(tmp_path / "held_out.jsonl")])
-    for key in ("held_out_pairwise_accuracy", "held_out_step_accuracy", "majority_baseline", "held_out_samples"):
+    for key in ("held_out_pairwise_accuracy", "held_out_step_accuracy", "majority_baseline", "held_out_samples",
+                "held_out_pairwise_without_answer_check", "trunk_greedy_accuracy", "trunk_greedy_questions"):
         assert again[key] == pytest.approx(metrics[key], rel=0, abs=0, nan_ok=True), key  # NaN: no pair
+    # By default the model checks answers, with the modular task's extraction, rebuilt on load.
+    saved = trm.rm_lib.RewardModel.load(tmp_path / "reward_model")
+    assert saved.answer_check.task == "modular"
+    assert saved.answer_check.extract("1+2=3\nA: 3") == "3"
     with pytest.raises(SystemExit):
         trm.main(["--evaluate", str(tmp_path / "reward_model")])
     assert "--evaluate needs --held-out-samples" in capsys.readouterr().err
@@ -81,11 +86,13 @@ def test_an_orm_and_a_prm_of_one_seed_share_the_base_model(tmp_path, monkeypatch
     monkeypatch.setattr(trm, "_TRUNKS", {})
     common = ["--trunk-steps", "2", "--train-prompts", "8", "--eval-prompts", "4", "--samples-per-prompt", "2",
               "--batch-size", "4", "--no-progress", "run.steps=1", "model.max_seq_len=48", *TINY]
-    runs = [("outcome", 0), ("process", 0), ("outcome", 1)]
-    metrics = [trm.main(["--kind", kind, *common, f"run.seed={seed}", f"run.run_dir={tmp_path / f'{kind}{seed}'}"])
-               for kind, seed in runs]
+    runs = [("outcome", 0, []), ("process", 0, []), ("outcome", 1, ["--no-answer-check"])]
+    metrics = [trm.main(["--kind", kind, *common, *extra, f"run.seed={seed}",
+                         f"run.run_dir={tmp_path / f'{kind}{seed}'}"]) for kind, seed, extra in runs]
     assert calls == [0, 1]  # seed 0's trunk once, for both kinds; seed 1's its own
     assert [m["trunk_reused"] for m in metrics] == [False, True, False]
+    assert ["held_out_pairwise_without_answer_check" in m for m in metrics] == [True, True, False]
+    assert trm.rm_lib.RewardModel.load(tmp_path / "outcome1" / "reward_model").answer_check is None
 
 
 @pytest.fixture
