@@ -19,7 +19,8 @@ arithmetic by default, or modular, the testbed).
 5. evaluate on held-out questions (the task's test split) and write into run.run_dir:
    reward_model/ (checkpoint + tokenizer, `RewardModel.load`), metrics.json
    (held-out accuracy, baselines, config) and history.json (per-step losses). A model whose
-   held-out pairwise accuracy is below 0.7 is reported with a warning line.
+   held-out pairwise accuracy is below 0.7, or whose answer check ranks worse than its own
+   score, is reported with a warning line.
 
     python experiments/train_reward_model.py --kind outcome
     python experiments/train_reward_model.py --kind process run.steps=800 run.run_dir=runs/prm
@@ -55,7 +56,7 @@ import numpy as np
 
 from grpo_jax import config as config_lib
 from grpo_jax.rl import reward_models as rm_lib
-from grpo_jax.rl.reward_models.checks import ranking_warning
+from grpo_jax.rl.reward_models.checks import answer_check_warning, ranking_warning
 from grpo_jax.cli.runs import make_task
 from grpo_jax.tasks.arithmetic import ArithmeticTask
 from grpo_jax.tasks.modular import ModularTask
@@ -135,10 +136,19 @@ def evaluate(path: str, held_out_path: str) -> dict:
            **held_out_metrics(model, held_out)}
     print(f"[reward model] {path} on {held_out_path}: "
           f"{json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
-    warning = ranking_warning(out["held_out_pairwise_accuracy"])
-    if warning:
+    for warning in warnings(out):
         print(f"[reward model] {warning}")
     return out
+
+
+def warnings(metrics: dict) -> list[str]:
+    """The lines a trained or evaluated model's held-out metrics call for (`checks`)."""
+    found = [ranking_warning(metrics["held_out_pairwise_accuracy"])]
+    if "held_out_pairwise_without_answer_check" in metrics:
+        found.append(answer_check_warning(metrics["held_out_pairwise_accuracy"],
+                                          metrics["held_out_pairwise_without_answer_check"],
+                                          metrics["trunk_greedy_accuracy"]))
+    return [w for w in found if w]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,8 +301,7 @@ def main(argv=None) -> dict:
                "held_out_fraction_correct": float(np.mean([s.correct for s in held_out])),
                "final_train_loss": float(np.mean([h["loss"] for h in history[-20:]]))}
     metrics |= held_out_metrics(model, held_out)
-    warning = ranking_warning(metrics["held_out_pairwise_accuracy"])
-    metrics["ranks"] = warning is None
+    metrics["ranks"] = ranking_warning(metrics["held_out_pairwise_accuracy"]) is None
     metrics["seconds"] = time.perf_counter() - t0
     metrics["config"] = cfg.to_dict()
     metrics["args"] = vars(args)
@@ -305,7 +314,7 @@ def main(argv=None) -> dict:
     shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
              if k not in ("config", "args")}
     print(f"[reward model] {json.dumps(shown)}")
-    if warning:
+    for warning in warnings(metrics):
         print(f"[reward model] {warning}")
     print(f"[reward model] wrote {run_dir}/reward_model, metrics.json, history.json "
           f"(use it in RL with rl.reward_model={os.path.join(run_dir, 'reward_model')})")

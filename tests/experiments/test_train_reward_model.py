@@ -181,3 +181,13 @@ def test_lookup_errors_reach_every_synthetic_draw_and_only_when_asked(tmp_path, 
     calls.clear()
     trm.main([*argv, f"run.run_dir={tmp_path / 'b'}"])
     assert calls == [("train", None), ("test", None)]
+
+
+def test_the_script_warns_of_a_check_that_ranks_worse_and_of_a_model_near_chance():
+    base = {"held_out_pairwise_accuracy": 0.65, "held_out_pairwise_without_answer_check": 0.9,
+            "trunk_greedy_accuracy": 0.2}
+    lines = trm.warnings(base)
+    assert len(lines) == 2 and "ranks a right answer above a wrong one on 0.650" in lines[0]
+    assert "lowers held-out pairwise accuracy from 0.900 to 0.650" in lines[1]
+    assert trm.warnings(dict(base, held_out_pairwise_accuracy=0.95)) == []
+    assert trm.warnings({"held_out_pairwise_accuracy": 0.95}) == []  # --no-answer-check: nothing to compare

@@ -1,12 +1,13 @@
-"""The reward-model warnings: a model that ranks near chance, and a score that rises while
-held-out accuracy falls (reward hacking), both said in one line, the second by the trainer."""
+"""The reward-model warnings: a model that ranks near chance, an answer check that ranks worse
+than the model's own score, and a score that rises while held-out accuracy falls (reward
+hacking), each said in one line, the last by the trainer."""
 import logging
 import math
 
 import numpy as np
 import pytest
 
-from grpo_jax.rl.reward_models.checks import RANKS_AT, hacking_warning, ranking_warning
+from grpo_jax.rl.reward_models.checks import RANKS_AT, answer_check_warning, hacking_warning, ranking_warning
 from tests.rl.test_trainer import tok  # noqa: F401  (the fixture)
 
 
@@ -19,6 +20,16 @@ def test_ranking_warning_below_the_threshold(pairwise, warns):
         assert "\n" not in line and line.startswith("warning:")
         if not math.isnan(pairwise):
             assert f"{pairwise:.3f}" in line
+
+
+@pytest.mark.parametrize("with_check, without, warns", [(0.80, 0.84, True), (0.84, 0.84, False), (0.96, 0.84, False),
+                                                      (math.nan, 0.84, False), (0.9, math.nan, False)])
+def test_answer_check_warning_when_the_check_ranks_worse(with_check, without, warns):
+    line = answer_check_warning(with_check, without, 0.31)
+    assert (line is not None) is warns
+    if warns:
+        assert "\n" not in line and line.startswith("warning:") and "--no-answer-check" in line
+        assert "from 0.840 to 0.800" in line and "0.310 of the questions" in line
 
 
 @pytest.mark.parametrize("evals, warns", [

@@ -3,8 +3,10 @@
 Two failures were measured on the testbed (docs/results.md, Figure 5's reward-model arms):
 reward models that ranked a right answer above a wrong one at chance, and GRPO runs scored by
 them whose reward-model score rose while held-out accuracy fell below the SFT start. Both
-were silent. `ranking_warning` speaks after a reward model is trained and evaluated;
-`hacking_warning` speaks during RL, from the trainer's evaluations.
+were silent. `ranking_warning` speaks after a reward model is trained and evaluated, and
+`answer_check_warning` when its answer check ranks worse than its own score (its trunk
+answers the task's questions too badly to check them); `hacking_warning` speaks during RL,
+from the trainer's evaluations.
 """
 from __future__ import annotations
 
@@ -28,6 +30,15 @@ def ranking_warning(pairwise: float, *, threshold: float = RANKS_AT) -> str | No
                 f"held-out pairs (chance 0.5, threshold {threshold}); RL scored by it optimises the "
                 "model, not the task")
     return None
+
+
+def answer_check_warning(with_check: float, without: float, trunk_accuracy: float) -> str | None:
+    """One line when a reward model's held-out pairwise accuracy with its answer check is
+    below that of its own score alone; else None (also when either is unknown)."""
+    if math.isnan(with_check) or math.isnan(without) or with_check >= without:
+        return None
+    return (f"warning: the answer check lowers held-out pairwise accuracy from {without:.3f} to {with_check:.3f} "
+            f"(the trunk answers {trunk_accuracy:.3f} of the questions right); train with --no-answer-check")
 
 
 def hacking_warning(evaluations: Sequence[tuple[int, float, float]], *,
