@@ -104,12 +104,15 @@ def task_description(task) -> dict:
 
 
 def held_out_metrics(model, held_out) -> dict:
-    """A reward model's accuracies on labelled samples, as metrics.json records them (with an
-    answer check, also its own score's pairwise accuracy without it, and how often the
-    trunk's greedy answer is right: it is what the check leans on)."""
-    out = {"held_out_pairwise_accuracy": rm_lib.pairwise_accuracy(model, held_out)}
+    """A reward model's accuracies on labelled samples, as metrics.json records them: pairwise
+    with its 95% bootstrap interval over questions (`pairwise_interval`); with an answer
+    check, also its own score's pairwise accuracy without it and how often the trunk's greedy
+    answer is right, which is what the check leans on."""
+    prompts, completions = [s.prompt for s in held_out], [s.completion for s in held_out]
+    scores = model.score(prompts, completions)
+    out = {"held_out_pairwise_accuracy": rm_lib.pairwise_from_scores(held_out, scores),
+           "held_out_pairwise_interval": list(rm_lib.pairwise_interval(held_out, scores))}
     if model.answer_check is not None:
-        prompts, completions = [s.prompt for s in held_out], [s.completion for s in held_out]
         out["held_out_pairwise_without_answer_check"] = rm_lib.pairwise_from_scores(
             held_out, model.score(prompts, completions, check=False))
         # A question's right answer is that of its right samples: questions without one are left out.
@@ -135,10 +138,17 @@ def evaluate(path: str, held_out_path: str) -> dict:
            "held_out_fraction_correct": float(np.mean([s.correct for s in held_out])),
            **held_out_metrics(model, held_out)}
     print(f"[reward model] {path} on {held_out_path}: "
-          f"{json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
+          f"{json.dumps({k: _rounded(v) for k, v in out.items()})}")
     for warning in warnings(out):
         print(f"[reward model] {warning}")
     return out
+
+
+def _rounded(v):
+    """A metric as printed: floats (alone or in a list) to 4 places."""
+    if isinstance(v, float):
+        return round(v, 4)
+    return [_rounded(x) for x in v] if isinstance(v, list) else v
 
 
 def warnings(metrics: dict) -> list[str]:
@@ -311,8 +321,7 @@ def main(argv=None) -> dict:
         json.dump(metrics, f, indent=2, sort_keys=True)
     with open(os.path.join(run_dir, "history.json"), "w") as f:
         json.dump(history, f)
-    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
-             if k not in ("config", "args")}
+    shown = {k: _rounded(v) for k, v in metrics.items() if k not in ("config", "args")}
     print(f"[reward model] {json.dumps(shown)}")
     for warning in warnings(metrics):
         print(f"[reward model] {warning}")

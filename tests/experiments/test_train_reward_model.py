@@ -1,6 +1,7 @@
 """experiments/train_reward_model.py: the task comes from data.task (--operations the arithmetic
 task's alone), the arithmetic default as it was."""
 import json
+import math
 
 import pytest
 
@@ -56,6 +57,8 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
     assert all(s.prompt.startswith("Q: ") and s.prompt.endswith(" mod 7=?\n") and s.prompt.count("-") == 1
                for s in held_out)
     assert 0 <= metrics["held_out_step_accuracy"] <= 1
+    lo, hi = metrics["held_out_pairwise_interval"]
+    assert (lo <= metrics["held_out_pairwise_accuracy"] <= hi) or math.isnan(lo)  # NaN: no pair
     assert (metrics["validation_samples"], metrics["kept_step"]) == (0, 2)  # by default: all trained on, last step
     # Two steps rank nothing: the run says so in one line, and metrics.json records it.
     ranks = metrics["held_out_pairwise_accuracy"] >= 0.7
@@ -64,7 +67,8 @@ def test_modular_reward_model_trains_and_is_held_out_on_modular_questions(tmp_pa
     trm.rm_lib.write_samples(tmp_path / "held_out.jsonl", held_out)
     again = trm.main(["--evaluate", str(tmp_path / "reward_model"), "--held-out-samples", str(tmp_path / "held_out.jsonl")])
     for key in ("held_out_pairwise_accuracy", "held_out_step_accuracy", "majority_baseline", "held_out_samples",
-                "held_out_pairwise_without_answer_check", "trunk_greedy_accuracy", "trunk_greedy_questions"):
+                "held_out_pairwise_without_answer_check", "trunk_greedy_accuracy", "trunk_greedy_questions",
+                "held_out_pairwise_interval"):
         assert again[key] == pytest.approx(metrics[key], rel=0, abs=0, nan_ok=True), key  # NaN: no pair
     # By default the model checks answers, with the modular task's extraction, rebuilt on load.
     saved = trm.rm_lib.RewardModel.load(tmp_path / "reward_model")

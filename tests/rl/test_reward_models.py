@@ -141,6 +141,27 @@ def test_step_ends_map_to_the_newline_tokens(tok):
     assert -1 in short.step_index
 
 
+def test_pairwise_interval_resamples_whole_questions():
+    def samples(*questions):  # each question: (right scores, wrong scores)
+        out, scores = [], []
+        for q, (pos, neg) in enumerate(questions):
+            for r in pos:
+                out.append(_sample(prompt=f"Q{q}", correct=True)), scores.append(r)
+            for r in neg:
+                out.append(_sample(prompt=f"Q{q}", correct=False)), scores.append(r)
+        return out, scores
+
+    # One pair won, one lost: a resample holds 0, 1 or 2 wins of 2 (1/4, 1/2, 1/4).
+    assert rm_lib.pairwise_interval(*samples(([1.0], [0.0]), ([0.0], [1.0]))) == (0.0, 1.0)
+    assert rm_lib.pairwise_interval(*samples(([1.0], [0.0]), ([2.0], [0.5]))) == (1.0, 1.0)
+    # Pairs weigh as pairs: 4 won in one question and 1 lost in another is 0.8, inside its interval.
+    many, scores = samples(([1.0, 2.0], [0.0, 0.5]), ([0.0], [1.0]))
+    assert rm_lib.pairwise_from_scores(many, scores) == 0.8
+    lo, hi = rm_lib.pairwise_interval(many, scores)
+    assert (lo, hi) == (0.0, 1.0) and rm_lib.pairwise_interval(many, scores, level=0.4) == (0.8, 0.8)
+    assert all(math.isnan(x) for x in rm_lib.pairwise_interval(*samples(([1.0], []))))
+
+
 def test_pairs_prefer_the_same_prompt():
     a_good, a_bad = _sample("A", "x", True), _sample("A", "y", False)
     b_good, c_bad = _sample("B", "x", True), _sample("C", "y", False)

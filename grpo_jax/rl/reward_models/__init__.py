@@ -43,7 +43,7 @@ from grpo_jax.rl.reward_models.data import (LabelledSample, ReplayBuffer, has_sa
 from grpo_jax.rl.reward_models.pretrain import pretrain_trunk
 from grpo_jax.rl.reward_models.scorer import KINDS, LOSSES, READS, RewardModel
 from grpo_jax.rl.reward_models.training import (add_answer_check, bradley_terry_loss, outcome_accuracy, pairwise_accuracy,
-                                             pairwise_from_scores,
+                                             pairwise_from_scores, pairwise_interval,
                                              pointwise_loss, step_accuracy, train_reward_model)
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "line_step_ends",
     "pairwise_accuracy",
     "pairwise_from_scores",
+    "pairwise_interval",
     "read_samples",
     "outcome_accuracy",
     "step_accuracy",

@@ -425,6 +425,27 @@ def pairwise_from_scores(samples: Sequence[LabelledSample], scores: Sequence[flo
     return wins / total if total else float("nan")
 
 
+def pairwise_interval(samples: Sequence[LabelledSample], scores: Sequence[float], *, level: float = 0.95,
+                      draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval of `pairwise_from_scores` over questions: a question's
+    pairs are not independent (one sample sits in many), so whole questions are resampled."""
+    by_prompt: dict[str, tuple[list[float], list[float]]] = {}
+    for s, r in zip(samples, scores, strict=True):
+        by_prompt.setdefault(s.prompt, ([], []))[0 if s.correct else 1].append(float(r))
+    wins, pairs = [], []
+    for pos, neg in by_prompt.values():
+        if pos and neg:
+            a, b = np.asarray(pos)[:, None], np.asarray(neg)[None, :]
+            wins.append(float((a > b).sum() + 0.5 * (a == b).sum()))
+            pairs.append(a.size * b.size)
+    if not pairs:
+        return float("nan"), float("nan")
+    pick = np.random.default_rng(seed).integers(0, len(pairs), size=(draws, len(pairs)))
+    ratio = np.asarray(wins)[pick].sum(axis=1) / np.asarray(pairs, np.float64)[pick].sum(axis=1)
+    lo, hi = np.quantile(ratio, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def outcome_accuracy(rm: RewardModel, samples: Sequence[LabelledSample], threshold: float | None = None) -> float:
     """Fraction of samples classified right by score > threshold (default ½ for sigmoid
     scores, 0 for raw ones)."""
