@@ -82,7 +82,11 @@ def test_greedy_answers_are_the_package_samplers_greedy_text_decoded_once(cfg, p
     rollout = sampler.generate(sampler.copy(params), [encode_prompt(tok, p) for p in prompts], key=jax.random.key(5))
     want = completion_texts(rollout, tok)
     assert any(want)  # a random trunk still writes something
+    asked, decode = [], GreedyAnswers._decode
+    monkeypatch.setattr(GreedyAnswers, "_decode", lambda self, ps: asked.append(ps) or decode(self, ps))
+    # A group's completions share their question: each question is decoded once.
     assert greedy([prompts[2], prompts[0], prompts[1], prompts[0]]) == [want[2], want[0], want[1], want[0]]
+    assert asked == [sorted(prompts)]
     decoded = []
     monkeypatch.setattr(GreedyAnswers, "_decode", lambda self, ps: decoded.extend(ps) or ["x"] * len(ps))
     assert greedy(prompts) == want and decoded == []  # cached
