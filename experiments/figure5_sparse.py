@@ -291,6 +291,7 @@ def reward_model(kind: str, cfg, root: str, data: tuple[str, str], args, draw: i
             "--tokenizer", os.path.join(root, "tokenizer.model"), *reward_model_task_args(cfg.data),
             "--trunk-steps", str(args.rm_trunk_steps), *(["--no-progress"] if args.no_progress else []),
             "--validation-fraction", str(args.rm_validation_fraction),
+            *([] if args.rm_answer_check else ["--no-answer-check"]),
             f"run.run_dir={run_dir}", f"run.steps={args.rm_steps}", f"model.max_seq_len={cfg.model.max_seq_len}",
             *([f"run.seed={draw}"] if args.rm_draws > 1 else [])])
     return os.path.join(run_dir, "reward_model"), common.read_json(metrics_path)
@@ -321,6 +322,9 @@ def main(argv=None):
     p.add_argument("--rm-validation-fraction", type=float, default=0.0,
                    help="train_reward_model.py's --validation-fraction (default 0, the script's: every model of the "
                         "committed studies kept its last step)")
+    p.add_argument("--rm-answer-check", action="store_true",
+                   help="train_reward_model.py's answer check (its default since issue #71; off here: every "
+                        "committed study's models scored without it)")
     p.add_argument("--rm-draws", type=int, default=1,
                    help="draws of each reward model (run.seed = 0..N-1, the same labelled samples); a "
                         "reward-model arm's seed s is scored by draw s %% N (default 1: reward_models/{orm,prm})")

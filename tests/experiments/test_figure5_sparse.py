@@ -51,7 +51,8 @@ def test_reward_model_arm_seed_s_is_scored_by_draw_s_mod_n():
         "prm_draw0", "prm_draw1", "prm_draw0"]
 
 
-def trained_reward_models(monkeypatch, tmp_path, overrides, draws, rm_loss=None, rm_validation_fraction=0.0):
+def trained_reward_models(monkeypatch, tmp_path, overrides, draws, rm_loss=None, rm_validation_fraction=0.0,
+                          rm_answer_check=False):
     """reward_model() for every kind and draw, experiments/train_reward_model.py replaced by a
     stand-in that records its arguments: {run dir name: argv}."""
     from grpo_jax import config as config_lib
@@ -69,7 +70,7 @@ def trained_reward_models(monkeypatch, tmp_path, overrides, draws, rm_loss=None,
     monkeypatch.setitem(sys.modules, "train_reward_model", types.SimpleNamespace(main=fake_main))
     cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), overrides)
     args = types.SimpleNamespace(rm_draws=draws, rm_trunk_steps=2, rm_steps=3, no_progress=True, rm_loss=rm_loss,
-                                 rm_validation_fraction=rm_validation_fraction)
+                                 rm_validation_fraction=rm_validation_fraction, rm_answer_check=rm_answer_check)
     for kind in ("outcome", "process"):
         for draw in range(draws):
             path, metrics = f5.reward_model(kind, cfg, str(tmp_path), ("train.jsonl", "held_out.jsonl"), args, draw)
@@ -91,6 +92,7 @@ def test_reward_model_draws_train_on_the_regimes_task_with_seed_d(monkeypatch, t
         assert "--loss" not in argv  # train_reward_model.py's recipe decides
         # the committed studies' models kept their last step: no validation split unless asked for
         assert argv[argv.index("--validation-fraction") + 1] == "0.0"
+        assert "--no-answer-check" in argv  # nor an answer check: the committed studies had none
     # One draw: the arithmetic studies' folders and options, as before draws existed.
     calls = trained_reward_models(monkeypatch, tmp_path / "one", ["data.num_operands=8", "data.min_carries=4"], draws=1)
     assert sorted(calls) == ["orm", "prm"]
@@ -119,6 +121,8 @@ def test_rm_loss_reaches_both_kinds(monkeypatch, tmp_path):
     assert {argv[argv.index("--loss") + 1] for argv in calls.values()} == {"pointwise"}
     calls = trained_reward_models(monkeypatch, tmp_path / "v", [], draws=1, rm_validation_fraction=0.1)
     assert {argv[argv.index("--validation-fraction") + 1] for argv in calls.values()} == {"0.1"}
+    calls = trained_reward_models(monkeypatch, tmp_path / "c", [], draws=1, rm_answer_check=True)
+    assert not any("--no-answer-check" in argv for argv in calls.values())
 
 
 def _run(arm, seed, finals, steps=(0, 10, 20)):
