@@ -34,8 +34,8 @@ arithmetic by default, or modular, the testbed).
 Step 3 reads labelled samples from files instead with --train-samples / --held-out-samples
 (JSON lines, `reward_models.write_samples`): e.g. samples of an SFT model labelled by the
 rule, as experiments/figure5_sparse.py makes them. --tokenizer reuses a policy's
-sentencepiece model instead of training one, so RL can load the reward model with
-`rl.reward_model` (the trainer scores with the policy's tokenizer).
+sentencepiece model instead of training one. Either way the tokenizer is saved with the model,
+and the model reads text with it in RL (`rl.reward_model`), whatever the policy's.
 
 Config keys read: model.*, optimizer.* (the reward model's AdamW), run.steps (reward-model
 steps), run.seed, run.run_dir, data.task and its knobs (`grpo_jax.cli.runs.make_task`: arithmetic

@@ -21,7 +21,7 @@ from grpo_jax.rl import reward_models as rm_lib
 from grpo_jax.rl.reward_models import scorer as rm_scorer, training as rm_training
 from grpo_jax.config import ModelConfig
 from grpo_jax.errors import RewardModelError
-from grpo_jax.model.transformer import add_value_head
+from grpo_jax.model.transformer import add_value_head, init_params
 from grpo_jax.rl.reward_models import LabelledSample, ReplayBuffer, RewardModel
 from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus
 from grpo_jax.text.tokenizer import train_sentencepiece
@@ -363,6 +363,20 @@ def test_save_load_round_trip(orm, prm, data, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(RewardModelError, match=r"empty' is not a saved reward model \(no reward_model.json\)"):
         RewardModel.load(tmp_path / "empty")
+
+
+def test_a_saved_model_reads_text_with_its_own_tokenizer_whatever_it_is_given(cfg, tok, tmp_path):
+    """The trainer hands the policy's tokenizer to `load`: one of the same size but other pieces
+    would pass every check and score other tokens, so a model saved with one keeps its own."""
+    other = train_sentencepiece(tokenizer_corpus(300, seed=5, num_operands=3, max_digits=2, operations="+"),
+                                vocab_size=tok.vocab_size)
+    text = "Q: 7+8+9=?\n7+8=15\n15+9=24\nA: 24\n"
+    assert other.vocab_size == tok.vocab_size and other.encode(text) != tok.encode(text)
+    model = RewardModel(cfg, init_params(cfg, jax.random.key(0), value_head=True), tok, "outcome")
+    model.save(tmp_path / "rm")
+    again = RewardModel.load(tmp_path / "rm", other)
+    assert again.tokenizer.encode(text) == tok.encode(text)
+    np.testing.assert_array_equal(again.score(["Q: 7+8+9=?\n"], [text[11:]]), model.score(["Q: 7+8+9=?\n"], [text[11:]]))
 
 
 def test_reward_model_metadata_that_does_not_match_its_checkpoint_names_the_parameter(orm, tmp_path):

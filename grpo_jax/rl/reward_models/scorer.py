@@ -338,17 +338,20 @@ class RewardModel:
     def load(cls, path: str | os.PathLike, tokenizer: Tokenizer | None = None, *,
              step: int | None = None, extract_answer: Callable[[str], str | None] | None = None,
              **kwargs) -> "RewardModel":
-        """Restore a saved reward model (latest step unless ``step``); ``tokenizer`` is needed
-        only if none was saved with it, and its token ids must fit the reward model's
-        vocabulary. A model saved with an answer check reads answers with ``extract_answer``
+        """Restore a saved reward model (latest step unless ``step``). It reads text with the
+        tokenizer saved with it, the one it was trained with: it scores strings, so the
+        policy's may differ. ``tokenizer`` serves only a model saved without one, and its token
+        ids must fit the reward model's vocabulary. A model saved with an answer check reads answers with ``extract_answer``
         (the run's task's), else with that of the task it was trained on, rebuilt by name.
         ``kwargs`` go to the constructor (e.g. max_batch). Anything unusable about ``path``
         is a RewardModelError naming it."""
         path = Path(path)
         meta = cls.read_meta(path)
         cfg = ModelConfig(**meta["model"])
-        tokenizer = tokenizer or _load_tokenizer(meta["tokenizer"], path)
-        if tokenizer.vocab_size > cfg.vocab_size:
+        # Another tokenizer of the same size would pass every check and score other pieces.
+        if meta["tokenizer"] != "none" or tokenizer is None:
+            tokenizer = _load_tokenizer(meta["tokenizer"], path)
+        elif tokenizer.vocab_size > cfg.vocab_size:
             # Token ids past the reward model's embedding would be clipped silently by the gather.
             raise RewardModelError(
                 f"reward model {str(path)!r} has a vocabulary of {cfg.vocab_size} tokens, the policy's "
