@@ -74,6 +74,8 @@ def run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0: float,
     buffer = ReplayBuffer(seed=seed)
     if args.reward_model:  # iteration 0's reward model trained elsewhere, on --rm-samples
         rm = RewardModel.load(args.reward_model.format(draw=seed % args.rm_draws), tok)
+        if args.rm_no_answer_check:
+            rm = rm.with_answer_check(None)
         first = read_samples(args.rm_samples)
     else:  # trained here from the SFT policy on SFT-style labelled samples
         first = labelled_samples(task, "train", 512, seed, wrong_step_prob=0.5)
@@ -119,6 +121,7 @@ def run_seed(args, cfg, task, tok, sft_policy, mesh, eval_examples, acc0: float,
     result = {"seed": seed, "steps": steps, "iteration_ends": [m * (i + 1) for i in range(args.iterations)],
               "iterative": [acc0] + common.curve(history, "eval_accuracy", steps[1:]),
               "reward_model": args.reward_model.format(draw=seed % args.rm_draws) if args.reward_model else None,
+              "reward_model_answer_check": fixed_rm.answer_check is not None,
               "reward_model_pairwise_accuracy": rm_acc,
               "reward_model_on_policy_pairwise_accuracy": rm_on_policy,
               "reward_model_on_final_policy_pairwise_accuracy": policy_end}
@@ -148,6 +151,8 @@ def main(argv=None):
                    help="iteration 0's reward model, a saved RewardModel folder (e.g. one of "
                         "experiments/figure5_sparse.py's; '{draw}' in it becomes seed %% --rm-draws), instead "
                         "of one trained here from the SFT policy (--rm-steps); needs --rm-samples")
+    p.add_argument("--rm-no-answer-check", action="store_true",
+                   help="score with --reward-model's own score, leaving out its answer check (a model that has one)")
     p.add_argument("--rm-draws", type=int, default=1, help="draws '{draw}' in --reward-model ranges over")
     p.add_argument("--rm-samples", default=None,
                    help="the labelled samples (JSON lines) --reward-model was trained on: the replay buffer's start")
@@ -170,6 +175,8 @@ def main(argv=None):
     if (args.reward_model is None) != (args.rm_samples is None):
         p.error("--reward-model and --rm-samples go together (the replay buffer starts with the samples it was "
                 "trained on)")
+    if args.rm_no_answer_check and args.reward_model is None:
+        p.error("--rm-no-answer-check needs --reward-model (a reward model trained here has no answer check)")
     if args.rm_draws < 1:
         p.error(f"--rm-draws must be >= 1, got {args.rm_draws}")
     if not cfg.run.eval_every or cfg.run.steps % cfg.run.eval_every:

@@ -16,6 +16,7 @@ def it(monkeypatch):
     (["--reward-model", "rm/{draw}"], "--reward-model and --rm-samples go together"),
     (["--rm-samples", "train.jsonl"], "--reward-model and --rm-samples go together"),
     (["--reward-model", "rm", "--rm-samples", "t.jsonl", "--rm-draws", "0"], "--rm-draws must be >= 1"),
+    (["--rm-no-answer-check"], "--rm-no-answer-check needs --reward-model"),
 ])
 def test_reward_model_options_are_checked_before_any_training(it, tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit):
