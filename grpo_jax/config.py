@@ -41,9 +41,10 @@ POLICY_LOSSES = ("clipped", "gspo", "cispo")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # The sampler's decode engines (grpo_jax.sampler.engines): the model's forward with its layers
 # in a `lax.scan` or written out one by one, the single-CPU-device feature-major step, or the
-# written-out forward over a prompt cache shared by a question's rows (`shared`); `auto`
-# picks one from the sampling mesh's devices (`sampler.engines.resolve`).
-DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared")
+# written-out forward over a prompt cache shared by a question's rows (`shared`), or slots
+# refilled from a queue as rows finish (`slots`, grpo_jax.sampler.slots); `auto` picks one
+# from the sampling mesh's devices (`sampler.engines.resolve`).
+DECODE_ENGINES = ("auto", "scan", "unrolled", "feature_major", "shared", "slots")
 # The sampler's KV cache dtypes (rl.kv_dtype): auto is the model's compute dtype; int8 keeps
 # a float32 scale per slot and kv head (grpo_jax.model.transformer.quantize_kv).
 KV_DTYPES = ("auto", "bfloat16", "int8")
@@ -282,6 +283,10 @@ class RLConfig:
     # each phase reads a cache that ends a phase's share of the completion bucket further on,
     # so more phases read fewer empty slots and compile one more copy of the step each.
     decode_phases: int = _rl(4, "sampling")
+    # Decode slots of rl.decode=slots (grpo_jax.sampler.slots): rows in flight, each slot
+    # taking the next queued row as its row ends. 0 = the rows of one static call
+    # (sample_prompts x group_size, or the whole batch), the static sampler's cache.
+    decode_slots: int = _rl(0, "sampling")
     # Pack each micro-batch's sequences end to end for the train step's forward passes
     # instead of padding every row to prompt + completion bucket (grpo_jax.model.packing): the
     # same loss and gradient, fewer positions when completions are shorter than the bucket.
@@ -337,6 +342,8 @@ class RLConfig:
         _positive(self, "max_new_tokens")
         _positive(self, "num_micro_batches")
         _positive(self, "decode_phases")
+        if self.decode_slots < 0:
+            raise ConfigError(f"rl.decode_slots must be >= 0 (0 = the rows of one sampler call), got {self.decode_slots}")
         _positive(self, "logprob_chunk_size")
         if self.beta < 0:
             raise ConfigError(f"rl.beta must be >= 0, got {self.beta}")

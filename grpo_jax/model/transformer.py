@@ -48,7 +48,8 @@ NEG = -1e30  # finite: a fully masked row (a pad query) must give a uniform soft
 class KVCache:
     """Keys/values for every layer. k: [layers, batch, kv_heads, head_dim, max_len];
     v: [layers, batch, kv_heads, max_len, head_dim]; mask: [batch, max_len] (slot holds a real
-    token); index: next slot to write (scalar).
+    token); index: next slot to write: a scalar (every row writes the same slot), or [batch]
+    (each row its own: the slot engine, ``grpo_jax.sampler.slots``; `write_at`).
 
     Heads come first so that each (row, kv head) is one contiguous block, and k is stored
     transposed, so that a decode step's two attention matmuls, q [G,D] x k [D,S] and
@@ -347,10 +348,26 @@ def cache_layer(cache: KVCache, prefix: PrefixCache | None = None) -> dict:
     return kv
 
 
+def write_at(buf: jax.Array, x: jax.Array, index: jax.Array, axis: int) -> jax.Array:
+    """buf [B, ...] with x [B, ...] written along ``axis`` from slot ``index`` on: a scalar
+    (one slice update for every row), or [B] (row b from index[b]: a row-wise scatter,
+    what a slot engine's rows at different positions need)."""
+    if jnp.ndim(index) == 0:
+        return jax.lax.dynamic_update_slice_in_dim(buf, x, index, axis=axis)
+    put = lambda b, xb, i: jax.lax.dynamic_update_slice_in_dim(b, xb, i, axis=axis - 1)
+    return jax.vmap(put)(buf, x, index)
+
+
+def query_slots(index: jax.Array, batch: int, t: int) -> jax.Array:
+    """[B, T] cache slots of a call's T tokens written from ``index`` (`write_at`'s)."""
+    return jnp.reshape(index, (-1, 1)) + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
+
+
 def _write_slots(kv: dict, k, v, write_index) -> dict:
     """This call's k [B,K,D,T] and v [B,K,T,D] written into the cache layer's slots
-    write_index... (quantized first when the cache is int8) -> the layer's k, v and scales."""
-    put = jax.lax.dynamic_update_slice_in_dim
+    write_index... (a scalar or per row, `write_at`; quantized first when the cache is
+    int8) -> the layer's k, v and scales."""
+    put = write_at
     if kv["k_scale"] is None:
         return {"k": put(kv["k"], k.astype(kv["k"].dtype), write_index, axis=3),
                 "v": put(kv["v"], v.astype(kv["v"].dtype), write_index, axis=2), "k_scale": None, "v_scale": None}
@@ -646,9 +663,9 @@ class Transformer(nn.Module):
         else:
             write_index = cache.index
             with jax.named_scope("cache_update"):
-                key_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, mask, write_index, axis=1)
+                key_mask = write_at(cache.mask, mask, write_index, axis=1)
             kv = cache_layer(cache, prefix)
-        q_slot = jnp.broadcast_to(write_index + jnp.arange(t, dtype=jnp.int32), (b, t))
+        q_slot = query_slots(write_index, b, t)
         if rope_cs is None:
             cfg = self.cfg
             rope_cs = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)

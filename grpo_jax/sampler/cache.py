@@ -36,8 +36,10 @@ def arrays(cache: model_lib.KVCache) -> dict:
 
 def sharding(mesh: Mesh, cache: model_lib.KVCache) -> model_lib.KVCache:
     """The shardings of a stacked cache on ``mesh``, by the rules table: rows over
-    ('data', 'fsdp'), kv heads over 'tensor', the index replicated."""
-    return cache.replace(index=replicated(mesh), **{
+    ('data', 'fsdp'), kv heads over 'tensor', a scalar index replicated (a per-row one
+    like the rows)."""
+    index = replicated(mesh) if jnp.ndim(cache.index) == 0 else logical_to_sharding(("batch",), cache.index.shape, mesh)
+    return cache.replace(index=index, **{
         name: logical_to_sharding(AXES[name], x.shape, mesh) for name, x in arrays(cache).items()})
 
 
@@ -45,7 +47,7 @@ def constrain_cache(cache: model_lib.KVCache) -> model_lib.KVCache:
     """A stacked cache constrained to `sharding` on the mesh being traced under
     (``sharding.constrain``); unchanged without one (a per-layer cache of the feature-major
     engine only exists there)."""
-    return cache.replace(index=constrain(cache.index, ()), **{
+    return cache.replace(index=constrain(cache.index, ("batch",) * jnp.ndim(cache.index)), **{
         name: constrain(x, AXES[name]) for name, x in arrays(cache).items()})
 
 

@@ -147,17 +147,7 @@ class SamplerCall:
         return weights, cache, logits0, rows, self._key(key, abstract), drawing.replace(stop_mask=stop_mask)
 
     def _key(self, key, abstract: bool):
-        """The key replicated on the mesh, from the same key value on every process (typed
-        or raw); abstract: a typed key's."""
-        if abstract:
-            key = jax.eval_shape(lambda: jax.random.key(0))
-            return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=None if self.mesh is None else replicated(self.mesh))
-        if self.mesh is None or isinstance(key, jax.Array) and not key.is_fully_addressable:
-            return key
-        if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-            data = to_global(jax.random.key_data(key), replicated(self.mesh))
-            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
-        return to_global(key, replicated(self.mesh))
+        return place_key(key, self.mesh, abstract)
 
     def run(self, params, host: HostBatch, key):
         """Prefill, then decode -> (tokens, mask, logprobs [Bp, Tc], finished [Bp], steps)."""
@@ -177,6 +167,20 @@ class SamplerCall:
         dec_args = self.decode_args(params, cache, logits0, host, None, abstract=True)
         return {"prefill": (self.prefill, pre_args, self.prefill_kwargs),
                 "decode": (self.decode, dec_args, self.decode_kwargs)}
+
+
+def place_key(key, mesh: Mesh | None, abstract: bool = False):
+    """The key replicated on ``mesh``, from the same key value on every process (typed or
+    raw); abstract: a typed key's."""
+    if abstract:
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=None if mesh is None else replicated(mesh))
+    if mesh is None or isinstance(key, jax.Array) and not key.is_fully_addressable:
+        return key
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        data = to_global(jax.random.key_data(key), replicated(mesh))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
+    return to_global(key, replicated(mesh))
 
 
 @functools.lru_cache(maxsize=64)

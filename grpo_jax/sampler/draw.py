@@ -112,7 +112,12 @@ def next_token(logits, u, drawing: Drawing):
 
 
 def uniforms(key, step, row_ids):
-    """u in (0, 1] for every row [B], from fold_in(fold_in(key, step), row)."""
-    step_key = jax.random.fold_in(key, step)
-    draw = lambda r: jax.random.uniform(jax.random.fold_in(step_key, r), (), jnp.float32)
-    return 1.0 - jax.vmap(draw)(row_ids)
+    """u in (0, 1] for every row [B], from fold_in(fold_in(key, column), row): step is the
+    column every row draws (a scalar) or each row's own ([B]: the slot engine's rows, a
+    continuation's rows that resume at their own column)."""
+    if jnp.ndim(step) == 0:
+        step_key = jax.random.fold_in(key, step)
+        draw = lambda r: jax.random.uniform(jax.random.fold_in(step_key, r), (), jnp.float32)
+        return 1.0 - jax.vmap(draw)(row_ids)
+    draw = lambda t, r: jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, t), r), (), jnp.float32)
+    return 1.0 - jax.vmap(draw)(step, row_ids)

@@ -46,6 +46,7 @@ class DecodeEngine:
     donates_cache = True  # the decode updates the prefill's cache in place and returns it
     copies_rows = True  # the prefill copies each prompt's cache to its rows
     reads_prompt_in_place = False  # rows read their prompt slot's cache (Shared)
+    refills = False  # a static call: prefill, then decode until its longest row ends (Slots: True)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -81,6 +82,12 @@ class DecodeEngine:
 
     def start(self, cfg: ModelConfig, params, cache, logits0, rows: int, windows: tuple[int, ...]):
         raise NotImplementedError
+
+    def per_layer_step(self, cfg: ModelConfig, weights):
+        """The step over a per-layer cache (``cache.per_layer``) of ``weights`` (`weights`'),
+        for engines that carry one; None for the others. The slot engine
+        (``grpo_jax.sampler.slots``) decodes with it, each row at its own write index."""
+        return None
 
     def grow(self, cache: model_lib.KVCache, window: int) -> model_lib.KVCache:
         """The carried cache at the start of the phase of ``window`` slots."""
@@ -126,8 +133,10 @@ class Unrolled(DecodeEngine):
     name = "unrolled"
 
     def start(self, cfg, params, cache, logits0, rows, windows):
-        step = _forward_step(cfg, params, per_layer_params(params, cfg.num_layers), unroll=True)
-        return _per_layer_step(step), cache_lib.per_layer(cache), logits0
+        return self.per_layer_step(cfg, params), cache_lib.per_layer(cache), logits0
+
+    def per_layer_step(self, cfg, weights):
+        return _per_layer_step(_forward_step(cfg, weights, per_layer_params(weights, cfg.num_layers), unroll=True))
 
     def cache_out(self, cache):
         return cache_lib.stacked(cache)
@@ -213,10 +222,13 @@ class FeatureMajor(DecodeEngine):
         return self._weights.abstract(cfg, params)
 
     def start(self, cfg, params, cache, logits0, rows, windows):
+        return self.per_layer_step(cfg, params), cache, logits0
+
+    def per_layer_step(self, cfg, weights):
         def step(c, tokens, real, positions, rope_cs):
-            logits, ks, vs, mask = feature_major.step(cfg, params, c.k, c.v, c.mask, c.index, tokens, real, rope_cs)
+            logits, ks, vs, mask = feature_major.step(cfg, weights, c.k, c.v, c.mask, c.index, tokens, real, rope_cs)
             return logits, model_lib.KVCache(k=ks, v=vs, mask=mask, index=c.index + 1)
-        return step, cache, logits0
+        return step
 
     def grow(self, cache, window):
         return cache_lib.resize_slots(cache, window)
@@ -226,12 +238,37 @@ class FeatureMajor(DecodeEngine):
 
 
 ENGINES: dict[str, DecodeEngine] = {e.name: e for e in (Scan(), Unrolled(), FeatureMajor(), Shared())}
-assert tuple(ENGINES) == DECODE_ENGINES[1:], "config.DECODE_ENGINES names the engines"
+
+
+class Slots(DecodeEngine):
+    """``rl.decode=slots``: the slot engine (``grpo_jax.sampler.slots``), continuous batching
+    over a fixed number of slots, each slot stepping with ``step``'s per-layer step at its
+    own cache index. Not a static call's engine: the host side samples with
+    ``slots.SlotDecoder`` where an engine `refills`."""
+
+    name = "slots"
+    refills = True
+
+    def __init__(self, step: DecodeEngine):
+        self.step = step
+
+    def __repr__(self) -> str:
+        return f"Slots({self.step!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Slots) and other.step is self.step
+
+    def __hash__(self) -> int:
+        return hash(("slots", self.step.name))
+
+
+assert tuple(ENGINES) + (Slots.name,) == DECODE_ENGINES[1:], "config.DECODE_ENGINES names the engines"
 
 
 def resolve(name: str, mesh: Mesh | None, kv_dtype: str = "auto") -> DecodeEngine:
     """The engine that runs for ``rl.decode = name`` on the sampling ``mesh`` (None: one
-    device) with a ``kv_dtype`` cache. ``auto``: the feature-major engine on one CPU device
+    device) with a ``kv_dtype`` cache. ``slots``: `Slots` over auto's step (unrolled where
+    auto's carries no per-layer cache). ``auto``: the feature-major engine on one CPU device
     (the layouts XLA's CPU dots are fastest in; unrolled for an int8 cache, which it does
     not hold), unrolled on a CPU mesh, shared on accelerators (decode there is bound by HBM
     bandwidth, and the shared engine reads a prompt's cache once per slot and only the
@@ -242,6 +279,10 @@ def resolve(name: str, mesh: Mesh | None, kv_dtype: str = "auto") -> DecodeEngin
     if kv_dtype not in KV_DTYPES:
         raise ConfigError(f"rl.kv_dtype={kv_dtype!r} is not one of {list(KV_DTYPES)}")
     platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+    if name == "slots":
+        # auto's step where it carries a per-layer cache (not the shared engine's prompt reads)
+        step = resolve("auto", mesh, kv_dtype)
+        return Slots(ENGINES["unrolled"] if type(step).per_layer_step is DecodeEngine.per_layer_step else step)
     if name == "auto":
         name = ("shared" if platform != "cpu" else
                 "feature_major" if mesh is None and kv_dtype != "int8" else "unrolled")

@@ -105,7 +105,8 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
     """One decode step for B rows, each with one new token.
 
     ks / vs: per-layer cache buffers ([B, K, D, S] / [B, K, S, D], ``model.KVCache``'s
-    layouts); cache_mask [B, S]; index: the slot the new token is written to (scalar);
+    layouts); cache_mask [B, S]; index: the slot the new token is written to (a scalar, or
+    one per row [B]: ``model.write_at``);
     tokens, real: [B] (real: the token is not padding); rope_cs: ``model.rope_tables`` of
     the tokens' positions, each [B, 1, 1, D/2].
     Returns (logits [V, B] float32 — vocab-major —, ks, vs, the cache mask with the new slot).
@@ -117,8 +118,8 @@ def step(cfg: ModelConfig, weights: dict, ks: list, vs: list, cache_mask, index,
     with jax.named_scope("embed"):
         x = to_features(embed(weights["embedding"], tokens).astype(DTYPES[cfg.dtype]), bf16)  # [E, B]
     with jax.named_scope("cache_update"):
-        key_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, real[:, None], index, axis=1)
-    allowed = ((jnp.arange(s) <= index)[None, :] & key_mask)[:, None, :]  # [B, 1, S]
+        key_mask = model_lib.write_at(cache_mask, real[:, None], index, axis=1)
+    allowed = ((jnp.arange(s) <= model_lib.query_slots(index, tokens.shape[0], 1)) & key_mask)[:, None, :]  # [B, 1, S]
     new_ks, new_vs = [], []
     for w, k_cache, v_cache in zip(weights["layers"], ks, vs):
         x, k_cache, v_cache = _layer(cfg, w, x, k_cache, v_cache, index, allowed, rope_cs, bf16)
@@ -175,8 +176,8 @@ def _layer(cfg: ModelConfig, w: dict, x, k_cache, v_cache, index, allowed, rope_
         k = model_lib.rope(_to_rows(k).reshape(b, 1, kh, d), rope_cs)[:, 0]  # [B, K, D]
         v = _to_rows(v).reshape(b, kh, 1, d)
         with jax.named_scope("cache_update"):
-            k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k[..., None].astype(k_cache.dtype), index, axis=3)
-            v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=2)
+            k_cache = model_lib.write_at(k_cache, k[..., None].astype(k_cache.dtype), index, axis=3)
+            v_cache = model_lib.write_at(v_cache, v.astype(v_cache.dtype), index, axis=2)
         with jax.named_scope("attend"):
             out = attend(q.reshape(b, kh, h // kh, d), k_cache.astype(dt), v_cache.astype(dt), allowed)
         x = x + dense(w["o"], to_features(out.reshape(b, h * d), bf16), dt)

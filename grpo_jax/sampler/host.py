@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 from grpo_jax.config import Config, ModelConfig
 from grpo_jax.sampler.engines import DecodeEngine, resolve
+from grpo_jax.sampler import slots as slots_lib
 from grpo_jax.sampler.calls import SamplerCall, sampler_call, sampling_mesh
 from grpo_jax.sampler.settings import SamplingParams
 from grpo_jax.sampler.weights import abstract_sampling_copy, sampling_copy
@@ -117,6 +118,9 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     """`sample`, plus a `SampleInfo` describing the shapes used and the decode steps run."""
     prompts = _validate(cfg, prompts, settings, group_size)
     mesh = sampling_mesh(mesh_of(params) if mesh is None else mesh)
+    engine = resolve(settings.engine, mesh, settings.kv_dtype)
+    if engine.refills:
+        return _slot_rollout(cfg, mesh, settings, engine, params, prompts, key=key, group_size=group_size)
     call = sampler_call(cfg, mesh, settings, len(prompts), group_size, bucket_length(max(len(p) for p in prompts)))
     return _sample_call(call, params, prompts, key)
 
@@ -138,6 +142,11 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], s
     if not isinstance(prompts_per_call, (int, np.integer)) or prompts_per_call < 0:
         raise ValueError(f"prompts_per_call must be an int >= 0 (0 = one call), got {prompts_per_call!r}")
     mesh = sampling_mesh(mesh_of(params) if mesh is None else mesh)
+    engine = resolve(settings.engine, mesh, settings.kv_dtype)
+    if engine.refills:  # one queue of every row: slots refilled across what would be calls
+        rollout, _ = _slot_rollout(cfg, mesh, settings, engine, params, prompts, key=key, group_size=group_size,
+                                   rows_per_call=prompts_per_call * group_size, between_calls=between_calls)
+        return jax.tree.map(to_host, rollout)
     per_call = prompts_per_call or len(prompts)
     tp = bucket_length(max(len(p) for p in prompts))
     parts = []
@@ -174,6 +183,31 @@ def _sample_call(call: SamplerCall, params, prompts: list[list[int]], key,
     info = SampleInfo(num_prompts=len(prompts), group_size=call.group_size, prompt_bucket=call.prompt_len,
                       completion_bucket=call.num_cols, prompt_rows=host.prompt_tokens.shape[0],
                       sample_rows=host.src_rows.shape[0], decode_steps=int(steps))
+    return rollout, info
+
+
+def _slot_rollout(cfg: ModelConfig, mesh: Mesh | None, settings: SamplingParams, engine: DecodeEngine, params,
+                  prompts: list[list[int]], *, key, group_size: int, rows_per_call: int = 0,
+                  between_calls: Callable[[], None] | None = None) -> tuple[Rollout, SampleInfo]:
+    """`sample_with_info` of the slot engine (``slots.SlotDecoder``) for validated prompts:
+    a Rollout of host arrays, its rows in row order."""
+    decoder = slots_lib.SlotDecoder(cfg, mesh, settings, engine, params, prompts, group_size, key=key,
+                                    slots=settings.slots, rows_per_call=rows_per_call, between_calls=between_calls)
+    rows, steps = decoder.run()
+    tokens_p, mask_p = decoder.host_prompts()
+    src = np.arange(len(rows)) // group_size
+    b, width = len(rows), settings.max_new_tokens
+    tokens = np.full((b, width), settings.pad_id, np.int32)
+    mask = np.zeros((b, width), bool)
+    logps = np.zeros((b, width), np.float32)
+    for r, row in enumerate(rows):
+        n = len(row.ids)
+        tokens[r, :n], mask[r, :n], logps[r, :n] = row.ids, True, row.logps
+    rollout = Rollout(prompt_tokens=tokens_p[src], prompt_mask=mask_p[src], tokens=tokens, mask=mask, logprobs=logps,
+                      lengths=mask.sum(axis=1, dtype=np.int32), finished=np.array([row.finished for row in rows]))
+    info = SampleInfo(num_prompts=len(prompts), group_size=group_size, prompt_bucket=decoder.prompt_bucket,
+                      completion_bucket=decoder.num_cols, prompt_rows=decoder.chunk_prompts,
+                      sample_rows=decoder.slots, decode_steps=steps)
     return rollout, info
 
 

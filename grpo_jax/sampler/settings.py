@@ -34,7 +34,8 @@ class SamplingParams:
     dtype (``rl.kv_dtype``: auto = the model's compute dtype, bfloat16, or int8 with a
     scale per slot and head, ``model.quantize_kv``); decode_phases: the most phases the
     feature-major and shared engines decode in (``rl.decode_phases``,
-    ``cache.decode_windows``); it changes what a step reads, not what it draws.
+    ``cache.decode_windows``); it changes what a step reads, not what it draws; slots: the
+    slot engine's decode slots (``rl.decode_slots``; 0 = the rows of one static call).
     ValueError for a value out of range.
     """
 
@@ -47,6 +48,7 @@ class SamplingParams:
     engine: str = "auto"
     kv_dtype: str = "auto"
     decode_phases: int = DECODE_PHASES
+    slots: int = 0
 
     def __post_init__(self):
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -59,6 +61,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if not _is_int(self.decode_phases) or self.decode_phases < 1:
             raise ValueError(f"decode_phases must be an int >= 1, got {self.decode_phases!r}")
+        if not _is_int(self.slots) or self.slots < 0:
+            raise ValueError(f"slots must be an int >= 0 (0 = the rows of one call), got {self.slots!r}")
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
         object.__setattr__(self, "pad_id", int(self.pad_id))
 
@@ -68,7 +72,7 @@ class SamplingParams:
         the programs trace: the ahead-of-time check may leave them at their defaults)."""
         return cls(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
                    top_p=rl.top_p, stop_tokens=stop_tokens, pad_id=pad_id, engine=rl.decode,
-                   kv_dtype=rl.kv_dtype, decode_phases=rl.decode_phases)
+                   kv_dtype=rl.kv_dtype, decode_phases=rl.decode_phases, slots=rl.decode_slots)
 
     def replace(self, **changes) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
