@@ -122,6 +122,7 @@ ELSEWHERE = {
     "rl.decode": "rl/test_programs.py::test_the_trainer_runs_the_programs_the_aot_check_lowers",
     "rl.kv_dtype": "rl/test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
     "rl.decode_phases": "rl/test_programs.py::test_the_trainer_samples_with_rl_kv_dtype_and_decode_phases",
+    "rl.decode_slots": "rl/test_trainer.py::test_the_slot_engine_trains_on_the_static_engines_rows",
     "mesh.sample_tensor": "parallel/test_sharding.py::test_sample_mesh_tensor_degree",
     "mesh.sample_devices": "parallel/test_split_mesh.py::test_the_split_loop_trains_what_the_one_mesh_loop_trains",
     "model.attention": "model/test_splash.py::test_train_step_with_splash_compiles_for_a_tpu",

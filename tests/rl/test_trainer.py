@@ -163,6 +163,26 @@ def test_rollout_in_calls_of_a_few_questions_equals_one_call(tmp_path, tok):
     assert len({tuple(r) for r in np.asarray(one.tokens)}) > 4  # the group's samples differ
 
 
+def test_the_slot_engine_trains_on_the_static_engines_rows(tmp_path, tok):
+    """rl.decode=slots with 3 slots (rl.decode_slots) over the step's 16 rows: the batch of
+    the static engine, and two GRPO steps with the same metrics to the log-prob tolerance."""
+    runs = []
+    for name, overrides in (("static", ()), ("slots", ("rl.decode=slots", "rl.decode_slots=3"))):
+        trainer = _trainer(_cfg(tmp_path / name, tok, "rl.sample_prompts=1", *overrides), tok)
+        assert trainer.sampler.settings.slots == (3 if overrides else 0)
+        batch = trainer.make_batch(0, jax.random.key(3))[0]
+        runs.append((batch, trainer.train(steps=2)))
+        trainer.close()
+    (static, static_history), (slotted, slot_history) = runs
+    for name in ("prompt_tokens", "prompt_mask", "tokens", "mask", "rewards", "truncated"):
+        np.testing.assert_array_equal(getattr(static, name), getattr(slotted, name), err_msg=name)
+    np.testing.assert_allclose(static.sample_logprobs, slotted.sample_logprobs, atol=1e-5)
+    assert [h["step"] for h in static_history] == [h["step"] for h in slot_history] == [1, 2]
+    for a, b in zip(static_history, slot_history):
+        for key in ("loss", "reward_mean", "kl", "grad_norm"):
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
 def test_bfloat16_sampling_copy_reaches_the_sampler(tmp_path, tok, monkeypatch):
     """rl.sample_dtype=bfloat16: the sampler reads bf16 weights, so its log-probs differ
     from the float32 trainer's (logprob_mismatch_*); with float32 they agree. With
