@@ -26,7 +26,7 @@ AXES = {"k": ("layers", "batch", "kv_heads", "head_dim", "seq"),
         "k_scale": ("layers", "batch", "kv_heads", "seq"),
         "v_scale": ("layers", "batch", "kv_heads", "seq")}
 LAYERED = ("k", "v", "k_scale", "v_scale")  # the arrays with a leading layers axis
-_SLOT_AXIS = {"k": -1, "v": -2, "mask": -1, "k_scale": -1, "v_scale": -1}
+SLOT_AXIS = {"k": -1, "v": -2, "mask": -1, "k_scale": -1, "v_scale": -1}
 
 
 def arrays(cache: model_lib.KVCache) -> dict:
@@ -70,7 +70,7 @@ def _pad(x, axis: int, slots: int):
 
 def pad_slots(cache: model_lib.KVCache, slots: int) -> model_lib.KVCache:
     """A stacked cache with S padded by empty slots to ``slots``."""
-    return cache.replace(**{name: _pad(x, _SLOT_AXIS[name], slots) for name, x in arrays(cache).items()})
+    return cache.replace(**{name: _pad(x, SLOT_AXIS[name], slots) for name, x in arrays(cache).items()})
 
 
 def per_layer(cache: model_lib.KVCache) -> model_lib.KVCache:
@@ -88,7 +88,7 @@ def resize_slots(cache: model_lib.KVCache, slots: int) -> model_lib.KVCache:
     """A per-layer cache (k [B,K,D,S], v [B,K,S,D] per layer, an int8 cache's scales
     [B,K,S] per layer, mask [B,S]) with S padded by empty slots to ``slots``."""
     return cache.replace(mask=_pad(cache.mask, -1, slots), **{
-        name: [_pad(x, _SLOT_AXIS[name], slots) for x in xs] for name, xs in arrays(cache).items() if name in LAYERED})
+        name: [_pad(x, SLOT_AXIS[name], slots) for x in xs] for name, xs in arrays(cache).items() if name in LAYERED})
 
 
 def copy_to_rows(cache: model_lib.KVCache, logits, src_rows, mesh: Mesh | None):

@@ -193,21 +193,15 @@ def _slot_rollout(cfg: ModelConfig, mesh: Mesh | None, settings: SamplingParams,
     a Rollout of host arrays, its rows in row order."""
     decoder = slots_lib.SlotDecoder(cfg, mesh, settings, engine, params, prompts, group_size, key=key,
                                     slots=settings.slots, rows_per_call=rows_per_call, between_calls=between_calls)
-    rows, steps = decoder.run()
+    out = decoder.run()
     tokens_p, mask_p = decoder.host_prompts()
-    src = np.arange(len(rows)) // group_size
-    b, width = len(rows), settings.max_new_tokens
-    tokens = np.full((b, width), settings.pad_id, np.int32)
-    mask = np.zeros((b, width), bool)
-    logps = np.zeros((b, width), np.float32)
-    for r, row in enumerate(rows):
-        n = len(row.ids)
-        tokens[r, :n], mask[r, :n], logps[r, :n] = row.ids, True, row.logps
-    rollout = Rollout(prompt_tokens=tokens_p[src], prompt_mask=mask_p[src], tokens=tokens, mask=mask, logprobs=logps,
-                      lengths=mask.sum(axis=1, dtype=np.int32), finished=np.array([row.finished for row in rows]))
+    src = np.arange(decoder.rows) // group_size
+    mask = np.arange(settings.max_new_tokens)[None, :] < out.lengths[:, None]
+    rollout = Rollout(prompt_tokens=tokens_p[src], prompt_mask=mask_p[src], tokens=out.tokens, mask=mask,
+                      logprobs=out.logprobs, lengths=out.lengths, finished=out.finished)
     info = SampleInfo(num_prompts=len(prompts), group_size=group_size, prompt_bucket=decoder.prompt_bucket,
                       completion_bucket=decoder.num_cols, prompt_rows=decoder.chunk_prompts,
-                      sample_rows=decoder.slots, decode_steps=steps)
+                      sample_rows=decoder.slots, decode_steps=out.decode_steps)
     return rollout, info
 
 

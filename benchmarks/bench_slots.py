@@ -1,0 +1,177 @@
+"""Slot utilization and tokens per second: the static engine (each call decodes until its
+longest row ends) against the slot engine (``rl.decode=slots``: slots refilled as rows end),
+on the same rows, the same rows in flight, interleaved in one process.
+
+Utilization = tokens produced / (rows in flight x decode steps run): the share of a decode's
+row-steps that produce a token rather than padding. Three workloads:
+
+* **smollm2**: SmolLM2-135M-Instruct (its real weights) at T = 1 on chat prompts (GSM8K-style
+  and arithmetic, four each), G rows a prompt, cap 256 (G = 8) and 512 (G = 4). The static
+  engine samples calls of ``--static-prompts`` prompts (their rows are the rows in flight);
+  the slot engine as many slots, over one queue of every row. tokens/s = tokens / wall time
+  of the whole rollout (prefill included).
+* **testbed**: the testbed's shapes (a 2-layer model, G = 16, 56 new tokens) with random
+  weights, whose rows end on the stop token (about one draw in 64), 16 slots (one question's
+  rows) over a queue of 16 questions.
+* **length model**: the 7B preset's shapes (1024 rows in flight, 64 calls a step, cap 1024)
+  with lengths drawn from a heavy-tailed law (log-normal, median 300 tokens, sigma 0.8, cut
+  at the cap); no model: the slot engine's schedule (``slots.schedule``, the host loop the
+  engine runs, which the tests hold to the engine's own decode steps) against static calls.
+
+Usage: python benchmarks/bench_slots.py [--quick] [--json OUT] [--skip-smollm2]
+"""
+
+from __future__ import annotations
+
+import time
+
+import common  # sets OMP_WAIT_POLICY before jax loads
+
+import jax
+import numpy as np
+
+
+def _static_utilization(lengths, rows_per_call: int) -> tuple[int, float]:
+    from grpo_jax.sampler import slots
+
+    steps = slots.static_steps(lengths, rows_per_call)
+    return steps, float(np.sum(lengths)) / (rows_per_call * steps)
+
+
+def length_model(rows_in_flight: int = 1024, calls: int = 64, cap: int = 1024, seed: int = 0) -> list[dict]:
+    """Utilization of both schedules on drawn lengths, the slots at several queue sizes."""
+    from grpo_jax.sampler import slots
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for queue in (1, 4, 16, calls):
+        lengths = np.minimum(np.ceil(rng.lognormal(np.log(300), 0.8, rows_in_flight * queue)), cap).astype(int)
+        steps, tokens = slots.schedule(lengths, rows_in_flight)
+        static_steps, static_util = _static_utilization(lengths, rows_in_flight)
+        out.append({"workload": "length model (7B preset shapes)", "rows_in_flight": rows_in_flight,
+                    "queue_per_slot": queue, "rows": len(lengths), "cap": cap,
+                    "mean_length": float(lengths.mean()), "at_cap": float(np.mean(lengths == cap)),
+                    "static_steps": static_steps, "static_utilization": static_util,
+                    "slot_steps": steps, "slot_utilization": tokens / (rows_in_flight * steps),
+                    "expected_rollout_ratio": steps / static_steps})
+    return out
+
+
+def _run(cfg, params, prompts, settings, key, group, prompts_per_call):
+    from grpo_jax import sampler
+
+    t0 = time.perf_counter()
+    rollout = sampler.sample_to_host(cfg, params, prompts, settings, key=key, group_size=group,
+                                     prompts_per_call=prompts_per_call)
+    return time.perf_counter() - t0, rollout
+
+
+def measured(name: str, cfg, params, prompts, *, group: int, cap: int, prompts_per_call: int, stop_tokens,
+             pad_id: int, reps: int, temperature: float = 1.0) -> dict:
+    """Both engines on the same rows: wall time (median of reps, after a warm-up that
+    compiles), tokens, decode steps and utilization. The rows are checked equal."""
+    from grpo_jax import sampler
+    from grpo_jax.sampler import slots
+
+    base = sampler.SamplingParams(max_new_tokens=cap, temperature=temperature, stop_tokens=tuple(stop_tokens),
+                                  pad_id=pad_id)
+    rows_in_flight = prompts_per_call * group
+    engines = {"static": base, "slots": base.replace(engine="slots", slots=rows_in_flight)}
+    key = jax.random.key(0)
+    results = {}
+    for label, settings in engines.items():  # warm-up: compile every program of the rollout
+        results[label] = _run(cfg, params, prompts, settings, key, group, prompts_per_call)[1]
+    np.testing.assert_array_equal(results["static"].tokens, results["slots"].tokens)
+    times = {label: [] for label in engines}
+    for _ in range(reps):
+        for label, settings in engines.items():
+            times[label].append(_run(cfg, params, prompts, settings, key, group, prompts_per_call)[0])
+    lengths = np.asarray(results["static"].lengths)
+    tokens = int(lengths.sum())
+    static_steps, static_util = _static_utilization(lengths, rows_in_flight)
+    slot_steps, _ = slots.schedule(lengths, rows_in_flight)
+    t_static, t_slots = (float(np.median(times[k])) for k in ("static", "slots"))
+    return {"workload": name, "rows_in_flight": rows_in_flight, "queue_per_slot": len(lengths) / rows_in_flight,
+            "rows": len(lengths), "cap": cap, "mean_length": float(lengths.mean()),
+            "median_length": float(np.median(lengths)), "at_cap": float(np.mean(lengths == cap)),
+            "static_steps": static_steps, "static_utilization": static_util, "slot_steps": slot_steps,
+            "slot_utilization": tokens / (rows_in_flight * slot_steps),
+            "static_tokens_per_s": tokens / t_static, "slot_tokens_per_s": tokens / t_slots,
+            "speedup": t_static / t_slots, "static_s": times["static"], "slot_s": times["slots"]}
+
+
+def smollm2_workloads(reps: int, quick: bool, static_prompts: int) -> list[dict]:
+    from grpo_jax.tasks import get_task
+    from grpo_jax.tasks.prompts import build_prompt, question_of
+    from grpo_jax.text.tokenizer import encode_prompt
+
+    cfg, params, tok = common.smollm2()
+    prompts = []
+    for task, style in (("gsm8k_synth", "gsm8k"), ("chat_arithmetic", "arithmetic")):
+        for ex in get_task(task).examples("test", 4, 0):
+            prompts.append(encode_prompt(tok, build_prompt(question_of(ex), tok, task=style)))
+    out = []
+    for group, cap in ((8, 256), (4, 512))[: 1 if quick else 2]:
+        out.append(measured(f"SmolLM2-135M chat, T=1, G={group}", cfg, params, prompts, group=group, cap=cap,
+                            prompts_per_call=static_prompts, stop_tokens=tok.stop_ids, pad_id=tok.pad_id,
+                            reps=reps))
+    return out
+
+
+def testbed_workload(reps: int) -> dict:
+    """The testbed's shapes (experiments/common.py: a 2-layer model, 6-operand modular
+    questions, a 64-piece tokenizer, G = 16, 56 new tokens) with random weights: a row ends
+    where it draws the stop token, about one draw in the vocabulary's 64."""
+    import dataclasses
+
+    from grpo_jax import config as config_lib
+    from grpo_jax.model import transformer as model
+    from grpo_jax.tasks import get_task
+    from grpo_jax.text.tokenizer import train_sentencepiece
+
+    task = get_task("modular", modulus=13, num_operands=6, num_subtractions=2)
+    tok = train_sentencepiece(list(task.text_corpus(400, seed=0)), vocab_size=64)
+    cfg = dataclasses.replace(config_lib.cpu_tiny().model, embed_dim=128, num_layers=2, mlp_dim=384,
+                              max_seq_len=96, vocab_size=tok.vocab_size)
+    params = model.init_params(cfg, jax.random.key(0))
+    prompts = [tok.encode(ex.prompt) for ex in task.examples("test", 16, 0)]
+    return measured("testbed shapes (random weights)", cfg, params, prompts, group=16, cap=56,
+                    prompts_per_call=1, stop_tokens=tok.stop_ids, pad_id=tok.pad_id, reps=reps)
+
+
+def table(rows: list[dict]) -> str:
+    headers = ["workload", "cap", "rows in flight", "queue / slots", "mean length", "at cap",
+               "static: steps", "static: utilization", "slots: steps", "slots: utilization",
+               "static tok/s", "slots tok/s", "speedup"]
+    body = []
+    for r in rows:
+        body.append([r["workload"], r["cap"], r["rows_in_flight"], f"{r['queue_per_slot']:g}",
+                     f"{r['mean_length']:.0f}", f"{r['at_cap']:.0%}", r["static_steps"],
+                     f"{r['static_utilization']:.2f}", r["slot_steps"], f"{r['slot_utilization']:.2f}",
+                     common.fmt(r.get("static_tokens_per_s")), common.fmt(r.get("slot_tokens_per_s")),
+                     f"{r['speedup']:.2f}x" if "speedup" in r else f"{1 / r['expected_rollout_ratio']:.2f}x (steps)"])
+    return common.markdown_table(headers, body)
+
+
+def main() -> None:
+    parser = common.base_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--skip-smollm2", action="store_true", help="leave out the SmolLM2 workloads (minutes)")
+    parser.add_argument("--static-prompts", type=int, default=2,
+                        help="prompts per static call = slots / G (default 2)")
+    args = parser.parse_args()
+    reps = common.reps_of(args, full=2, quick=1)
+    rows = length_model()
+    rows.append(testbed_workload(reps))
+    if not args.skip_smollm2:
+        rows += smollm2_workloads(reps, args.quick, args.static_prompts)
+    print(table(rows))
+    if args.json:
+        from pathlib import Path
+        import json
+
+        Path(args.json).write_text(json.dumps({"rows": rows, "machine": common.machine_info()}, indent=2,
+                                              default=common.jsonable))
+
+
+if __name__ == "__main__":
+    main()
