@@ -117,8 +117,9 @@ class SamplerCall:
         the engine updates it in place."""
         return {"prefill": (), "decode": (1,) if self.engine.donates_cache else ()}
 
-    def host_batch(self, prompts: list[list[int]], row_offset: int = 0) -> HostBatch:
-        return host_batch(prompts, self.group_size, self.layout, self.settings.pad_id, self.prompt_len, row_offset)
+    def host_batch(self, prompts: list[list[int]], row_offset: int = 0, row_ids=None, first_cols=None) -> HostBatch:
+        return host_batch(prompts, self.group_size, self.layout, self.settings.pad_id, self.prompt_len, row_offset,
+                          row_ids, first_cols)
 
     def _place(self, x, to, abstract: bool):
         """x placed by ``to`` (a function of the mesh giving its sharding; None: a host
@@ -140,7 +141,8 @@ class SamplerCall:
     def decode_args(self, params, cache, logits0, host: HostBatch, key, abstract: bool = False) -> tuple:
         """(the engine's weights, cache, logits0, `Rows`, key, `Drawing`)."""
         weights = (self.engine.abstract_weights if abstract else self.engine.weights)(self.cfg, params)
-        rows = Rows(*(self._rows(x, abstract) for x in (host.prompt_lens, host.row_ids, host.row_valid)))
+        rows = Rows(*(self._rows(x, abstract) for x in (host.prompt_lens, host.row_ids, host.row_valid,
+                                                         host.first_cols)))
         drawing = Drawing.host(self.settings, self.cfg.vocab_size)
         stop_mask = self._place(drawing.stop_mask, replicated, abstract)
         drawing = jax.tree.map(lambda x: self._place(x, None, abstract), drawing.replace(stop_mask=None))

@@ -118,19 +118,20 @@ def sample_with_info(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]],
     """`sample`, plus a `SampleInfo` describing the shapes used and the decode steps run."""
     prompts = _validate(cfg, prompts, settings, group_size)
     mesh = sampling_mesh(mesh_of(params) if mesh is None else mesh)
-    engine = resolve(settings.engine, mesh, settings.kv_dtype)
-    if engine.refills:
-        return _slot_rollout(cfg, mesh, settings, engine, params, prompts, key=key, group_size=group_size)
+    if resolve(settings.engine, mesh, settings.kv_dtype).refills:
+        return slot_rollout(slot_decoder(cfg, params, prompts, settings, key=key, group_size=group_size, mesh=mesh))
     call = sampler_call(cfg, mesh, settings, len(prompts), group_size, bucket_length(max(len(p) for p in prompts)))
     return _sample_call(call, params, prompts, key)
 
 
 def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], settings: SamplingParams, *, key,
                    group_size: int = 1, prompts_per_call: int = 0, mesh: Mesh | None = None,
-                   between_calls: Callable[[], None] | None = None) -> Rollout:
+                   between_calls: Callable[[], None] | None = None, row_ids=None, first_cols=None) -> Rollout:
     """`sample`'s Rollout as host numpy arrays (on every process), sampled
     `prompts_per_call` prompts at a time (0 = all in one call). `between_calls()` runs
     before each call but the first (the trainer stops a preempted rollout there by raising).
+    ``row_ids`` and ``first_cols`` ([P * group_size] each, static engines): the rows draw
+    as these rows from these columns on (``layouts.host_batch``; default: rows 0.., column 0).
 
     Each call's results go to the host before the next call starts, so the device holds
     one call's KV cache ([layers, prompts_per_call * G, ...]) instead of the whole batch's.
@@ -142,11 +143,11 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], s
     if not isinstance(prompts_per_call, (int, np.integer)) or prompts_per_call < 0:
         raise ValueError(f"prompts_per_call must be an int >= 0 (0 = one call), got {prompts_per_call!r}")
     mesh = sampling_mesh(mesh_of(params) if mesh is None else mesh)
-    engine = resolve(settings.engine, mesh, settings.kv_dtype)
-    if engine.refills:  # one queue of every row: slots refilled across what would be calls
-        rollout, _ = _slot_rollout(cfg, mesh, settings, engine, params, prompts, key=key, group_size=group_size,
-                                   rows_per_call=prompts_per_call * group_size, between_calls=between_calls)
-        return jax.tree.map(to_host, rollout)
+    if resolve(settings.engine, mesh, settings.kv_dtype).refills:  # one queue of every row, across calls
+        if row_ids is not None or first_cols is not None:
+            raise ValueError("row_ids and first_cols are for the static engines; the slot engine resumes rows itself")
+        return slot_rollout(slot_decoder(cfg, params, prompts, settings, key=key, group_size=group_size, mesh=mesh,
+                                         rows_per_call=prompts_per_call * group_size, between_calls=between_calls))[0]
     per_call = prompts_per_call or len(prompts)
     tp = bucket_length(max(len(p) for p in prompts))
     parts = []
@@ -155,16 +156,19 @@ def sample_to_host(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], s
             between_calls()
         chunk = prompts[start:start + per_call]
         call = sampler_call(cfg, mesh, settings, len(chunk), group_size, tp)
-        rollout, _ = _sample_call(call, params, chunk, key, row_offset=start * group_size)
+        span = slice(start * group_size, (start + len(chunk)) * group_size)
+        rollout, _ = _sample_call(call, params, chunk, key, row_offset=start * group_size,
+                                  row_ids=None if row_ids is None else np.asarray(row_ids)[span],
+                                  first_cols=None if first_cols is None else np.asarray(first_cols)[span])
         parts.append(jax.tree.map(to_host, rollout))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
-def _sample_call(call: SamplerCall, params, prompts: list[list[int]], key,
-                 row_offset: int = 0) -> tuple[Rollout, SampleInfo]:
+def _sample_call(call: SamplerCall, params, prompts: list[list[int]], key, row_offset: int = 0, row_ids=None,
+                 first_cols=None) -> tuple[Rollout, SampleInfo]:
     """One prefill + decode for validated prompts; sample row r draws its randomness as row
-    `row_offset + r`."""
-    host = call.host_batch(prompts, row_offset)
+    `row_offset + r` (or row_ids[r], from column first_cols[r])."""
+    host = call.host_batch(prompts, row_offset, row_ids, first_cols)
     tokens, mask, logps, finished, steps = call.run(params, host, key)
     # Strip dummy rows and the unused columns of the completion bucket.
     rows, max_new_tokens = len(prompts) * call.group_size, call.settings.max_new_tokens
@@ -186,22 +190,35 @@ def _sample_call(call: SamplerCall, params, prompts: list[list[int]], key,
     return rollout, info
 
 
-def _slot_rollout(cfg: ModelConfig, mesh: Mesh | None, settings: SamplingParams, engine: DecodeEngine, params,
-                  prompts: list[list[int]], *, key, group_size: int, rows_per_call: int = 0,
-                  between_calls: Callable[[], None] | None = None) -> tuple[Rollout, SampleInfo]:
-    """`sample_with_info` of the slot engine (``slots.SlotDecoder``) for validated prompts:
-    a Rollout of host arrays, its rows in row order."""
-    decoder = slots_lib.SlotDecoder(cfg, mesh, settings, engine, params, prompts, group_size, key=key,
-                                    slots=settings.slots, rows_per_call=rows_per_call, between_calls=between_calls)
+def slot_decoder(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], settings: SamplingParams, *, key,
+                 group_size: int = 1, mesh: Mesh | None = None, rows_per_call: int = 0,
+                 between_calls: Callable[[], None] | None = None, **pauses) -> slots_lib.SlotDecoder:
+    """The slot engine's rollout of ``prompts`` (checked as `sample`'s) x ``group_size`` rows
+    with ``settings`` (engine ``slots``): ``rows_per_call`` sizes its default slots (the
+    rows one static call holds); ``pauses``: `slots.SlotDecoder`'s pause arguments."""
+    prompts = _validate(cfg, prompts, settings, group_size)
+    mesh = sampling_mesh(mesh_of(params) if mesh is None else mesh)
+    engine = resolve(settings.engine, mesh, settings.kv_dtype)
+    if not engine.refills:
+        raise ValueError(f"slot_decoder needs settings.engine='slots', got {settings.engine!r}")
+    return slots_lib.SlotDecoder(cfg, mesh, settings, engine, params, prompts, group_size, key=key,
+                                 slots=settings.slots, rows_per_call=rows_per_call, between_calls=between_calls,
+                                 **pauses)
+
+
+def slot_rollout(decoder: slots_lib.SlotDecoder) -> tuple[Rollout, SampleInfo]:
+    """``decoder``'s rows as a Rollout of host arrays in row order (with the tool mask when
+    it paused rows for tools), and what it did."""
     out = decoder.run()
     tokens_p, mask_p = decoder.host_prompts()
-    src = np.arange(decoder.rows) // group_size
-    mask = np.arange(settings.max_new_tokens)[None, :] < out.lengths[:, None]
+    src = np.arange(decoder.rows) // decoder.group_size
+    mask = np.arange(decoder.settings.max_new_tokens)[None, :] < out.lengths[:, None]
     rollout = Rollout(prompt_tokens=tokens_p[src], prompt_mask=mask_p[src], tokens=out.tokens, mask=mask,
-                      logprobs=out.logprobs, lengths=out.lengths, finished=out.finished)
-    info = SampleInfo(num_prompts=len(prompts), group_size=group_size, prompt_bucket=decoder.prompt_bucket,
-                      completion_bucket=decoder.num_cols, prompt_rows=decoder.chunk_prompts,
-                      sample_rows=decoder.slots, decode_steps=out.decode_steps)
+                      logprobs=out.logprobs, lengths=out.lengths, finished=out.finished,
+                      tool_mask=out.tool_mask if decoder.on_pause is not None else None)
+    info = SampleInfo(num_prompts=len(decoder.prompts), group_size=decoder.group_size,
+                      prompt_bucket=decoder.prompt_bucket, completion_bucket=decoder.num_cols,
+                      prompt_rows=decoder.chunk_prompts, sample_rows=decoder.slots, decode_steps=out.decode_steps)
     return rollout, info
 
 
@@ -261,12 +278,23 @@ class Sampler:
         return sample(self.cfg, weights, prompts, self.settings, key=key, group_size=group_size, mesh=self.mesh)
 
     def generate(self, weights, prompts: Sequence[Sequence[int]], *, key, group_size: int = 1,
-                 prompts_per_call: int = 0, between_calls: Callable[[], None] | None = None) -> Rollout:
+                 prompts_per_call: int = 0, between_calls: Callable[[], None] | None = None, row_ids=None,
+                 first_cols=None) -> Rollout:
         """The rollout: `sample_to_host` of ``weights`` (`copy`'s), ``prompts_per_call``
         prompts a call (0: all in one), as host arrays of [P * group_size] rows;
-        ``between_calls()`` runs between two calls."""
+        ``between_calls()`` runs between two calls; ``row_ids``, ``first_cols``:
+        `sample_to_host`'s."""
         return sample_to_host(self.cfg, weights, prompts, self.settings, key=key, group_size=group_size,
-                              prompts_per_call=prompts_per_call, mesh=self.mesh, between_calls=between_calls)
+                              prompts_per_call=prompts_per_call, mesh=self.mesh, between_calls=between_calls,
+                              row_ids=row_ids, first_cols=first_cols)
+
+    def slot_decoder(self, weights, prompts: Sequence[Sequence[int]], *, key, group_size: int = 1,
+                     prompts_per_call: int = 0, between_calls: Callable[[], None] | None = None,
+                     **pauses) -> slots_lib.SlotDecoder:
+        """`slot_decoder` of ``weights`` on this sampler's mesh and settings (engine slots)."""
+        return slot_decoder(self.cfg, weights, prompts, self.settings, key=key, group_size=group_size,
+                            mesh=self.mesh, rows_per_call=prompts_per_call * group_size,
+                            between_calls=between_calls, **pauses)
 
     def call(self, num_prompts: int, group_size: int, prompt_len: int) -> SamplerCall:
         """The call this sampler makes for ``num_prompts`` x ``group_size`` rows, prompts in

@@ -60,16 +60,19 @@ class HostBatch:
     prompt_tokens: np.ndarray  # [Pp, Tp] left-padded, in the engine's layout order
     prompt_mask: np.ndarray  # [Pp, Tp]
     src_rows: np.ndarray  # [Bp] prefill slot each sample row copies (or reads) its cache from
-    row_ids: np.ndarray  # [Bp] = row_offset + 0..Bp-1 (the randomness index)
+    row_ids: np.ndarray  # [Bp]: the randomness index (row_offset + 0..Bp-1 unless given)
     row_valid: np.ndarray  # [Bp] False for dummy rows
     prompt_lens: np.ndarray  # [Bp] real prompt tokens of each sample row
+    first_cols: np.ndarray  # [Bp] the column each row's first draw is (0 unless it resumes a row)
 
 
 def host_batch(prompts: list[list[int]], group_size: int, layout: tuple[np.ndarray, np.ndarray], pad_id: int,
-               prompt_bucket: int, row_offset: int = 0) -> HostBatch:
+               prompt_bucket: int, row_offset: int = 0, row_ids=None, first_cols=None) -> HostBatch:
     """Left-pad the prompts into `prompt_bucket` and lay them out by ``layout`` (an
     engine's (slot_prompt, src) for them and `group_size`); the rows' randomness indices
-    start at `row_offset` (the call's first row in the whole batch)."""
+    start at `row_offset` (the call's first row in the whole batch), or are ``row_ids``
+    [rows], and their first draws are columns ``first_cols`` [rows] (default 0): a
+    continuation's rows draw as the rows they continue (``sampler.turns``)."""
     slot_prompt, src = layout
     # Row -1 (the dummy slots' prompt) stays all pad and fully masked.
     tokens = np.full((len(prompts) + 1, prompt_bucket), pad_id, np.int32)
@@ -81,4 +84,11 @@ def host_batch(prompts: list[list[int]], group_size: int, layout: tuple[np.ndarr
     bp = len(src)
     valid = np.arange(bp) < len(prompts) * group_size
     lens = mask.sum(1).astype(np.int32)[src]
-    return HostBatch(tokens, mask, src, row_offset + np.arange(bp, dtype=np.int32), valid, lens)
+    ids = row_offset + np.arange(bp, dtype=np.int32)
+    cols = np.zeros(bp, np.int32)
+    rows = len(prompts) * group_size
+    if row_ids is not None:
+        ids[:rows] = row_ids
+    if first_cols is not None:
+        cols[:rows] = first_cols
+    return HostBatch(tokens, mask, src, ids, valid, lens, cols)

@@ -27,6 +27,7 @@ class Rows:
     prompt_lens: jax.Array  # [B] int32: real prompt tokens (the first completion position)
     row_ids: jax.Array  # [B] int32: the randomness index (the row's index in the whole batch)
     valid: jax.Array  # [B] bool: False for dummy rows (they start out finished)
+    first_cols: jax.Array  # [B] int32: the row's column at the decode's first draw (a resumed row's)
 
 
 @flax.struct.dataclass
@@ -69,7 +70,7 @@ def decode(cfg: ModelConfig, engine: DecodeEngine, params, cache, logits0, rows:
         step = state.step
         # Named scopes split a decode step's profile into parts (benchmarks/profile_ops.py).
         with jax.named_scope("sample"):
-            token, logp = next_token(logits, uniforms(key, step, rows.row_ids), drawing)
+            token, logp = next_token(logits, uniforms(key, step + rows.first_cols, rows.row_ids), drawing)
         active = ~state.done
         token = jnp.where(active, token, pad_id)
         logp = jnp.where(active, logp, 0.0)

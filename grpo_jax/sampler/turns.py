@@ -18,18 +18,24 @@ sampler calls; each call is an ordinary `sample_to_host`:
    (a fresh prefill: no cache is carried between calls), until every row has stopped or
    filled ``max_new_tokens``.
 
+With the slot engine (``rl.decode=slots``) there are no calls: a row pauses in its slot on a
+closing fence (``slots.SlotDecoder``'s pause tokens), its cache kept; its block runs in the
+sandbox while the other slots decode; then only the tool's output tokens go through the
+model (``slots.append``) and the row decodes on. The rows are the same as with calls.
+
 The result is one `Rollout` of exactly the shapes `Sampler.generate` returns: the
 completion holds the model's tokens and the tool's, in order; ``mask`` is True on both (the
 tool's output is context: the train step's forward pass reads it), ``tool_mask`` on the
 tool's only (the loss, the KL and the entropy skip them: ``rl.algorithms.own_tokens``), and
 ``logprobs`` are the model's own (0 on the tool's). The tool runs' results come back beside it.
 
-Randomness: call k draws with ``fold_in(key, k)``, the running rows in their order as its
-rows, so a rollout is a function of (key, prompts, params, settings, the code's outputs),
-whatever ``tools.workers`` is.
-Unlike a single-turn rollout, a row's draws depend on which other rows were still running
-at each call. The running rows of a call are padded to a power of two (repeats of the first,
-discarded), so a rollout compiles for few batch shapes. The ahead-of-time check compiles the
+Randomness: row r draws its token at completion column t with ``uniforms(key, t, r)``, as in
+a single-turn rollout, whichever call (or slot) draws it: a continuation's rows draw as the
+rows they continue, from the columns they reached (``sample_to_host``'s ``row_ids`` and
+``first_cols``). So a rollout is a function of (key, prompts, params, settings, the code's
+outputs), whatever ``tools.workers`` is, and a row's draws do not depend on the other rows.
+The running rows of a call are padded to a power of two (repeats of the first, discarded),
+so a rollout compiles for few batch shapes. The ahead-of-time check compiles the
 continuations from the same functions (`continuation_call` at `continuation_rows` rows and
 `continuation_shapes`; docs/tpu.md, "What a tool call costs a pod step").
 """
@@ -45,7 +51,7 @@ import jax
 import numpy as np
 
 from grpo_jax.sampler.calls import SamplerCall
-from grpo_jax.sampler.host import Rollout, Sampler
+from grpo_jax.sampler.host import Rollout, Sampler, slot_rollout
 from grpo_jax.shapes import bucket_length
 from grpo_jax.text.tokenizer import Tokenizer
 from grpo_jax.tools.python_tool import PythonTool
@@ -123,6 +129,9 @@ def generate_with_tools(sampler: Sampler, weights, prompts: Sequence[Sequence[in
     """The multi-turn rollout (module docstring): host arrays of [P * group_size] rows, and
     each row's tool runs. ``prompts_per_call`` (questions of the first call; later calls take
     that many times G rows) and ``between_calls`` are `Sampler.generate`'s."""
+    if sampler.engine.refills:
+        return _generate_in_slots(sampler, weights, prompts, key=key, group_size=group_size, tools=tools,
+                                  prompts_per_call=prompts_per_call, between_calls=between_calls)
     budget = sampler.settings.max_new_tokens
     stops = set(sampler.settings.stop_tokens)
     fence = set(tools.fence_ids) - stops
@@ -138,14 +147,15 @@ def generate_with_tools(sampler: Sampler, weights, prompts: Sequence[Sequence[in
         this = turn_sampler(sampler, max(len(rows[r].ids) for r in running),
                             tuple(sorted(stops | (fence if calls_left else set()))))
         if call == 0:
-            out = this.generate(weights, prompts, key=jax.random.fold_in(key, 0), group_size=group_size,
+            out = this.generate(weights, prompts, key=key, group_size=group_size,
                                 prompts_per_call=prompts_per_call, between_calls=between_calls)
             first = out
         else:
             padded = running + running[:1] * (_power_of_two(len(running)) - len(running))
             contexts = [list(prompts[r // group_size]) + rows[r].ids for r in padded]
-            out = this.generate(weights, contexts, key=jax.random.fold_in(key, call), group_size=1,
-                                prompts_per_call=prompts_per_call * group_size, between_calls=between_calls)
+            out = this.generate(weights, contexts, key=key, group_size=1,
+                                prompts_per_call=prompts_per_call * group_size, between_calls=between_calls,
+                                row_ids=padded, first_cols=[len(rows[r].ids) for r in padded])
         tokens, mask, logps = (np.asarray(x) for x in (out.tokens, out.mask, out.logprobs))
         blocks = []  # (row, its closed block's code), in row order
         for i, r in enumerate(running):
@@ -162,6 +172,42 @@ def generate_with_tools(sampler: Sampler, weights, prompts: Sequence[Sequence[in
         for r in running:
             rows[r].done = rows[r].done or len(rows[r].ids) >= budget
     return _rollout(first, rows, budget, sampler.settings.pad_id), [row.calls for row in rows]
+
+
+def _generate_in_slots(sampler: Sampler, weights, prompts: Sequence[Sequence[int]], *, key, group_size: int,
+                       tools: ToolUse, prompts_per_call: int,
+                       between_calls: Callable[[], None] | None) -> tuple[Rollout, list[list[ExecutionResult]]]:
+    """`generate_with_tools` on the slot engine: a row pauses on a fence; a closed block runs
+    on one of ``tools.workers`` sandbox threads while the other slots decode, and its output
+    is appended to the row's cache (module docstring)."""
+    budget = sampler.settings.max_new_tokens
+    fence = sorted(set(tools.fence_ids) - set(sampler.settings.stop_tokens))
+    calls: list[list[ExecutionResult]] = [[] for _ in range(len(prompts) * group_size)]
+    turn_start = [0] * len(calls)  # where each row's text since its last output starts
+    pool = ThreadPoolExecutor(max_workers=tools.workers, thread_name_prefix="sandbox")
+
+    def on_pause(r: int, ids: list[int]):
+        code = tools.tool.code(tools.tokenizer.decode(ids[turn_start[r]:]))
+        if code is None:  # a fence that opened a block, or closed none: the row decodes on
+            return None
+
+        def run():
+            result = tools.tool.sandbox.run(code)
+            calls[r].append(result)
+            output = tools.tokenizer.encode(tools.tool.output(result))[: budget - len(ids)]
+            turn_start[r] = len(ids) + len(output)
+            return output, len(calls[r]) < tools.max_calls
+
+        return pool.submit(run)
+
+    try:
+        decoder = sampler.slot_decoder(weights, prompts, key=key, group_size=group_size,
+                                       prompts_per_call=prompts_per_call, between_calls=between_calls,
+                                       pause_tokens=fence, pausable=True, on_pause=on_pause)
+        rollout, _ = slot_rollout(decoder)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return rollout, calls
 
 
 def _closed_block(row: _Row, tools: ToolUse, stops: set[int], fence: set[int]) -> str | None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.sampler import SamplingParams
+from grpo_jax.sampler.engines import ENGINES
 from grpo_jax.sampler.host import Rollout
 from grpo_jax.sampler.turns import ToolUse, generate_with_tools
 from grpo_jax.tools import LocalSandbox, PythonTool, SandboxLimits
@@ -44,10 +45,13 @@ class Scripted:
     settings: SamplingParams
     seen: list = dataclasses.field(default_factory=list)
 
+    engine = ENGINES["scan"]  # a static engine: the rollout samples in calls
+
     def with_settings(self, **changes):
         return dataclasses.replace(self, settings=self.settings.replace(**changes))
 
-    def generate(self, weights, prompts, *, key, group_size=1, prompts_per_call=0, between_calls=None):
+    def generate(self, weights, prompts, *, key, group_size=1, prompts_per_call=0, between_calls=None,
+                 row_ids=None, first_cols=None):
         tok, s = Chars(), self.settings
         contexts = [list(p) for p in prompts for _ in range(group_size)]
         self.seen.append((len(contexts), s.max_new_tokens, set(s.stop_tokens)))
@@ -254,3 +258,37 @@ def test_a_real_rollout_is_the_same_with_its_blocks_run_at_once_or_one_by_one(ti
     assert [[(r.status, r.stdout, r.stderr) for r in row] for row in runs_a] == \
         [[(r.status, r.stdout, r.stderr) for r in row] for row in runs_b]
     assert sum(len(row) >= 1 for row in runs_a) >= 2  # several rows called at once
+
+
+@pytest.mark.parametrize("num_slots", [1, 3, 8])
+def test_the_slot_engine_keeps_each_rows_cache_through_its_tool_calls_and_draws_the_same_rows(tiny, num_slots):
+    """rl.decode=slots: a row pauses in its slot on a closing fence, its block runs, and only
+    the output's tokens go through the model; every row equals the calls' (fresh prefills of
+    the whole context), tool columns and tool runs included, on 1 slot (rows one by one), 3
+    (refilled) or all 8."""
+    cfg, params, sampler, tools = tiny
+    prompts = [[2, 3, 2], [3, 2]]
+    slotted = dataclasses.replace(sampler, settings=sampler.settings.replace(engine="slots", slots=num_slots))
+    a, runs_a = generate_with_tools(sampler, params, prompts, key=jax.random.key(3), group_size=4, tools=tools)
+    b, runs_b = generate_with_tools(slotted, params, prompts, key=jax.random.key(3), group_size=4, tools=tools)
+    for field in ("prompt_tokens", "tokens", "mask", "tool_mask", "lengths", "finished"):
+        np.testing.assert_array_equal(np.asarray(getattr(a, field)), np.asarray(getattr(b, field)), err_msg=field)
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+    assert [[(r.status, r.stdout) for r in row] for row in runs_a] == [[(r.status, r.stdout) for r in row]
+                                                                          for row in runs_b]
+    assert sum(len(row) >= 1 for row in runs_a) >= 2 and np.asarray(a.tool_mask).any()
+
+
+def test_a_continuation_draws_as_the_row_it_continues(tiny):
+    """Row r's token at column t comes from uniforms(key, t, r) whichever call draws it: a
+    row resumed at column 5 as row 3 of a later call draws what the single-turn rollout drew
+    at its columns 5.. (no tools: the context is the row's own first five tokens)."""
+    cfg, params, sampler, _ = tiny
+    prompts = [[2, 3, 2], [3, 2]]
+    whole = sampler.generate(params, prompts, key=jax.random.key(5), group_size=2)
+    r = 3
+    context = list(prompts[r // 2]) + np.asarray(whole.tokens[r, :5]).tolist()
+    rest = sampler.with_settings(max_new_tokens=11).generate(params, [context], key=jax.random.key(5),
+                                                             row_ids=[r], first_cols=[5])
+    np.testing.assert_array_equal(np.asarray(rest.tokens[0]), np.asarray(whole.tokens[r, 5:]))
+    np.testing.assert_allclose(np.asarray(rest.logprobs[0]), np.asarray(whole.logprobs[r, 5:]), atol=1e-5)
