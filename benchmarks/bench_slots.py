@@ -13,6 +13,9 @@ row-steps that produce a token rather than padding. Three workloads:
 * **testbed**: the testbed's shapes (a 2-layer model, G = 16, 56 new tokens) with random
   weights, whose rows end on the stop token (about one draw in 64), 16 slots (one question's
   rows) over a queue of 16 questions.
+* **tool turns**: a 4-token random model that calls the sandbox often; prefill tokens per
+  tool call and tokens/s, the static path's continuation calls against the slot engine's
+  kept caches (only the tool's output goes through the model).
 * **length model**: the 7B preset's shapes (1024 rows in flight, 64 calls a step, cap 1024)
   with lengths drawn from a heavy-tailed law (log-normal, median 300 tokens, sigma 0.8, cut
   at the cap); no model: the slot engine's schedule (``slots.schedule``, the host loop the
@@ -23,6 +26,7 @@ Usage: python benchmarks/bench_slots.py [--quick] [--json OUT] [--skip-smollm2]
 
 from __future__ import annotations
 
+import os
 import time
 
 import common  # sets OMP_WAIT_POLICY before jax loads
@@ -139,6 +143,89 @@ def testbed_workload(reps: int) -> dict:
                     prompts_per_call=1, stop_tokens=tok.stop_ids, pad_id=tok.pad_id, reps=reps)
 
 
+class _Alphabet:
+    """Four tokens (pad, eos, "a", "b"): a random model opens ("a") and closes ("b") code
+    blocks all the time; other characters of a tool's output encode as "a"."""
+
+    chars = ["", "", "a", "b"]
+    vocab_size, stop_ids, pad_id = 4, [1], 0
+
+    def encode(self, text, add_bos=False):
+        return [3 if c == "b" else 2 for c in text]
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids)
+
+
+def tools_workload(reps: int) -> dict:
+    """Tool turns: the testbed's layers on a 4-token vocabulary whose random model calls the
+    sandbox often (``_Alphabet``), 4 questions x G = 8, 64 new tokens, at most 2 calls a
+    row. The static path samples calls of one question's rows and prefills every running
+    row's whole context for each continuation; the slot engine (8 slots) puts only the
+    tool's output through the model. Both give the same rows (checked)."""
+    import dataclasses
+
+    from grpo_jax import config as config_lib
+    from grpo_jax.model import transformer as model
+    from grpo_jax.sampler import SamplingParams, Sampler, slots
+    from grpo_jax.sampler.turns import ToolUse, generate_with_tools
+    from grpo_jax.tools import LocalSandbox, PythonTool
+
+    prefilled = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Counting(Sampler):
+        """Counts the context tokens the static path's continuation calls prefill."""
+
+        def generate(self, weights, prompts, **kw):
+            if kw.get("row_ids") is not None:
+                prefilled.append(sum(len(p) for p in prompts))
+            return super().generate(weights, prompts, **kw)
+
+    cfg = dataclasses.replace(config_lib.cpu_tiny().model, embed_dim=128, num_layers=2, mlp_dim=384,
+                              vocab_size=4, max_seq_len=160, tie_embeddings=False)
+    params = model.init_params(cfg, jax.random.key(1))
+    tools = ToolUse.build(PythonTool(LocalSandbox(), open="a", close="b"), _Alphabet(), 2, 4)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(2, 4, 8).tolist() for _ in range(4)]
+    settings = SamplingParams(max_new_tokens=64, stop_tokens=(1,), pad_id=0)
+    samplers = {"static": Counting(cfg, None, settings),
+                "slots": Sampler(cfg, None, settings.replace(engine="slots", slots=8))}
+    key = jax.random.key(0)
+    run = lambda s: generate_with_tools(s, params, prompts, key=key, group_size=8, tools=tools, prompts_per_call=1)
+    outs = {k: run(s) for k, s in samplers.items()}  # warm-up: compile
+    np.testing.assert_array_equal(outs["static"][0].tokens, outs["slots"][0].tokens)
+    times = {k: [] for k in samplers}
+    counts = {}
+    for _ in range(reps):
+        for k, s in samplers.items():
+            prefilled.clear()
+            slots.APPENDED.clear()
+            t0 = time.perf_counter()
+            run(s)
+            times[k].append(time.perf_counter() - t0)
+            counts[k] = sum(prefilled) if k == "static" else slots.APPENDED["tokens"]
+    rollout, runs = outs["slots"]
+    calls = sum(map(len, runs))
+    tokens = int(np.asarray(rollout.lengths).sum())
+    t_static, t_slots = (float(np.median(times[k])) for k in ("static", "slots"))
+    return {"workload": "tool turns (4-token random model, G=8)", "rows": len(runs), "cap": 64, "tool_calls": calls,
+            "tool_output_tokens": int(np.asarray(rollout.tool_mask).sum()),
+            "static_prefill_tokens_per_call": counts["static"] / calls,
+            "slot_prefill_tokens_per_call": counts["slots"] / calls,
+            "static_tokens_per_s": tokens / t_static, "slot_tokens_per_s": tokens / t_slots,
+            "speedup": t_static / t_slots, "static_s": times["static"], "slot_s": times["slots"]}
+
+
+def tools_table(row: dict) -> str:
+    headers = ["workload", "rows", "tool calls", "output tokens per call", "static: prefill tokens per call",
+               "slots: prefill tokens per call", "static tok/s", "slots tok/s", "speedup"]
+    body = [[row["workload"], row["rows"], row["tool_calls"], f"{row['tool_output_tokens'] / row['tool_calls']:.1f}",
+             f"{row['static_prefill_tokens_per_call']:.1f}", f"{row['slot_prefill_tokens_per_call']:.1f}",
+             common.fmt(row["static_tokens_per_s"]), common.fmt(row["slot_tokens_per_s"]), f"{row['speedup']:.2f}x"]]
+    return common.markdown_table(headers, body)
+
+
 def table(rows: list[dict]) -> str:
     headers = ["workload", "cap", "rows in flight", "queue / slots", "mean length", "at cap",
                "static: steps", "static: utilization", "slots: steps", "slots: utilization",
@@ -162,9 +249,14 @@ def main() -> None:
     reps = common.reps_of(args, full=2, quick=1)
     rows = length_model()
     rows.append(testbed_workload(reps))
+    tool_row = tools_workload(reps)
     if not args.skip_smollm2:
         rows += smollm2_workloads(reps, args.quick, args.static_prompts)
     print(table(rows))
+    print()
+    print(tools_table(tool_row))
+    print(f"\n_machine: {common.machine_info().get('cpu', '')}; load average {os.getloadavg()[0]:.1f} at the end_")
+    rows.append(tool_row)
     if args.json:
         from pathlib import Path
         import json

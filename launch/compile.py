@@ -216,6 +216,73 @@ def tool_turns(cfg, slice_name: str, prompt_len: int, state_bytes: int, log=prin
     return reports
 
 
+# The length law the slot engine's expected rollout is stated for (``--slots``):
+# log-normal completion lengths, median 300 tokens, sigma 0.8, cut at rl.max_new_tokens.
+SLOT_LENGTHS = {"median": 300, "sigma": 0.8, "seed": 0}
+
+
+def slot_engine(cfg, slice_name: str, prompt_len: int, log=print) -> dict:
+    """{"slot_prefill" | "slot_decode" | "slot_append": report, "slot_rollout": estimate}:
+    the slot engine's programs (``aot.slot_programs``: a chunk's prefill, the decode loop,
+    a tool output's append) compiled for the sampling mesh beside the train state, each
+    fit-checked (aot.FitError), and the rollout of a step expected from them: the decode
+    steps of `SLOT_LENGTHS`' rows on the slots (``slots.schedule``) times one decode
+    iteration's cost (the compiled loop's cost analysis counts its body once: one step,
+    its insert and output branches included), plus each chunk's prefill (its layer loop
+    counted once, so times the layers); against the static engine, whose calls each
+    decode to the cap when a row of theirs reaches it."""
+    import numpy as np
+
+    from grpo_jax.sampler import slots as slots_lib
+
+    mesh, topology = aot.topology_mesh(cfg, slice_name)
+    chip = chip_of(topology)
+    smesh = aot.sample_mesh(cfg, slice_name)
+    state_bytes = 0 if aot.split_of(cfg, slice_name) else aot.bytes_per_chip(aot.train_state(cfg, mesh)[1])
+    reports = {}
+    programs_ = aot.slot_programs(cfg, smesh, prompt_len)
+    num_slots = programs_["slot_decode"][1][1].row.shape[0]
+    for name, (program, args, kw) in programs_.items():
+        compiled, secs = aot.compile_lowered(name, program.lower(*args, **kw))
+        rep = aot.fit(compiled, chip, state_bytes)
+        aot.check_fit(name, rep)
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        layers = cfg.model.num_layers if name == "slot_prefill" else 1
+        flops, nbytes = layers * float(cost.get("flops", 0.0)), layers * float(cost.get("bytes accessed", 0.0))
+        times = {"compute": flops / chip.peak_bf16_flops, "memory": nbytes / chip.hbm_bandwidth}
+        bound = max(times, key=times.get)
+        rep.update(compile_seconds=secs, flops_per_chip=flops, bytes_per_chip=nbytes, bound=bound,
+                   estimated_seconds=times[bound], expected_seconds=expected_seconds(times[bound], bound, chip.name))
+        reports[name] = rep
+        log(f"  {name:13s} peak {(rep['peak_bytes'] + state_bytes) / 1e9:7.2f} / {rep['hbm_capacity_bytes'] / 1e9:.0f} GB "
+            f"fits; per call {flops:.3g} FLOPs, {nbytes / 1e9:.2f} GB, {bound}-bound {times[bound] * 1e3:.2f} ms "
+            f"(expected {_seconds(rep['expected_seconds'] and rep['expected_seconds'] * 1e3)} ms)  compile {secs:.0f} s")
+    g, cap = cfg.rl.group_size, cfg.rl.max_new_tokens
+    rows = cfg.data.batch_size * g
+    rng = np.random.default_rng(SLOT_LENGTHS["seed"])
+    lengths = np.minimum(np.ceil(rng.lognormal(np.log(SLOT_LENGTHS["median"]), SLOT_LENGTHS["sigma"], rows)), cap)
+    steps, tokens = slots_lib.schedule(lengths.astype(int), num_slots)
+    per_call = cfg.rl.sample_prompts or cfg.data.batch_size
+    chunk_questions = programs_["slot_prefill"][1][1].shape[0]
+    chunks = -(-cfg.data.batch_size // max(1, chunk_questions - 1))
+    static_steps = slots_lib.static_steps(lengths.astype(int), per_call * g)
+    estimate = {"slots": num_slots, "rows": rows, "lengths": {**SLOT_LENGTHS, "cap": cap},
+                "mean_length": float(lengths.mean()), "at_cap": float(np.mean(lengths == cap)),
+                "decode_steps": steps, "utilization": tokens / (num_slots * steps),
+                "static_decode_steps": static_steps, "chunks": chunks}
+    for suffix, key in (("", "estimated_seconds"), ("_expected", "expected_seconds")):
+        d, p = reports["slot_decode"][key], reports["slot_prefill"][key]
+        estimate[f"rollout_seconds{suffix}"] = None if None in (d, p) else steps * d + chunks * p
+    reports["slot_rollout"] = estimate
+    log(f"  slot rollout: {rows} rows on {num_slots} slots, lengths log-normal (median {SLOT_LENGTHS['median']}, "
+        f"sigma {SLOT_LENGTHS['sigma']}, cap {cap}: mean {estimate['mean_length']:.0f}, {estimate['at_cap']:.0%} "
+        f"at the cap): {steps} decode steps (utilization {estimate['utilization']:.2f}; static calls: "
+        f"{static_steps}), bound {estimate['rollout_seconds']:.1f} s, expected "
+        f"{_seconds(estimate['rollout_seconds_expected'])} s per step")
+    return reports
+
+
 def largest_fitting(candidates: list[int], fits) -> int | None:
     """The largest of ascending ``candidates`` for which ``fits`` holds, by bisection (fit
     is monotone: more questions per call never need less HBM); None if none does."""
@@ -309,6 +376,9 @@ def main(argv=None) -> int:
     parser.add_argument("--search-sample-prompts", action="store_true",
                         help="find the most questions per sampler call (rl.sample_prompts) that fit, "
                              "by sampler fit checks only, and print it")
+    parser.add_argument("--slots", action="store_true",
+                        help="compile and cost the slot engine's programs (rl.decode=slots) and its expected "
+                             "rollout at a stated length law, instead of the run's programs")
     add_config_args(parser)
     args = parser.parse_args(argv)
     if not aot.libtpu_available():
@@ -324,6 +394,16 @@ def main(argv=None) -> int:
             return 1
         print(f"rl.sample_prompts={best}: the most questions per sampler call whose sampler fits "
               f"{args.slice} beside the train state ({best * cfg.rl.group_size} rows per call)")
+        return 0
+    if args.slots:
+        try:
+            results = slot_engine(cfg, args.slice, args.prompt_len)
+        except aot.FitError as e:
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            return 1
+        results["code"] = provenance.record(["launch/compile.py"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=float))
         return 0
     try:
         results = check(cfg, args.slice, args.prompt_len, sampler_only=args.sampler_only)

@@ -23,13 +23,13 @@ from grpo_jax.aot.cost import (TWIN_OPTIONS, NotCounted, call_cost, cost_twin, d
                                twin_calls)
 from grpo_jax.aot.fit import FitError, bytes_per_chip, check_fit, compile_lowered, fit, memory
 from grpo_jax.aot.hlo import collective_ops, collectives
-from grpo_jax.aot.lowering import (abstract_batch, compile_sampler, compile_train_step, lower_sampler,
+from grpo_jax.aot.lowering import (abstract_batch, compile_sampler, compile_train_step, lower_sampler, slot_programs,
                                    lower_tool_turn, lower_train_step, run_sampler, sampler_calls, tool_turn_calls,
                                    train_state)
 from grpo_jax.aot.topology import libtpu_available, sample_mesh, split_of, topology_devices, topology_mesh
 
 __all__ = ["FitError", "NotCounted", "TWIN_OPTIONS", "abstract_batch", "bytes_per_chip", "call_cost",
-           "check_fit", "collective_ops", "collectives", "compile_lowered", "compile_sampler",
+           "check_fit", "collective_ops", "collectives", "compile_lowered", "compile_sampler", "slot_programs",
            "compile_train_step", "cost_twin", "decode_bytes_analytic", "fit", "libtpu_available",
            "loop_free_cost", "lower_sampler", "lower_tool_turn", "lower_train_step", "matmul_params",
            "memory", "model_flops", "report", "run_sampler", "sample_mesh", "sampler_calls", "sampler_cost",

@@ -124,3 +124,55 @@ def lower_tool_turn(cfg: Config, mesh, rows: int, context_len: int, used: int) -
     """{"prefill": lowered, "decode": lowered}; see ``tool_turn_calls``."""
     return {name: program.lower(*args, **static)
             for name, (program, args, static) in tool_turn_calls(cfg, mesh, rows, context_len, used).items()}
+
+
+def slot_programs(cfg: Config, mesh, prompt_len: int, slots: int = 0) -> dict:
+    """{"slot_prefill" | "slot_decode" | "slot_append": (program, abstract args, kwargs)}:
+    the slot engine's programs (``sampler.slots``, rl.decode=slots) a run of ``cfg`` makes
+    on the sampling ``mesh``: ``slots`` decode slots (0: rl.decode_slots, else one static
+    call's rows, rl.sample_prompts x G), a prefill of a chunk of questions in a bucket of
+    ``prompt_len``, the decode loop over the whole step's rows (data.batch_size x G), and
+    the append of a tool's output (one row, a 64-token bucket). The state's and the chunk's
+    shardings are those their own programs give them (each compiled here for ``mesh``)."""
+    from grpo_jax.parallel.sharding import replicated
+    from grpo_jax.sampler import slots as slots_lib
+    from grpo_jax.sampler.calls import place_key, sampling_mesh
+    from grpo_jax.sampler.draw import Drawing
+    from grpo_jax.sampler.engines import resolve
+    from grpo_jax.sampler.layouts import round_up
+    from grpo_jax.sampler.weights import abstract_sampling_copy
+    from grpo_jax.shapes import bucket_length
+
+    sampler = run_sampler(cfg, mesh)
+    settings = sampler.settings.replace(engine="slots")
+    smesh = sampling_mesh(mesh)
+    engine = resolve("slots", smesh, settings.kv_dtype)
+    progs = slots_lib.programs(cfg.model, smesh, engine, settings.kv_dtype)
+    g = cfg.rl.group_size
+    degree = 1 if smesh is None else smesh.shape["data"] * smesh.shape["fsdp"]
+    s = round_up(slots or cfg.rl.decode_slots or (cfg.rl.sample_prompts or cfg.data.batch_size) * g, degree)
+    q = round_up(-(-s // g) + 1, degree)
+    rows = cfg.data.batch_size * g
+    rep = None if smesh is None else replicated(smesh)
+    scalar = lambda dtype=jnp.int32: jax.ShapeDtypeStruct((), dtype, sharding=rep)
+    rows_of = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=None if smesh is None else
+                                                        batch_sharding(smesh, len(shape), shape[0]))
+    outputs = lambda lowered: abstract_like(lowered.out_info, lowered.compile().output_shardings)
+    weights = abstract_sampling_copy(cfg.model, sampler.weights_dtype, smesh)
+    init_args = dict(slots=s, prompt_bucket=prompt_len, num_cols=bucket_length(settings.max_new_tokens), rows=rows,
+                     pad_id=scalar())
+    state = outputs(progs.init.lower(**init_args))
+    pre_args = (weights, rows_of((q, prompt_len), jnp.int32), rows_of((q, prompt_len), bool), None)
+    cache, logits0 = outputs(progs.prefill.lower(*pre_args, cache_len=prompt_len))
+    chunk = slots_lib.Chunk(cache=cache, logits0=logits0, prompt_len=rows_of((q,), jnp.int32), first_row=scalar(),
+                            end=scalar(), group_size=scalar())
+    drawing = Drawing.host(settings, cfg.model.vocab_size)
+    drawing = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), drawing)
+    vocab_mask = jax.ShapeDtypeStruct((cfg.model.vocab_size,), bool, sharding=rep)
+    decode_args = (engine.step.abstract_weights(cfg.model, weights), state, chunk, place_key(None, smesh, True),
+                   drawing, scalar(), vocab_mask, scalar(bool), scalar(), scalar())
+    lane = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+    append_args = (state, weights, lane((1,), jnp.int32), lane((1, 64), jnp.int32), lane((1, 64), bool),
+                   lane((1,), bool), scalar())
+    return {"slot_prefill": (progs.prefill, pre_args, {"cache_len": prompt_len}),
+            "slot_decode": (progs.decode, decode_args, {}), "slot_append": (progs.append, append_args, {})}

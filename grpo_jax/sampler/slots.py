@@ -31,6 +31,7 @@ lengths (``benchmarks/bench_slots.py``); the tests hold the two equal.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Callable, Sequence
@@ -358,10 +359,15 @@ class SlotRows:
     tool_mask: np.ndarray  # [B, max_new_tokens] bool: columns ``append`` wrote
     decode_steps: int
     visits: int  # the host's decode calls
+    appended_tokens: int  # tokens `append` put through the model (tools' outputs)
+    appends: int
 
 
 # Draws a decode call runs at most while a held row's tool may finish: its output waits no longer.
 HELD_DRAWS = 8
+# What every rollout's `append`s put through the model ("tokens", "appends"): a tool call
+# costs its output's tokens, nothing of the context before it.
+APPENDED: collections.Counter = collections.Counter()
 
 
 class SlotDecoder:
@@ -441,6 +447,7 @@ class SlotDecoder:
         owner = np.full(s_count, -1)  # row each slot holds, as the host last saw it
         tool_cols: dict[int, list[tuple[int, int]]] = {}  # row -> [(first column, count)] appended
         held: dict[int, object] = {}  # slot -> its held row's future
+        self.appended = []  # tokens of each append
         chunk, chunk_end = None, 0
         scalar = lambda v, dtype=np.int32: self._replicated(np.asarray(v, dtype))
         visits = 0
@@ -484,7 +491,8 @@ class SlotDecoder:
                 tool_mask[r, first:first + count] = True
         return SlotRows(tokens=to_host(state.out_tokens)[:, :width], logprobs=to_host(state.out_logps)[:, :width],
                         lengths=lengths, finished=to_host(state.out_finished), tool_mask=tool_mask,
-                        decode_steps=int(to_host(state.draws)), visits=visits)
+                        decode_steps=int(to_host(state.draws)), visits=visits,
+                        appended_tokens=sum(self.appended), appends=len(self.appended))
 
     def _append(self, state, s: int, result, spans: list):
         """A held row's tool output (tokens, pausable) appended to slot ``s`` (`append`),
@@ -493,6 +501,9 @@ class SlotDecoder:
         col = int(to_host(state.col)[s])
         tokens = list(tokens)[: self.settings.max_new_tokens - col]
         spans.append((col, len(tokens)))
+        self.appended.append(len(tokens))
+        APPENDED["tokens"] += len(tokens)
+        APPENDED["appends"] += 1
         t = bucket_length(max(1, len(tokens)))
         ids = np.full((1, t), self.settings.pad_id, np.int32)
         real = np.zeros((1, t), bool)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.sampler import SamplingParams
+from grpo_jax.sampler import slots
 from grpo_jax.sampler.engines import ENGINES
 from grpo_jax.sampler.host import Rollout
 from grpo_jax.sampler.turns import ToolUse, generate_with_tools
@@ -270,7 +271,10 @@ def test_the_slot_engine_keeps_each_rows_cache_through_its_tool_calls_and_draws_
     prompts = [[2, 3, 2], [3, 2]]
     slotted = dataclasses.replace(sampler, settings=sampler.settings.replace(engine="slots", slots=num_slots))
     a, runs_a = generate_with_tools(sampler, params, prompts, key=jax.random.key(3), group_size=4, tools=tools)
+    slots.APPENDED.clear()
     b, runs_b = generate_with_tools(slotted, params, prompts, key=jax.random.key(3), group_size=4, tools=tools)
+    # a tool call put its output's tokens through the model, nothing more
+    assert slots.APPENDED == {"tokens": int(np.asarray(b.tool_mask).sum()), "appends": sum(map(len, runs_b))}
     for field in ("prompt_tokens", "tokens", "mask", "tool_mask", "lengths", "finished"):
         np.testing.assert_array_equal(np.asarray(getattr(a, field)), np.asarray(getattr(b, field)), err_msg=field)
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
