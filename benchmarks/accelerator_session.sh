@@ -10,9 +10,11 @@
 #     TINY=1 OUT=/tmp/acc bash benchmarks/accelerator_session.sh    # CPU dry run, tiny shapes
 #
 # PYTHON names the interpreter (default python3).
-# Five files in $OUT (the device tool brings back at most 8): env.txt, large.{json,log},
-# small.{json,log}. The 7B shape runs first: its update with the GPU's options has never been
-# measured. Each bench call has its own --budget (no part starts past it; a part still running
+# Seven files in $OUT (the device tool brings back at most 8): env.txt, large.{json,log},
+# small.{json,log}, slots.{json,log}. The 7B shape runs first: its update with the GPU's options
+# has never been measured. The third call is the slot engine beside the static one on the same
+# rows (bench_slots.py without its SmolLM2 workloads, whose weights the GPU machine lacks),
+# stopped by `timeout` at its budget. Each bench call has its own --budget (no part starts past it; a part still running
 # then is killed and reported), so a slow part costs the parts after it in its call, never the
 # next call. The exit status is 0 when every part of both calls ran.
 set -u
@@ -29,13 +31,13 @@ if [ -n "${TINY:-}" ]; then
     SMALL=(--preset cpu-tiny)
     # Its children compile as long as a GPU's do, and a shared 2-core CPU may run them at a tenth
     # of its speed: caps, not estimates.
-    BUDGET_LARGE=${BUDGET_LARGE:-900} BUDGET_SMALL=${BUDGET_SMALL:-1200}
+    BUDGET_LARGE=${BUDGET_LARGE:-900} BUDGET_SMALL=${BUDGET_SMALL:-1200} BUDGET_SLOTS=${BUDGET_SLOTS:-900}
 else
     ATTENTION=cudnn
     # the deepseekmath-rl-7b shape with 8 of its 30 layers, 16 micro-batches of 4 rows
     LARGE=(--preset deepseekmath-rl-7b model.num_layers=8 --group 16 --micro-batches 16)
     SMALL=(--preset qwen2.5-1.5b)
-    BUDGET_LARGE=${BUDGET_LARGE:-245} BUDGET_SMALL=${BUDGET_SMALL:-305}
+    BUDGET_LARGE=${BUDGET_LARGE:-245} BUDGET_SMALL=${BUDGET_SMALL:-235} BUDGET_SLOTS=${BUDGET_SLOTS:-70}
 fi
 # The GPU's options: bf16 unembedding operands, cuDNN's fused attention, remat keeping the
 # matmuls' outputs; the 1.5B table adds them one at a time.
@@ -58,5 +60,9 @@ $BENCH "${LARGE[@]}" --budget "$BUDGET_LARGE" --work /tmp/acc_large --json "$OUT
 $BENCH "${SMALL[@]}" --budget "$BUDGET_SMALL" --work /tmp/acc_small --json "$OUT/small.json" \
     --variant "$BF16" --variant "$BF16 model.attention=$ATTENTION" --variant "$GPU_OPTIONS" \
     2>&1 | tee "$OUT/small.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+timeout "$BUDGET_SLOTS" $PYTHON benchmarks/bench_slots.py --skip-smollm2 --reps 1 --json "$OUT/slots.json" \
+    2>&1 | tee "$OUT/slots.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status

@@ -21,12 +21,11 @@ row-steps that produce a token rather than padding. Three workloads:
   at the cap); no model: the slot engine's schedule (``slots.schedule``, the host loop the
   engine runs, which the tests hold to the engine's own decode steps) against static calls.
 
-Usage: python benchmarks/bench_slots.py [--quick] [--json OUT] [--skip-smollm2]
+Usage: python benchmarks/bench_slots.py [--quick] [--json OUT] [--skip-smollm2] [--static-prompts N]
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import common  # sets OMP_WAIT_POLICY before jax loads
@@ -240,30 +239,45 @@ def table(rows: list[dict]) -> str:
     return common.markdown_table(headers, body)
 
 
-def main() -> None:
+def main() -> int:
     parser = common.base_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--skip-smollm2", action="store_true", help="leave out the SmolLM2 workloads (minutes)")
     parser.add_argument("--static-prompts", type=int, default=2,
                         help="prompts per static call = slots / G (default 2)")
     args = parser.parse_args()
     reps = common.reps_of(args, full=2, quick=1)
+    rep = common.Report("slots", args)
+    machine = common.machine_info()
+    rep.emit("## Slot engine: utilization and tokens/s against the static engine (same rows, same rows in flight)")
+    rep.emit()
+    rep.emit(f"CPU: {machine['cpu']} ({machine['cpu_flags']}), {machine['cores']} cores; median of {reps} "
+             "interleaved reps after a warm-up that compiles; the rows of both engines checked equal.")
+    rep.emit()
     rows = length_model()
     rows.append(testbed_workload(reps))
     tool_row = tools_workload(reps)
     if not args.skip_smollm2:
         rows += smollm2_workloads(reps, args.quick, args.static_prompts)
-    print(table(rows))
-    print()
-    print(tools_table(tool_row))
-    print(f"\n_machine: {common.machine_info().get('cpu', '')}; load average {os.getloadavg()[0]:.1f} at the end_")
-    rows.append(tool_row)
-    if args.json:
-        from pathlib import Path
-        import json
-
-        Path(args.json).write_text(json.dumps({"rows": rows, "machine": common.machine_info()}, indent=2,
-                                              default=common.jsonable))
+    rep.emit(table(rows))
+    rep.emit()
+    rep.emit(tools_table(tool_row))
+    rep.emit()
+    for r in rows:
+        if r["workload"].startswith("length model"):
+            rep.results[f"slot_utilization_queue{r['queue_per_slot']}"] = r["slot_utilization"]
+            rep.results[f"static_utilization_queue{r['queue_per_slot']}"] = r["static_utilization"]
+        elif r["workload"].startswith("SmolLM2"):
+            rep.results[f"slots_tokens_per_s_smollm2_cap{r['cap']}"] = r["slot_tokens_per_s"]
+            rep.results[f"static_tokens_per_s_smollm2_cap{r['cap']}"] = r["static_tokens_per_s"]
+            rep.results[f"slots_speedup_smollm2_cap{r['cap']}"] = r["speedup"]
+    per_call = tool_row["tool_output_tokens"] / tool_row["tool_calls"]
+    rep.results.update(slot_tool_prefill_per_call=tool_row["slot_prefill_tokens_per_call"],
+                       static_tool_prefill_per_call=tool_row["static_prefill_tokens_per_call"],
+                       tool_output_tokens_per_call=per_call,
+                       slot_tool_prefill_excess=tool_row["slot_prefill_tokens_per_call"] - per_call)
+    rep.details["rows"] = rows + [tool_row]
+    return rep.finish()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

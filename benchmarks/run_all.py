@@ -44,6 +44,7 @@ SUITE = {
     "grpo_step": ("bench_grpo_step.py", {}),
     "memory": ("bench_memory.py", {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}),
     "scaling": ("bench_scaling.py", {}),
+    "slots": ("bench_slots.py", {}),  # the slot engine against the static one
 }
 # Benchmarks written by others that speak `--quick` and `--out FILE` (markdown) only.
 MARKDOWN_ONLY = {"sampler": "bench_sampler.py"}
@@ -93,6 +94,16 @@ SUMMARY = [
     ("estimator_max_ratio", "Estimator: measured CPU sampler s / `aot.sampler_cost` roofline, largest median "
      "over prefill and decode at batch 8 and 32 (within 3×: ≤ 3)", ("<=", 3.0),
      "estimator_max_ratio_measured_s", "estimator_max_ratio_estimated_s", "seconds"),
+    ("slot_utilization_queue16", "Slot utilization, 7B preset shapes, a queue of 16x the slots (length model; "
+     "static calls of the same rows beside)", (">=", 0.9), "slot_utilization_queue16", "static_utilization_queue16",
+     "ratio"),
+    ("slot_utilization_queue64", "Slot utilization, 7B preset shapes, a queue of 64x the slots (the preset's)",
+     (">=", 0.9), "slot_utilization_queue64", "static_utilization_queue64", "ratio"),
+    ("slots_speedup_smollm2_cap512", "Rollout tok/s, SmolLM2 chat T=1, cap 512, same rows in flight (slots vs "
+     "static calls)", (">=", 2.0), "slots_tokens_per_s_smollm2_cap512", "static_tokens_per_s_smollm2_cap512",
+     "tok/s"),
+    ("slot_tool_prefill_excess", "Tool call prefill tokens beyond the output's (slots; static: every running row's "
+     "context)", ("<=", 1.0), "slot_tool_prefill_per_call", "static_tool_prefill_per_call", "tokens"),
     ("chunked_logprob_vs_naive_peak_bytes_ratio", "Loss-path peak bytes, chunked log-probs / [B,T,V] logits", None,
      "chunked_logprob_peak_bytes", "naive_logprob_peak_bytes", "bytes"),
 ]

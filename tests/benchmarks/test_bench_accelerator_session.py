@@ -45,9 +45,12 @@ def variants(call):
 
 
 def test_the_gpu_session_measures_the_7b_shape_first_then_the_1_5b_table_again(tmp_path):
-    code, (large, small), files = session(tmp_path)
+    code, (large, small, slots), files = session(tmp_path)
     assert code == 0
-    assert files == ["env.txt", "large.json", "large.log", "small.json", "small.log"]  # the tool returns 8
+    assert files == ["env.txt", "large.json", "large.log", "slots.json", "slots.log", "small.json",
+                     "small.log"]  # the tool returns 8
+    # the slot engine beside the static one, on the rows the GPU machine can make (no SmolLM2 weights)
+    assert slots[0] == "benchmarks/bench_slots.py" and "--skip-smollm2" in slots
     for call in (large, small):
         assert call[0] == "benchmarks/bench_accelerator.py" and "--profile" in call and "--tiny" not in call
     assert large[large.index("--preset"):large.index("--preset") + 7] == [
@@ -56,12 +59,14 @@ def test_the_gpu_session_measures_the_7b_shape_first_then_the_1_5b_table_again(t
     assert flag(small, "--preset") == "qwen2.5-1.5b"
     assert variants(small) == ["model.unembed_dtype=bfloat16", "model.unembed_dtype=bfloat16 model.attention=cudnn",
                                GPU_OPTIONS.format("cudnn")]
-    # One 600 s command: the two budgets and a margin for the versions and the reports.
-    assert float(flag(large, "--budget")) + float(flag(small, "--budget")) <= 560
+    # One 600 s command: the three budgets and a margin for the versions and the reports.
+    script = (BENCHMARKS / "accelerator_session.sh").read_text()
+    slots_budget = float(script.split("BUDGET_SLOTS=${BUDGET_SLOTS:-")[2].split("}")[0])
+    assert float(flag(large, "--budget")) + float(flag(small, "--budget")) + slots_budget <= 560
 
 
 def test_the_dry_run_takes_tiny_shapes_and_the_models_attention(tmp_path):
-    code, (large, small), _ = session(tmp_path, TINY="1")
+    code, (large, small, _), _ = session(tmp_path, TINY="1")
     assert code == 0
     assert all("--tiny" in call and flag(call, "--preset") == "cpu-tiny" for call in (large, small))
     assert "model.num_layers=1" in large
@@ -72,4 +77,4 @@ def test_the_dry_run_takes_tiny_shapes_and_the_models_attention(tmp_path):
 @pytest.mark.parametrize("failing", ["deepseekmath-rl-7b", "qwen2.5-1.5b"])
 def test_a_failed_call_fails_the_session_after_the_other_ran(tmp_path, failing):
     code, calls, files = session(tmp_path, STUB_FAIL=failing)
-    assert code == 1 and len(calls) == 2 and "small.json" in files
+    assert code == 1 and len(calls) == 3 and "small.json" in files and "slots.json" in files
