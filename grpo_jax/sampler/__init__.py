@@ -12,7 +12,10 @@ returns a `Rollout` whose row ``prompt_index * G + g`` is the g-th completion of
 ``calls``          `sampler_call`: the programs, their arguments, shardings and donation
 ``prefill``        device: the prompts once through the model, the cache to their rows
 ``loop``           device: the generic decode loop (``lax.while_loop``), one token a step
-``engines``        `DecodeEngine` and its four engines; `resolve` for ``rl.decode``
+``engines``        `DecodeEngine` and its engines; `resolve` for ``rl.decode``
+``slots``          the slot engine (``rl.decode=slots``): decode slots refilled from a queue
+                   of rows as rows end, each slot at its own cache index; rows equal the
+                   static engines' token for token
 ``feature_major``  the feature-major engine's step (one CPU device)
 ``draw``           temperature, top-k, top-p and the per-row randomness
 ``cache``          the KV cache: layouts, sharding, int8, phases
@@ -40,10 +43,11 @@ Conventions (the train step recomputes log-probs with the same ones)
 * **Top-k, then top-p** (the order transformers uses): top-k keeps the k largest logits
   (ties at the k-th value are kept); top-p then keeps the smallest prefix of the remaining
   tokens, by decreasing probability renormalised over them, whose mass is >= top_p.
-* **Randomness.** Row r (= prompt_index * G + g) draws its token at step t with one
-  uniform from `fold_in(fold_in(key, t), r)` and inverse-CDF sampling. A row's result
-  depends only on (key, r, its prompt, params, settings): it does not depend on the batch
-  padding, the mesh, the engine, or on whether the prefill is shared, so
+* **Randomness.** Row r (= prompt_index * G + g) draws its token at completion column t
+  with one uniform from `fold_in(fold_in(key, t), r)` and inverse-CDF sampling. A row's
+  result depends only on (key, r, its prompt, params, settings): it does not depend on the
+  batch padding, the mesh, the engine, which slot or call draws it (the slot engine; a tool
+  rollout's continuations), or on whether the prefill is shared, so
   `sample(prompts, G)` equals `sample([p for p in prompts for _ in range(G)], group_size=1)`
   row by row, and `sample_to_host` in several calls equals one call (each call's rows keep
   their index in the whole batch).
@@ -80,11 +84,12 @@ code reads them through `sharding.to_host`.
 """
 
 from grpo_jax.sampler.engines import DecodeEngine, resolve
-from grpo_jax.sampler.host import Rollout, SampleInfo, Sampler, sample, sample_to_host, sample_with_info
+from grpo_jax.sampler.host import (Rollout, SampleInfo, Sampler, sample, sample_to_host, sample_with_info, slot_decoder,
+                                   slot_rollout)
 from grpo_jax.sampler.calls import SamplerCall, sampler_call, sampling_mesh
 from grpo_jax.sampler.settings import SamplingParams
 from grpo_jax.sampler.weights import abstract_sampling_copy, sampling_copy
 
 __all__ = ["DecodeEngine", "Rollout", "SampleInfo", "Sampler", "SamplerCall", "SamplingParams",
            "abstract_sampling_copy", "resolve", "sample", "sample_to_host", "sample_with_info", "sampler_call",
-           "sampling_copy", "sampling_mesh"]
+           "sampling_copy", "sampling_mesh", "slot_decoder", "slot_rollout"]

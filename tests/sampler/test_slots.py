@@ -74,6 +74,13 @@ def test_budgets_and_truncated_sampling_equal_the_static_engines(params, max_new
     assert slotted.tokens.shape == (len(PROMPTS) * G, max_new_tokens)
 
 
+def test_an_int8_cache_equals_the_static_engines_int8_cache(params):
+    """The slots insert a prompt's int8 keys and values with their scales, and append with them."""
+    static, _ = _sample(params, "unrolled", kv_dtype="int8", stop_tokens=STOPS)
+    slotted, _ = _sample(params, "slots", slots_=5, kv_dtype="int8", stop_tokens=STOPS)
+    _assert_same_rows(static, slotted)
+
+
 def test_decode_steps_are_the_schedules_and_fewer_than_the_static_calls(params):
     """The host loop is `slots.schedule`: its decode steps on the rows' lengths are the
     engine's, and on 3 slots they undercut static calls of 3 rows (each call runs to its
