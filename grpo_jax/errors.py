@@ -55,4 +55,10 @@ class RewardModelError(GrpoJaxError):
 
 class SandboxError(GrpoJaxError):
     """A sandbox that cannot run code at all (its interpreter missing, its process unable to
-    confine itself, a remote service unreachable): not the code's fault, so no status."""
+    confine itself, a remote service unreachable): not the code's fault, so no status.
+    ``kind`` names the failure in a word (``start``, ``confine``, ``launcher``, ``remote``),
+    by which a rollout counts them (``tools/backend_failures/<kind>``)."""
+
+    def __init__(self, message: str, kind: str = "backend"):
+        super().__init__(message)
+        self.kind = kind

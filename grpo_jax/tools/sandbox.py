@@ -7,7 +7,7 @@
 ``ok``            the code ran to the end (or exited with status 0)
 ``error``         an uncaught exception or a non-zero exit status; stderr says which
 ``timeout``       the wall-time or CPU-time limit was reached; the process was killed
-``memory``        the memory limit was reached (a MemoryError)
+``memory``        the memory limit was reached (an uncaught MemoryError)
 ``output_limit``  stdout and stderr together passed their limit; the process was killed
 ``killed``        the process died of a signal (a crash, say a ctypes NULL read)
 ================  ===================================================================
@@ -22,6 +22,11 @@ with what the kernel allows: user, network and PID namespaces, Landlock, a secco
 and no capabilities (``sandbox_child`` says what each does). What the kernel refused is
 in ``ExecutionResult.unenforced``, and said once, in one line, as a `SandboxWarning`.
 `capabilities` measures which protections hold on this machine.
+
+The status is never the code's word: the code's exit status only tells ``ok`` (0) from
+``error``, and neither its stdout, its stderr nor any descriptor it holds can pass for the
+launcher's report, which the parent reads on a pipe the code's process closed before the
+code ran (``sandbox_child`` says how ``memory`` and a failure to confine reach it).
 
 A remote service (SandboxFusion's HTTP API, say) fits behind the same interface: a class with
 ``run(code) -> ExecutionResult`` (docs/tools.md shows one); nothing here depends on it.
@@ -49,8 +54,6 @@ from grpo_jax.errors import ConfigError, SandboxError
 
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed")
 CHILD = Path(__file__).with_name("sandbox_child.py")
-# The runner's exit statuses (sandbox_child.EXIT_*; that file is never imported).
-EXIT_MEMORY, EXIT_UNCONFINED = 3, 126
 # The whole environment of the code: no variable of the trainer's (tokens, keys, paths)
 # reaches it, and a fixed hash seed keeps the output of the same code the same.
 ENVIRONMENT = {"PYTHONHASHSEED": "0", "PYTHONUTF8": "1"}
@@ -142,7 +145,9 @@ class ExecutionResult:
 
 class Sandbox(Protocol):
     """The interface: run ``code`` (Python source) and say what happened. Never raises for
-    anything the code does; raises `SandboxError` when it cannot run code at all."""
+    anything the code does; raises `SandboxError` (its ``kind`` a word: ``start``,
+    ``confine``, ``launcher``, ``remote``) when it cannot run this code at all. A rollout
+    turns that into the call's ``error`` (`grpo_jax.sampler.turns`)."""
 
     def run(self, code: str) -> ExecutionResult: ...
 
@@ -170,8 +175,6 @@ def unenforced_protections(record: dict) -> tuple[str, ...]:
         missing.append(f"signals to the trainer (no PID namespace, no seccomp, Landlock ABI {abi} < 6)")
     if "capabilities" in unapplied:
         missing.append(f"privileges (capabilities kept: {unapplied['capabilities']})")
-    if "runner" in unapplied:
-        missing.append(unapplied["runner"])
     return tuple(missing)
 
 
@@ -196,7 +199,7 @@ class LocalSandbox:
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         cwd=work, env=ENVIRONMENT, pass_fds=(report_w,), start_new_session=True)
             except OSError as e:
-                raise SandboxError(f"cannot start the sandbox's interpreter {self.python}: {e}") from e
+                raise SandboxError(f"cannot start the sandbox's interpreter {self.python}: {e}", "start") from e
             finally:
                 os.close(report_w)
             try:
@@ -251,13 +254,15 @@ class LocalSandbox:
         if not report:
             returncode = proc.wait()
             if returncode >= 0:  # it failed on its own before it could report: not the code's doing
-                raise SandboxError(f"the sandbox's launcher failed (exit status {returncode}): {err.strip()[-500:]}")
+                raise SandboxError(f"the sandbox's launcher failed (exit status {returncode}): {err.strip()[-500:]}",
+                                   "launcher")
             # killed by a signal: where no PID namespace or seccomp holds, the code can reach its group
             return ExecutionResult("killed", out, err, None, f"launcher killed by {signal.Signals(-returncode).name}",
                                    seconds)
         record = json.loads(report)
-        if record.get("exit_code") == EXIT_UNCONFINED:
-            raise SandboxError(f"the sandbox's process could not confine itself; nothing ran: {err.strip()}")
+        if "unconfined" in record:
+            why = record["unconfined"].strip().splitlines()[-1:] or ["no reason given"]
+            raise SandboxError(f"the sandbox's process could not confine itself; nothing ran: {why[0]}", "confine")
         status, exit_code, detail = status_of(record, self.limits)
         return ExecutionResult(status, out, err, exit_code, detail, seconds, unenforced_protections(record),
                                Confinement.of(record))
@@ -265,7 +270,9 @@ class LocalSandbox:
 
 def status_of(record: dict, limits: SandboxLimits) -> tuple[str, int | None, str]:
     """(status, exit status, detail) of a call whose code's process ended, from the launcher's
-    record of how it ended (a signal or an exit status) and the CPU time it used."""
+    record of how it ended (a signal or an exit status, as the kernel says), the CPU time it
+    used, and whether the runner's token said MemoryError. The exit status alone never says
+    more than ok or error."""
     if "signal" in record:
         sig = record["signal"]
         # SIGXCPU at the soft CPU limit, SIGKILL at the hard one (code that ignores SIGXCPU)
@@ -275,7 +282,7 @@ def status_of(record: dict, limits: SandboxLimits) -> tuple[str, int | None, str
     code = record["exit_code"]
     if code == 0:
         return "ok", 0, ""
-    return "memory" if code == EXIT_MEMORY else "error", code, f"exit status {code}"
+    return "memory" if record.get("memory") else "error", code, f"exit status {code}"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

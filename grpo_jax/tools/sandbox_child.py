@@ -9,8 +9,9 @@ Two processes:
 
 * the **launcher** reads the code, sets the rlimits, enters new user, network and PID
   namespaces where the kernel allows, forks, waits, and writes one JSON line on REPORT_FD:
-  which protections it applied and how the code's process ended (the code cannot write there:
-  its process closes that descriptor first, so what the report says cannot be forged);
+  which protections it applied and how the code's process ended, as the kernel says (exit
+  status or signal, CPU time). The code cannot write there: its process closes that
+  descriptor first;
 * the **runner** (PID 1 of the new PID namespace: when it exits the kernel kills whatever it
   started) leaves the launcher's session, limits its threads (RLIMIT_NPROC), drops every
   capability, restricts itself with
@@ -20,6 +21,14 @@ Two processes:
 
 Each step that the kernel refuses is recorded, not fatal: the parent turns the record into one
 line saying what could not be enforced. Only errors of our own making stop the launcher.
+
+What the code does never passes for the runner's word. The code's exit status is only ever
+the code's (0: ok, anything else: an error); the runner speaks on two pipes of its own:
+before the code runs, what it applied or why it could not confine itself (that pipe is
+closed before the code starts, so the code cannot write it); after a MemoryError, a token
+the launcher drew at random (that pipe stays open, so the code could write it, but only
+the token counts, and the code would have to dig it out of the runner's memory to claim
+`memory`, which it can reach anyway by raising MemoryError).
 """
 
 import ctypes
@@ -32,10 +41,8 @@ import struct
 import sys
 import traceback
 
-# Exit statuses of the runner the parent reads (any other non-zero status is the code's own).
-EXIT_ERROR = 1  # an uncaught exception (the traceback is on stderr)
-EXIT_MEMORY = 3  # MemoryError: the address-space limit was reached
-EXIT_UNCONFINED = 126  # the runner could not finish confining itself: the code never ran
+EXIT_ERROR = 1  # an uncaught exception (the traceback is on stderr), as Python's own
+TOKEN_BYTES = 16  # the launcher's random token, which the runner writes after a MemoryError
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -197,20 +204,42 @@ def enter_namespaces(record: dict) -> None:
     record["pid_namespace"] = bool(flags & CLONE_NEWPID)
 
 
-def run_code(code: str) -> None:
+def exit_status(code) -> int:
+    """The exit status of ``sys.exit(code)``: 0 only for None, 0 or False; a failure never
+    wraps to 0 (``sys.exit(256)`` exits 1, where Python's would exit 0); any other object is
+    printed, as Python prints it, and exits 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):  # bool too; int.__index__: an int subclass's own methods never run
+        value = int.__index__(code)
+        return 0 if value == 0 else value % 256 or 1
+    try:
+        sys.stderr.write(f"{code}\n")
+    except BaseException:  # noqa: BLE001 -- a str() that raises, a closed stderr: still an error
+        pass
+    return EXIT_ERROR
+
+
+def run_code(code: str, memory: int, token: bytes) -> int:
     """Runs in the confined process: the code as ``__main__``, its traceback without this
-    file's frames, the exit status the parent reads."""
+    file's frames; the exit status. After a MemoryError the ``token`` goes on ``memory``
+    (the launcher's only sign of one: the exit status is the code's to choose)."""
     try:
         compiled = compile(code, "<code>", "exec")
         exec(compiled, {"__name__": "__main__", "__builtins__": __builtins__})
     except MemoryError:
+        try:
+            os.write(memory, token)
+        except OSError:  # the code closed or replaced the descriptor: reported as an error
+            pass
         sys.stderr.write("MemoryError: the sandbox's memory limit was reached\n")
-        sys.exit(EXIT_MEMORY)
-    except SystemExit:
-        raise
+        return EXIT_ERROR
+    except SystemExit as e:
+        return exit_status(e.code)
     except BaseException as e:  # noqa: BLE001 -- every exception of the code is its result
         traceback.print_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
-        sys.exit(EXIT_ERROR)
+        return EXIT_ERROR
+    return 0
 
 
 def confine(limits: dict, record: dict) -> None:
@@ -248,6 +277,16 @@ def confine(limits: dict, record: dict) -> None:
     sys.path[:] = sys.path + limits["python_path"]
 
 
+def tail(fd: int, size: int) -> bytes:
+    """The last ``size`` bytes read from ``fd`` until its end, however much the code wrote
+    there: the launcher holds no more, so the code cannot exhaust its memory."""
+    kept = b""
+    while chunk := os.read(fd, 65536):
+        kept = (kept + chunk)[-size:]
+    os.close(fd)
+    return kept
+
+
 def main() -> None:
     limits, report_fd = json.loads(sys.argv[1]), int(sys.argv[2])
     code = sys.stdin.read()
@@ -266,26 +305,27 @@ def main() -> None:
     # The runner writes its own record here before the code runs, then closes it: the code
     # never holds a descriptor the launcher believes.
     confined_r, confined_w = os.pipe()
+    memory_r, memory_w = os.pipe()
+    token = os.urandom(TOKEN_BYTES)
     pid = os.fork()
     if pid == 0:
         os.close(report_fd)
         os.close(confined_r)
+        os.close(memory_r)
         try:
             confine(limits, record)
         except BaseException:  # noqa: BLE001 -- never run the code half-confined
-            traceback.print_exc()
-            os._exit(EXIT_UNCONFINED)
-        os.write(confined_w, json.dumps(record["unapplied"]).encode())
+            os.write(confined_w, json.dumps({"unconfined": traceback.format_exc()}).encode())
+            os._exit(EXIT_ERROR)
+        os.write(confined_w, json.dumps({"unapplied": record["unapplied"]}).encode())
         os.close(confined_w)
-        run_code(code)
-        sys.exit(0)
+        sys.exit(run_code(code, memory_w, token))
     os.close(confined_w)
+    os.close(memory_w)
     with os.fdopen(confined_r, "rb") as f:
-        runner = f.read()
-    if runner:
-        record["unapplied"] = json.loads(runner)
-    else:
-        record["unapplied"]["runner"] = "the runner ended before it was confined"
+        runner = json.loads(f.read() or '{"unconfined": "the runner ended before it reported its confinement"}')
+    record.update(runner)
+    record["memory"] = tail(memory_r, len(token)) == token
     _, status, usage = os.wait4(pid, 0)
     record["cpu_seconds"] = usage.ru_utime + usage.ru_stime
     if os.WIFSIGNALED(status):
