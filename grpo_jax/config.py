@@ -255,6 +255,12 @@ class RLConfig:
     # Sandbox processes the code blocks of one sampler call run on at once (turns.ToolUse.run);
     # the rollout is the same whatever it is. 0 = min(4, the machine's cores).
     tool_workers: int = _rl(0, "sampling", _SAMPLED)
+    # A call the sandbox back-end could not run is its row's error; the run stops, naming the
+    # cause, only once that happened to at least this share of a step's tool calls for
+    # tool_backend_stop_steps steps in a row (a broken back-end). Default: every call of two
+    # steps (grpo_jax.rl.tool_metrics).
+    tool_backend_stop_share: float = _rl(1.0, "sampling", _SAMPLED)
+    tool_backend_stop_steps: int = _rl(2, "sampling", _SAMPLED)
     num_micro_batches: int = _rl(1, "mode")
     logprob_chunk_size: int = _rl(64, "mode")  # sequence positions per chunk of full-vocab log-softmax
     # Keep each chunk's softmax for the backward pass ([micro-batch rows, Tc, V] float32)
@@ -325,6 +331,11 @@ class RLConfig:
         if self.tool_workers < 0:
             raise ConfigError(f"rl.tool_workers must be >= 0 (sandbox processes at once; 0 = min(4, cores)), "
                               f"got {self.tool_workers}")
+        if not 0 < self.tool_backend_stop_share <= 1:
+            raise ConfigError(f"rl.tool_backend_stop_share must be in (0, 1] (the share of a step's tool calls "
+                              f"the sandbox could not run that counts toward stopping), got "
+                              f"{self.tool_backend_stop_share}")
+        _positive(self, "tool_backend_stop_steps")
         if self.async_steps < 0:
             raise ConfigError(f"rl.async_steps must be >= 0 (0 = on-policy), got {self.async_steps}")
         if self.async_steps and self.algorithm not in ("ppo", "grpo"):

@@ -116,6 +116,9 @@ ELSEWHERE = {
     "rl.max_new_tokens": "sampler/test_sampling.py::test_rollout_layout",
     "rl.max_tool_calls": "rl/test_tool_rollouts.py::test_grpo_trains_on_rollouts_that_call_the_tool",
     "rl.tool_workers": "rl/test_tool_rollouts.py::test_rl_tool_workers_sizes_the_runs_sandbox_pool",
+    "rl.tool_backend_stop_share":
+        "rl/test_tool_rollouts.py::test_the_stop_threshold_is_a_share_of_a_steps_calls_for_some_steps_in_a_row",
+    "rl.tool_backend_stop_steps": "rl/test_tool_rollouts.py::test_a_backend_failing_on_every_call_stops_the_run_with_one_line",
     "rl.reward_model": "rl/test_options.py::test_reward_model_with_a_rule_reward_algorithm_is_refused",
     "rl.sample_prompts": "rl/test_trainer.py::test_rollout_in_calls_of_a_few_questions_equals_one_call",
     "rl.sample_dtype": "rl/test_trainer.py::test_bfloat16_sampling_copy_reaches_the_sampler",

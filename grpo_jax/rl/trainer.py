@@ -48,6 +48,7 @@ from grpo_jax.eval.evaluation import evaluate
 from grpo_jax.rl.reward_models.checks import hacking_warning
 from grpo_jax.tasks.shortcuts import try_shortcut_baselines
 from grpo_jax.rl.metrics import MetricsWriter
+from grpo_jax.rl.tool_metrics import broken_backend, failing_streak, tool_metrics
 from grpo_jax.model.transformer import add_value_head, param_shardings
 from grpo_jax.rl.optimizer import updates_applied
 from grpo_jax.parallel.sharding import replicated, shard_batch, to_global
@@ -206,6 +207,7 @@ class Trainer:
         self.history: list[dict] = []
         self.reward_model_evals: list[tuple[int, float, float]] = []  # (step, score, accuracy)
         self.bad_steps = 0
+        self.backend_streak = 0  # steps in a row whose tool calls the sandbox mostly could not run
         self.start_step = 0  # the step this Trainer resumed from (0 for a fresh run)
         self.next_step = 0  # the first step the next `train` call takes
         # rl.async_steps = k: batch index -> the batch sampled ahead; between two steps it
@@ -366,10 +368,7 @@ class Trainer:
             rollout, runs = generate_with_tools(self.sampler, weights, prompts, key=key, group_size=rl.group_size,
                                                 tools=self.tool_use, prompts_per_call=rl.sample_prompts,
                                                 between_calls=between_calls)
-            statuses = [run.status for row in runs for run in row]
-            info = {"tool_calls": float(np.mean([len(row) for row in runs])),
-                    "tool_failures": float(np.mean([s != "ok" for s in statuses])) if statuses else 0.0,
-                    "tool_tokens": float(np.asarray(rollout.tool_mask).sum(axis=1).mean())}
+            info = tool_metrics(runs, rollout.tool_mask)
         t_score = time.perf_counter()
         scores = score_rollout(self.task, self.tokenizer, examples, rollout, rl.group_size,
                                reward_model=self.reward_model, process=rl.supervision == "process")
@@ -507,16 +506,19 @@ class Trainer:
                                 done, {k: metrics.get(k) for k in ("loss", "grad_norm")}, self.bad_steps)
                 else:
                     self.bad_steps = 0
+                self.backend_streak = failing_streak(self.backend_streak, metrics, cfg.rl.tool_backend_stop_share)
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
                     metrics.update(self.evaluate_held_out(done))
                 metrics["step"] = done
                 self.history.append(metrics)
-                if done % cfg.run.log_every == 0 or done == total or self.bad_steps:
+                if done % cfg.run.log_every == 0 or done == total or self.bad_steps or self.backend_streak:
                     self.writer.write(done, metrics)
                 if self.bad_steps >= cfg.run.max_bad_steps:
                     raise FloatingPointError(
                         f"{self.bad_steps} consecutive non-finite updates (run.max_bad_steps="
                         f"{cfg.run.max_bad_steps}); stopping at step {done}")
+                if self.backend_streak >= cfg.rl.tool_backend_stop_steps:
+                    raise broken_backend(metrics, self.backend_streak, cfg.rl.tool_backend_stop_share, done)
                 bar.update(1)
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward_mean", "eval_accuracy",
                                                                    "eval_shortcut_best", "kl", "loss")

@@ -94,14 +94,15 @@ class ToolUse:
         return cls(tool, tokenizer, max_calls, fence, workers)
 
     def run(self, codes: Sequence[str]) -> list[ExecutionResult]:
-        """Each of ``codes`` run in the tool's sandbox, on up to ``workers`` processes at once;
+        """Each of ``codes`` run in the tool's sandbox (`PythonTool.run`: a back-end failure
+        is that block's ``error``, never an exception), on up to ``workers`` processes at once;
         the results in the order of ``codes``. Each thread only waits on its sandbox process,
         so a slow block delays no other block's run, though the next sampler call waits for
         all of them."""
         if self.workers == 1 or len(codes) <= 1:
-            return [self.tool.sandbox.run(code) for code in codes]
+            return [self.tool.run(code) for code in codes]
         with ThreadPoolExecutor(max_workers=min(self.workers, len(codes)), thread_name_prefix="sandbox") as pool:
-            return list(pool.map(self.tool.sandbox.run, codes))
+            return list(pool.map(self.tool.run, codes))
 
 
 @dataclasses.dataclass

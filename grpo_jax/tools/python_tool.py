@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 
+from grpo_jax.errors import SandboxError
 from grpo_jax.tools.sandbox import ExecutionResult, LocalSandbox, Sandbox
 
 OUTPUT_OPEN = "```output\n"
@@ -52,6 +54,19 @@ class PythonTool:
             return None
         end = turn.find(self.close, start + len(self.open))
         return None if end < 0 else turn[start + len(self.open):end]
+
+    def run(self, code: str) -> ExecutionResult:
+        """``code`` run in the sandbox. A sandbox that cannot run it (`SandboxError`, or any
+        exception of a back-end: a remote service's timeout or 5xx) fails this call only:
+        its ``error``, the back-end's words as the detail, the kind in ``backend_failure``
+        (the SandboxError's, else the exception's class), so the row and the rollout go on."""
+        start = time.monotonic()
+        try:
+            return self.sandbox.run(code)
+        except Exception as e:  # noqa: BLE001 -- one call's failure; a broken back-end is caught by its count
+            kind = e.kind if isinstance(e, SandboxError) else type(e).__name__
+            return ExecutionResult("error", "", "", None, f"sandbox back-end failed ({kind}): {e}",
+                                   time.monotonic() - start, backend_failure=kind)
 
     def output(self, result: ExecutionResult) -> str:
         """The text appended after a block: stdout (its first ``max_output_chars``), and for a

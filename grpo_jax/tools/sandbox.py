@@ -131,7 +131,9 @@ class ExecutionResult:
     ``unenforced``: the protections the kernel refused for this call, one phrase each;
     ``confinement``: the kernel mechanisms it ran under (None where the call was killed
     before its launcher reported, at the wall-time or output limit, or from a sandbox that
-    does not say, a remote one)."""
+    does not say, a remote one); ``backend_failure``: where the sandbox could not run the
+    code at all, the kind of its failure (`SandboxError.kind`; the status is then ``error``),
+    else ""."""
 
     status: str
     stdout: str
@@ -141,6 +143,7 @@ class ExecutionResult:
     seconds: float = 0.0
     unenforced: tuple[str, ...] = ()
     confinement: Confinement | None = None
+    backend_failure: str = ""
 
 
 class Sandbox(Protocol):
