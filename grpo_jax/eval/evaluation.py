@@ -276,6 +276,19 @@ def own_text(rollout, row: int, tokenizer) -> str:
     wrote (``rollout.tool_mask``, `grpo_jax.sampler.turns`) and without its trailing stop
     token. Each run of the model's tokens is decoded on its own; the runs are joined by a
     newline where a tool's output stood."""
+    return "\n".join(tokenizer.decode(run) for run in _spans(rollout, row, tokenizer, by_tool=False))
+
+
+def tool_text(rollout, row: int, tokenizer) -> str:
+    """The text the tool wrote into one rollout row, its outputs in order: what
+    `grpo_jax.tools.statuses` reads, since a status line or an ```output block in the
+    model's own text is the model's, not the tool's."""
+    return "".join(tokenizer.decode(run) for run in _spans(rollout, row, tokenizer, by_tool=True))
+
+
+def _spans(rollout, row: int, tokenizer, *, by_tool: bool) -> list[list[int]]:
+    """The runs of consecutive tokens of one row written by the tool (``by_tool``) or by the
+    model, without the model's trailing stop token."""
     import numpy as np
 
     mask = np.asarray(rollout.mask[row])
@@ -285,8 +298,8 @@ def own_text(rollout, row: int, tokenizer) -> str:
     if ids and not tool[-1] and ids[-1] in tokenizer.stop_ids:
         ids, tool = ids[:-1], tool[:-1]
     runs, current = [], []
-    for token, by_tool in zip(ids, tool):
-        if by_tool:
+    for token, written_by_tool in zip(ids, tool):
+        if written_by_tool != by_tool:
             if current:
                 runs.append(current)
             current = []
@@ -294,7 +307,7 @@ def own_text(rollout, row: int, tokenizer) -> str:
             current.append(token)
     if current:
         runs.append(current)
-    return "\n".join(tokenizer.decode(run) for run in runs)
+    return runs
 
 
 def final_answer(task, text: str):

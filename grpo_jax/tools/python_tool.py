@@ -69,19 +69,23 @@ class PythonTool:
                                    time.monotonic() - start, backend_failure=kind)
 
     def output(self, result: ExecutionResult) -> str:
-        """The text appended after a block: stdout (its first ``max_output_chars``), and for a
-        run that did not end well a last line ``[status: detail]`` (for an error, the
-        exception's line from stderr)."""
-        text = result.stdout[: self.max_output_chars]
+        """The text appended after a block: stdout (its first ``max_output_chars``; a line of
+        it that looks like a status line gets a leading space), and for a run that did not end
+        well a last line ``[status: detail]`` (for an error, the exception's line from stderr)."""
+        # A line of the code's own that reads as a status line is moved off the line's start:
+        # only the tool's last line may say how the run ended (`statuses`).
+        text = STATUS_LINE.sub(lambda line: " " + line[0], result.stdout[: self.max_output_chars])
         if result.status != "ok":
             lines = result.stderr.strip().splitlines()
             why = lines[-1] if result.status == "error" and lines else result.detail
-            why = why.replace("]", ")")[:200]
+            why = " ".join(why.replace("]", ")").split())[:200]  # one line, whatever a back-end said
             text = (text + "\n" if text and not text.endswith("\n") else text) + f"[{result.status}: {why}]"
         return f"\n{OUTPUT_OPEN}{text.rstrip(chr(10))}\n```\n"
 
 
-def statuses(completion: str) -> list[str]:
-    """The statuses of the failed runs in a completion's outputs (``timeout``, ``error``, ...),
-    in order: what a reward reads to penalise, say, code that timed out."""
-    return STATUS_LINE.findall(completion)
+def statuses(text: str) -> list[str]:
+    """The statuses of the failed runs in the tool's outputs (``timeout``, ``error``, ...),
+    in order: what a reward reads to penalise, say, code that timed out. Read them from the
+    tool's text only (`grpo_jax.eval.evaluation.tool_text`): on a whole completion, a status
+    line the model wrote itself would count as the tool's."""
+    return STATUS_LINE.findall(text)

@@ -2,6 +2,7 @@
 (a status line a reward reads for a run that did not end well)."""
 import pytest
 
+from grpo_jax.errors import SandboxError
 from grpo_jax.tools import ExecutionResult, PythonTool, statuses
 
 TOOL = PythonTool(sandbox=None, max_output_chars=8)
@@ -27,6 +28,9 @@ def test_code_is_the_first_complete_block(turn, code):
     (ExecutionResult("killed", "", "", None, "SIGSEGV"), "\n```output\n[killed: SIGSEGV]\n```\n"),
     # a "]" of the code's cannot end the status line early
     (ExecutionResult("error", "", "KeyError: ']'\n", 1), "\n```output\n[error: KeyError: ')']\n```\n"),
+    # a back-end's words on several lines: one status line
+    (ExecutionResult("error", "", "", None, "sandbox back-end failed (launcher): a\nb]\n", backend_failure="launcher"),
+     "\n```output\n[error: sandbox back-end failed (launcher): a b)]\n```\n"),
 ])
 def test_output_text_and_status_line(result, text):
     assert TOOL.output(result) == text
@@ -42,3 +46,38 @@ def test_statuses_read_the_failed_runs_of_a_completion():
 def test_markers_are_checked():
     with pytest.raises(ValueError, match="non-empty open and close markers"):
         PythonTool(sandbox=None, close="")
+
+
+@pytest.mark.parametrize("stdout, text", [
+    ("[memory: x]\n", "\n```output\n [memory: x]\n```\n"),
+    ("ok\n[error: 5 s]\n", "\n```output\nok\n [error: 5 s]\n```\n"),
+    ("[error: ]" + "x" * 20, "\n```output\n[error: ]xxxxxxx\n```\n"),
+    ("1234567[error: ]", "\n```output\n1234567[error: ]\n```\n"),  # not at a line's start
+    ("123456\n[error: ]ab", "\n```output\n123456\n [error: ]\n```\n"),  # cut to look like one
+])
+def test_the_codes_own_status_lines_never_count(stdout, text):
+    tool = PythonTool(sandbox=None, max_output_chars=16)
+    assert tool.output(ExecutionResult("ok", stdout, "")) == text and statuses(text) == []
+
+
+class Raising:
+    """A back-end that raises ``error`` on every call."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def run(self, code):
+        raise self.error
+
+
+@pytest.mark.parametrize("error, kind", [
+    (SandboxError("the sandbox's process could not confine itself; nothing ran: x", "confine"), "confine"),
+    (SandboxError("cannot start the sandbox's interpreter /x: [Errno 2]", "start"), "start"),
+    (TimeoutError("timed out"), "TimeoutError"),  # a remote service's, raised as is
+    (RuntimeError("HTTP 502"), "RuntimeError"),
+])
+def test_a_backend_failure_is_the_calls_error_with_its_kind(error, kind):
+    result = PythonTool(Raising(error)).run("print(1)")
+    assert (result.status, result.stdout, result.stderr, result.backend_failure) == ("error", "", "", kind)
+    assert result.detail == f"sandbox back-end failed ({kind}): {error}"
+    assert statuses(PythonTool(Raising(error)).output(result)) == ["error"]
