@@ -1,9 +1,11 @@
 """The tool-integrated format: which text is a code block, and the output text given back
 (a status line a reward reads for a run that did not end well)."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grpo_jax.errors import SandboxError
-from grpo_jax.tools import ExecutionResult, PythonTool, statuses
+from grpo_jax.tools import STATUSES, ExecutionResult, PythonTool, statuses
 
 TOOL = PythonTool(sandbox=None, max_output_chars=8)
 
@@ -81,3 +83,30 @@ def test_a_backend_failure_is_the_calls_error_with_its_kind(error, kind):
     assert (result.status, result.stdout, result.stderr, result.backend_failure) == ("error", "", "", kind)
     assert result.detail == f"sandbox back-end failed ({kind}): {error}"
     assert statuses(PythonTool(Raising(error)).output(result)) == ["error"]
+
+
+# Text a model writes around the markers: fences whole and cut, other languages' fences,
+# status lines, and any other characters.
+PIECES = st.one_of(st.sampled_from(["```python\n", "```", "``", "`", "```output\n", "\n", "```py\n", "[error: x]",
+                                    "\\boxed{1}"]), st.text(max_size=6))
+HOSTILE = settings(max_examples=200, derandomize=True, database=None, deadline=None)
+
+
+@HOSTILE
+@given(st.lists(PIECES, max_size=12).map("".join))
+def test_the_code_of_any_text_is_its_first_complete_block(turn):
+    code, open_at = TOOL.code(turn), turn.find(TOOL.open)
+    if code is None:
+        assert open_at < 0 or TOOL.close not in turn[open_at + len(TOOL.open):]
+    else:
+        assert turn.startswith(TOOL.open + code + TOOL.close, open_at) and TOOL.close not in code
+
+
+@HOSTILE
+@given(st.sampled_from(STATUSES), st.text(max_size=40), st.text(max_size=40), st.text(max_size=40))
+def test_any_result_gives_back_one_output_block_with_exactly_its_status(status, stdout, stderr, detail):
+    result = ExecutionResult(status, stdout, stderr, None, detail)
+    text = TOOL.output(result)
+    assert text.startswith("\n```output\n") and text.endswith("\n```\n")
+    assert statuses(text) == ([] if status == "ok" else [status])
+    assert len(text) <= len("\n```output\n") + 2 * TOOL.max_output_chars + len(f"\n[{status}: ]\n```\n") + 200
