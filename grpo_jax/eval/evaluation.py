@@ -344,7 +344,9 @@ def sample_and_score(sampler, params, task, tokenizer, examples: Sequence, promp
     sandbox, their output joins the completion); a completion's text holds both, and its
     answer is `final_answer` of the model's own text (`own_text`), never of a tool's output.
     The record also holds ``greedy_tool_calls`` and ``tool_calls`` (one list per sample):
-    each run's status, detail and seconds (`tool_runs`)."""
+    each run's status, detail and seconds (`tool_runs`); and ``greedy_own_text`` and
+    ``own_texts``, the model's own text of each completion, which a second checker reads
+    (`math_verify_check.second_opinion`) so that no answer is read from a tool's output."""
     import jax  # sampling is device-side; the metrics above stay importable without it
 
     from grpo_jax.parallel.sharding import to_host
@@ -382,6 +384,7 @@ def sample_and_score(sampler, params, task, tokenizer, examples: Sequence, promp
         if tools is not None:
             record["greedy_tool_calls"] = greedy_runs[j]
             record["tool_calls"] = drawn_runs[rows] if drawn_runs is not None else []
+            record["greedy_own_text"], record["own_texts"] = greedy_own[j], drawn_own[rows]
         records.append(record)
     return records
 

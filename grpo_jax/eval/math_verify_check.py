@@ -171,7 +171,9 @@ def second_opinion(out_dir: str, checker: MathVerify) -> dict:
     """math-verify's verdicts on an evaluation's records (`<out_dir>/shard-*.jsonl`: every
     greedy and sampled completion against the question's reference), beside the project's
     (`greedy_correct`, `correct`); written to `<out_dir>/math_verify.json` and returned:
-    the greedy accuracy by each checker and `Disagreements.to_dict()` over all completions."""
+    the greedy accuracy by each checker and `Disagreements.to_dict()` over all completions.
+    With tools, it reads the model's own text of each (`greedy_own_text`, `own_texts`), as
+    the project's checker does: a \\boxed{} the code printed is not the model's answer."""
     import glob
 
     from grpo_jax.eval.evaluate_run import read_records
@@ -181,9 +183,9 @@ def second_opinion(out_dir: str, checker: MathVerify) -> dict:
     cases, labels, greedy_mv = [], [], []
     for r in records:
         ref = str(r["reference"])
-        cases.append((r["greedy_completion"], ref, bool(r["greedy_correct"])))
+        cases.append((r.get("greedy_own_text", r["greedy_completion"]), ref, bool(r["greedy_correct"])))
         labels.append(f"{r['index']} greedy")
-        for j, (c, ok) in enumerate(zip(r["completions"], r["correct"])):
+        for j, (c, ok) in enumerate(zip(r.get("own_texts", r["completions"]), r["correct"])):
             cases.append((c, ref, bool(ok)))
             labels.append(f"{r['index']} sample {j}")
     report = disagreements(cases, checker, labels=labels)

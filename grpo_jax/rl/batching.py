@@ -115,15 +115,20 @@ def score_rollout(task: Task, tokenizer: Tokenizer, examples: Sequence[Example],
     """Decode each completion and score it with the task's rules (or a reward model).
 
     Model text is untrusted: it only ever reaches the task's reward functions, which parse
-    it with bounded whitelisted evaluators and never eval it.
+    it with bounded whitelisted evaluators and never eval it. In a rollout with tools the
+    answer is read from the model's own text (`evaluation.own_text`, as the evaluation's
+    `final_answer`): a \\boxed{} or an answer line the code printed is never the answer.
     """
+    from grpo_jax.eval.evaluation import own_text
+
     tokens = np.asarray(rollout.tokens)
     b = tokens.shape[0]
     stop_ids = list(tokenizer.stop_ids)
     ids_per_row = [rollout.completion_ids(r, stop_ids) for r in range(b)]
     texts = [tokenizer.decode(ids) for ids in ids_per_row]
     row_examples = [examples[r // group_size] for r in range(b)]
-    correct = np.array([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(texts, row_examples)], bool)
+    answered = texts if rollout.tool_mask is None else [own_text(rollout, r, tokenizer) for r in range(b)]
+    correct = np.array([task.is_correct(task.extract_answer(t), ex) for t, ex in zip(answered, row_examples)], bool)
     prompts = [ex.prompt for ex in row_examples]
     # A reward model of either kind serves both supervisions (RewardModel.score: an ORM's
     # final value or a PRM's reduced step scores; step_scores: a PRM's steps or an ORM's

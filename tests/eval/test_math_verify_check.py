@@ -111,6 +111,19 @@ def test_second_opinion_on_an_evaluation(checker, tmp_path):
     assert json.loads((tmp_path / "math_verify.json").read_text()) == out
 
 
+def test_with_tools_the_second_opinion_reads_the_models_own_text(checker, tmp_path):
+    """A completion whose tool printed the reference in \\boxed{}: not the model's answer."""
+    output = "\n```output\n\\boxed{5}\n```\n"
+    record = {"index": 0, "reference": "5", "greedy_completion": "```python\nprint(5)\n```" + output + "Done.",
+              "greedy_own_text": "```python\nprint(5)\n```\nDone.", "greedy_correct": False,
+              "completions": ["```python\nprint(5)\n```" + output + "So \\boxed{5}."],
+              "own_texts": ["```python\nprint(5)\n```\nSo \\boxed{5}."], "correct": [True]}
+    assert checker.is_correct(record["greedy_completion"], "5")  # the whole text would be read as right
+    (tmp_path / "shard-00000-of-00001.jsonl").write_text(json.dumps(record) + "\n")
+    out = second_opinion(str(tmp_path), checker)
+    assert out["counts"] == {"both_correct": 1, "both_wrong": 1, "ours_only": 0, "math_verify_only": 0}
+
+
 def test_countdown_is_refused():
     from grpo_jax.errors import ConfigError
     with pytest.raises(ConfigError, match="--math-verify checks math answers"):

@@ -300,3 +300,19 @@ def test_a_backend_that_fails_fails_each_call_and_the_rollout_goes_on(work_root)
         assert tool == ("\n```output\n[error: sandbox back-end failed (confine): the sandbox's process could not "
                         "confine itself; nothing ran: EPERM]\n```\n") * 2
         assert own.endswith("A: 1") and bool(out.finished[r])
+
+
+def test_the_trainers_answer_is_the_models_own_never_the_tools(work_root):
+    """score_rollout reads the answer from the model's own text: a row whose code printed the
+    right \\boxed{} but which wrote none itself is not correct; one that wrote it is."""
+    from grpo_jax.rl.batching import score_rollout
+    from grpo_jax.tasks import Example
+    from grpo_jax.tasks.math_task import MathTask
+
+    block = b"```python\nprint(chr(92) + 'boxed{' + str(2 + 3) + '}')\n```"
+    out, runs, _, _ = rollout([list(block + b" Done.") + [EOS], list(block + b" So \\boxed{5}.") + [EOS]],
+                              budget=256, max_calls=1)
+    assert [texts(out, r)[2] for r in range(2)] == ["\n```output\n\\boxed{5}\n```\n"] * 2
+    example = Example(prompt="", answer="\\boxed{5}", meta={"final_answer": "5"})
+    scores = score_rollout(MathTask(), Bytes(), [example, example], out, 1)
+    assert scores.correct.tolist() == [False, True]
