@@ -15,7 +15,8 @@ One JSONL record per question: ``index`` (position in ``examples``), ``prompt`` 
 the model saw), ``reference`` (the task's canonical final answer), ``greedy_completion``,
 ``greedy_answer``, ``greedy_correct``, and ``completions`` / ``answers`` / ``correct``
 (``num_samples`` each); with a tool (``evaluate_shard(..., tools=)``, `grpo-evaluate --tools
-python`) also ``greedy_tool_calls`` and ``tool_calls``, each run's status, detail and seconds.
+python`) also ``greedy_tool_calls`` and ``tool_calls``, each run's status, detail and seconds,
+and ``greedy_own_text`` and ``own_texts``, the model's own text of each completion.
 
 Determinism across shards and resumes: questions are cut into global chunks of
 ``chunk_questions`` (chunk c = questions [c*q, (c+1)*q)); chunk c belongs to shard
