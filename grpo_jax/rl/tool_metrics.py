@@ -49,5 +49,5 @@ def broken_backend(metrics: Mapping[str, float], streak: int, stop_share: float,
                       if key.startswith(FAILURES + "/"))
     return SandboxError(f"the sandbox back-end could not run {stop_share:.0%} or more of the tool calls of "
                         f"{streak} steps in a row (rl.tool_backend_stop_share, rl.tool_backend_stop_steps); "
-                        f"step {step}: {metrics[SHARE]:.0%} ({kinds}). The back-end is broken, not the code: "
-                        "check it with grpo_jax.tools.capabilities()", "broken")
+                        f"step {step}: {metrics[SHARE]:.0%} ({kinds}). The back-end is broken, not the code: check it "
+                        "(the local sandbox: grpo_jax.tools.capabilities())", "broken")
