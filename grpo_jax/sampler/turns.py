@@ -193,7 +193,7 @@ def _generate_in_slots(sampler: Sampler, weights, prompts: Sequence[Sequence[int
             return None
 
         def run():
-            result = tools.tool.sandbox.run(code)
+            result = tools.tool.run(code)  # a back-end failure is this call's error
             calls[r].append(result)
             output = tools.tokenizer.encode(tools.tool.output(result))[: budget - len(ids)]
             turn_start[r] = len(ids) + len(output)

@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 from grpo_jax.errors import SandboxError
 from grpo_jax.eval.evaluation import final_answer, own_text, tool_text
 from grpo_jax.sampler import SamplingParams
+from grpo_jax.sampler.engines import ENGINES
 from grpo_jax.sampler.host import Rollout
 from grpo_jax.sampler.turns import ToolUse, generate_with_tools
 from grpo_jax.tools import STATUSES, LocalSandbox, PythonTool, SandboxLimits, statuses
+from tests.sampler.test_turns import tiny  # noqa: F401 (a fixture: a tiny model and its sampler)
 from tests.tools.conftest import descendants, work_root  # noqa: F401 (work_root: a fixture)
 
 EOS = 256
@@ -55,10 +57,13 @@ class Typist:
     settings: SamplingParams
     written: dict = dataclasses.field(default_factory=dict)
 
+    engine = ENGINES["scan"]  # a static engine: the rollout samples in calls
+
     def with_settings(self, **changes):
         return dataclasses.replace(self, settings=self.settings.replace(**changes))
 
-    def generate(self, weights, prompts, *, key, group_size=1, prompts_per_call=0, between_calls=None):
+    def generate(self, weights, prompts, *, key, group_size=1, prompts_per_call=0, between_calls=None,
+                 row_ids=None, first_cols=None):
         s = self.settings
         rows = np.zeros((len(prompts), s.max_new_tokens), np.int32)
         lengths = np.zeros(len(prompts), np.int32)
@@ -316,3 +321,17 @@ def test_the_trainers_answer_is_the_models_own_never_the_tools(work_root):
     example = Example(prompt="", answer="\\boxed{5}", meta={"final_answer": "5"})
     scores = score_rollout(MathTask(), Bytes(), [example, example], out, 1)
     assert scores.correct.tolist() == [False, True]
+
+
+def test_on_the_slot_engine_a_failing_backend_fails_each_call_and_the_rollout_goes_on(tiny, work_root):
+    """rl.decode=slots runs a paused row's block on a sandbox thread: a back-end failure there
+    is that call's error too, and the rows equal the static engine's with the same back-end."""
+    cfg, params, sampler, tools = tiny
+    broken = dataclasses.replace(tools, tool=dataclasses.replace(tools.tool, sandbox=Broken()))
+    slotted = dataclasses.replace(sampler, settings=sampler.settings.replace(engine="slots", slots=3))
+    out = {name: generate_with_tools(s, params, [[2, 3, 2], [3, 2]], key=jax.random.key(3), group_size=4,
+                                     tools=broken) for name, s in (("static", sampler), ("slots", slotted))}
+    for rollout_, runs in out.values():
+        assert sum(map(len, runs)) >= 2
+        assert all((r.status, r.backend_failure) == ("error", "confine") for row in runs for r in row)
+    np.testing.assert_array_equal(np.asarray(out["static"][0].tokens), np.asarray(out["slots"][0].tokens))
