@@ -8,6 +8,7 @@ import json
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -20,8 +21,18 @@ from tests.rl.test_trainer import SevensTask, _cfg, tok  # noqa: F401 (tok: the 
 
 
 class SevensWithTool(SevensTask):
-    # Markers a random model writes often: "7" opens a block, ":" closes it.
+    # "7" opens a block, ":" closes it: markers `_writes_markers` plants in the random model.
     tool = PythonTool(LocalSandbox(SandboxLimits(wall_seconds=3, memory_bytes=192 << 20)), open="7", close=":")
+
+
+def _writes_markers(params, tok):
+    """The random model planted to write the tool's markers at most positions, so its rollouts
+    call the tool whatever the key draws: every token's embedding gets a first coordinate of
+    1, which the residual stream carries to the final norm, and the tokens holding "7" or ":"
+    (their rows of the tied unembedding) read it three times as strongly."""
+    markers = [i for i in range(tok.vocab_size) if any(c in tok.decode([i]) for c in "7:")]
+    assert markers, "the tokenizer has no token holding the markers"
+    return {**params, "embedding": params["embedding"].at[:, 0].set(1.0).at[jnp.array(markers), 0].set(3.0)}
 
 
 def test_a_task_without_a_tool_is_refused(tmp_path, tok):
@@ -34,8 +45,8 @@ def test_a_task_without_a_tool_is_refused(tmp_path, tok):
 def test_grpo_trains_on_rollouts_that_call_the_tool(tmp_path, tok):
     # _cfg's 8 new tokens keep every context in the smallest prompt bucket: fewer sampler programs
     cfg = _cfg(tmp_path, tok, "run.steps=2", "rl.max_tool_calls=2", "run.checkpoint_every=0", "rl.beta=0.04")
-    trainer = Trainer(cfg, task=SevensWithTool(), tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
-                      progress=False)
+    trainer = Trainer(cfg, task=SevensWithTool(), tokenizer=tok,
+                      params=_writes_markers(init_params(cfg.model, jax.random.key(0)), tok), progress=False)
     history = trainer.train()
     trainer.close()
     rows = cfg.data.batch_size * cfg.rl.group_size
@@ -86,7 +97,7 @@ def test_a_backend_failing_on_30_percent_of_calls_fails_those_rows_and_the_run_f
     backend = FailingBackend(3)
     cfg = _cfg(tmp_path, tok, "run.steps=3", "rl.max_tool_calls=2", "run.checkpoint_every=0")
     trainer = Trainer(cfg, task=_with_backend(backend), tokenizer=tok,
-                      params=init_params(cfg.model, jax.random.key(0)), progress=False)
+                      params=_writes_markers(init_params(cfg.model, jax.random.key(0)), tok), progress=False)
     history = trainer.train()
     trainer.close()
     assert len(history) == 3 and all(np.isfinite(h["loss"]) for h in history)
@@ -107,7 +118,7 @@ def test_a_backend_failing_on_every_call_stops_the_run_with_one_line(tmp_path, t
     backend = FailingBackend(10)
     cfg = _cfg(tmp_path, tok, "run.steps=6", "rl.max_tool_calls=2", "run.checkpoint_every=0")
     trainer = Trainer(cfg, task=_with_backend(backend), tokenizer=tok,
-                      params=init_params(cfg.model, jax.random.key(0)), progress=False)
+                      params=_writes_markers(init_params(cfg.model, jax.random.key(0)), tok), progress=False)
     with pytest.raises(SandboxError) as caught:
         trainer.train()
     trainer.close()
