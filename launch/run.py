@@ -34,6 +34,7 @@ config (NO_CONFIG: evaluate, export, ...) get their arguments as given. Your own
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -257,24 +258,31 @@ def run_with_restarts(runner: Runner, s: common.TpuSettings, src: common.SourceS
         staged = False
 
 
-def check_fits(args) -> None:
-    """Compile the experiment's config (its --preset and overrides) for --slice ahead of
-    time; LaunchError naming the program when something does not fit."""
-    from grpo_jax import aot
-    from grpo_jax.config import add_config_args, config_from_args
-    from launch.compile import check
+def compile_command(args) -> list[str]:
+    """The launch/compile.py command line that checks the experiment's config (its --preset and
+    overrides) for --slice: run as a script, as the walk-through's first step runs it, so it needs
+    no import path of its own and a dry run prints it like any other command."""
+    from grpo_jax.config import add_config_args
 
     if not args.slice:
         raise LaunchError("--check needs --slice (the slice to compile for)")
-    if not aot.libtpu_available():
-        raise LaunchError("--check needs libtpu: pip install -r requirements-tpu.txt")
     parser = argparse.ArgumentParser(add_help=False)
     add_config_args(parser)
     known, _ = parser.parse_known_args(args.experiment_args)
-    try:
-        check(config_from_args(known), args.slice, prompt_len=256, log=note)
-    except aot.FitError as e:
-        raise LaunchError(f"the run will not fit {args.slice}: {e}") from None
+    script = Path(__file__).resolve().with_name("compile.py")
+    return [sys.executable, os.path.relpath(script), "--slice", args.slice, "--preset", known.preset,
+            *known.overrides]
+
+
+def check_fits(runner: Runner, args) -> None:
+    """Compile the experiment's programs for --slice ahead of time (a dry run prints the command
+    and compiles nothing); LaunchError when one does not fit or the check cannot run."""
+    command = compile_command(args)
+    code = runner.run(command)
+    if code:
+        raise LaunchError(f"--check: launch/compile.py exited {code} (its reason is above): the run does not fit "
+                          f"{args.slice} or cannot be compiled here (it needs libtpu: make install-test); "
+                          "nothing was launched")
 
 
 def main(argv=None) -> int:
@@ -282,11 +290,11 @@ def main(argv=None) -> int:
     settings = common.settings_from_args(args)
     if args.max_restarts:
         settings.require_shape()  # re-creating needs the accelerator type and runtime
-    if args.check and not (args.stop or args.logs):
-        check_fits(args)
     job = make_job(args)
     common.staged_paths(args.stage)  # refuses a source that is not gs://BUCKET/PATH before any command
     runner = Runner(args.dry_run)
+    if args.check and not (args.stop or args.logs):
+        check_fits(runner, args)
     if args.stop:
         return runner.run(common.ssh_command(settings,
                                              common.stop_remote_command(job, args.grace)))
