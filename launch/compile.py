@@ -4,7 +4,8 @@
     python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b --json out.json
     python launch/compile.py --slice v5p-128 --preset deepseekmath-rl-7b rl.async_steps=1 mesh.sample_devices=32
 
-Needs libtpu (requirements-tpu.txt). For each program a run executes (sampler prefill,
+Needs libtpu, the TPU compiler, on this machine: `make install-test` installs it (or
+`pip install -r requirements-tpu.txt` into your venv). For each program a run executes (sampler prefill,
 sampler decode, train step -- which holds the reference log-prob pass --, the in-run
 evaluation's prefill and decode, and with rl.max_tool_calls > 0 the prefill and decode of the
 largest calls that continue rows after a tool call; the same programs the trainer runs: its
@@ -365,7 +366,7 @@ def _line(name: str, r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slice", required=True,
                         help="slice preset (v5p-128, v4-32, v5litepod-256, ...) or topology (v5e:2x2)")
@@ -382,7 +383,7 @@ def main(argv=None) -> int:
     add_config_args(parser)
     args = parser.parse_args(argv)
     if not aot.libtpu_available():
-        print(f"{parser.prog}: error: libtpu is not installed (pip install -r requirements-tpu.txt)",
+        print(f"{parser.prog}: error: libtpu is not installed: make install-test (or pip install -r requirements-tpu.txt)",
               file=sys.stderr)
         return 2
     cfg = config_from_args(args)

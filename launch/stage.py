@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 
 import common  # launch/common.py: the script's folder is on sys.path
+from grpo_jax.config import FILE_TASKS
 
 
 def main(argv=None) -> int:
@@ -34,9 +35,19 @@ def main(argv=None) -> int:
     settings = common.settings_from_args(args)
     common.Runner(args.dry_run).check(common.stage_command(settings, args.sources))
     for source, target in zip(args.sources, common.staged_paths(args.sources)):
-        common.note(f"{source} -> ~/{common.REMOTE_DIR}/{target} on every worker "
-                    f"(run.pretrained={target} or data.data_dir={target})")
+        common.note(f"{source} -> ~/{common.REMOTE_DIR}/{target} on every worker: {override_for(target)}")
     return 0
+
+
+def override_for(target: str) -> str:
+    """The override that points a run at a staged source: a .gguf is a model and a folder named
+    after a file task holds its data; any other folder may be either, so both are named."""
+    name = target.rsplit("/", 1)[-1]
+    if name.endswith(".gguf"):
+        return f"run.pretrained={target}"
+    if name.lower() in FILE_TASKS:
+        return f"data.data_dir={target}"
+    return f"run.pretrained={target} if it is a model, data.data_dir={target} if it holds GSM8K or MATH files"
 
 
 if __name__ == "__main__":

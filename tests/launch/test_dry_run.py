@@ -190,8 +190,12 @@ def test_stage_copies_to_every_worker_and_names_the_overrides():
         "pod", WHERE_V4, "all", "mkdir -p grpo_jax/staged && cd grpo_jax && "
         "gcloud storage cp -r --no-clobber gs://b/models/deepseek-math-7b-instruct staged/ && "
         "gcloud storage cp -r --no-clobber gs://b/gsm8k staged/")]
-    assert "run.pretrained=staged/deepseek-math-7b-instruct" in done.stderr
-    assert "data.data_dir=staged/gsm8k" in done.stderr
+    # A folder named after a file task is data, never a model to load (issue 86).
+    assert done.stderr.splitlines() == [
+        "[launch] gs://b/models/deepseek-math-7b-instruct -> ~/grpo_jax/staged/deepseek-math-7b-instruct on every "
+        "worker: run.pretrained=staged/deepseek-math-7b-instruct if it is a model, "
+        "data.data_dir=staged/deepseek-math-7b-instruct if it holds GSM8K or MATH files",
+        "[launch] gs://b/gsm8k/ -> ~/grpo_jax/staged/gsm8k on every worker: data.data_dir=staged/gsm8k"]
 
 
 def test_tools_without_a_config_get_their_arguments_as_given():
@@ -407,3 +411,13 @@ def test_stop_lets_the_run_save_and_records_its_exit_code(tmp_path):
     followed = bash(common.follow_remote_command(job))
     assert followed.returncode == PREEMPTED and "saved" in followed.stdout
     assert (logs / "q.exit").read_text().strip() == str(PREEMPTED)
+
+
+@pytest.mark.parametrize("target, override", [
+    ("staged/smollm2.gguf", "run.pretrained=staged/smollm2.gguf"),
+    ("staged/MATH", "data.data_dir=staged/MATH"),
+    ("staged/gsm8k", "data.data_dir=staged/gsm8k")])
+def test_stage_names_the_one_override_a_recognised_source_takes(monkeypatch, target, override):
+    from tests.scripts import LAUNCH, import_script
+
+    assert import_script(monkeypatch, LAUNCH, "stage").override_for(target) == override
