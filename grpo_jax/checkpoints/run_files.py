@@ -13,10 +13,12 @@ Paths go through epath: a run dir may be gs:// on a pod slice.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import os
+import pathlib
 import socket
 
 from etils import epath
@@ -45,12 +47,44 @@ def check_writable(run_dir: str) -> None:
                               "Python lacks: pip install gcsfs (launch/setup.py installs it on TPU VMs)")
     root = epath.Path(run_dir)
     probe = root / f".write-check-{socket.gethostname()}-{os.getpid()}"
+    # The folders the check makes are removed again: a start that fails later leaves no empty
+    # run dir. gs:// has no folders to leave.
+    made = [] if "://" in run_dir else missing_folders(run_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe.write_text("")
         probe.unlink()
     except Exception as err:  # OSError locally; gcsfs raises its own HTTP and credential errors
         raise CheckpointError(f"run.run_dir={run_dir} cannot be written: {type(err).__name__}: {err}") from err
+    finally:
+        for folder in made:
+            if folder.is_dir():
+                folder.rmdir()
+
+
+def missing_folders(run_dir: str) -> list[pathlib.Path]:
+    """The folders of the local path ``run_dir`` that do not exist yet, deepest first."""
+    path, out = pathlib.Path(run_dir).absolute(), []
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
+
+
+@contextlib.contextmanager
+def removed_if_start_fails(run_dir: str, main_process: bool):
+    """Remove the folders of ``run_dir`` that did not exist before the block when it raises, so
+    a start that fails (a broken reward, a model that does not load) leaves no run dir of a run
+    that never trained; only process 0 wrote in it (the tokenizer), so only it removes."""
+    top = [run_dir] if "://" in run_dir else missing_folders(run_dir)[-1:]  # the outermost folder to make
+    made = [epath.Path(p) for p in top if not epath.Path(p).exists()]
+    try:
+        yield
+    except BaseException:
+        for folder in made:
+            if main_process and folder.exists():
+                folder.rmtree()
+        raise
 
 
 def write(cfg: Config, task, tokenizer) -> None:

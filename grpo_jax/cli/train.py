@@ -97,6 +97,7 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     train to `cfg.run.steps`. Returns the Trainer (closed); `trainer.history` has the
     metrics of the steps run now. `task` overrides `data.task` (tests pass their own)."""
     from grpo_jax.checkpoints import checkpointing, run_files
+    from grpo_jax.parallel import distributed
     from grpo_jax.parallel.sharding import make_mesh
     from grpo_jax.rl.trainer import Trainer
 
@@ -109,13 +110,15 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
         from grpo_jax.rl.reward_models.scorer import RewardModel
 
         RewardModel.read_meta(cfg.rl.reward_model)
-    task = runs.make_task(cfg.data.task, cfg.data) if task is None else task
-    mesh = make_mesh(cfg.mesh)
-    cfg, params, tokenizer = runs.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
-    task = asked_as_before(cfg, task, tokenizer)
-    sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
-    trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
-                      sft_data=sft_data, progress=progress, resume=True)
+    with run_files.removed_if_start_fails(cfg.run.run_dir, distributed.is_main_process()):
+        task = runs.make_task(cfg.data.task, cfg.data) if task is None else task
+        mesh = make_mesh(cfg.mesh)
+        cfg, params, tokenizer = runs.model_and_tokenizer(cfg, task, mesh, tokenizer_vocab=tokenizer_vocab)
+        task = asked_as_before(cfg, task, tokenizer)
+        sft_data = sft_data_fn(cfg, task) if cfg.rl.algorithm == "sft" else None
+        # The Trainer scores the task's shortcut rules first: a broken reward stops the run here.
+        trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
+                          sft_data=sft_data, progress=progress, resume=True)
     try:
         if trainer.start_step >= cfg.run.steps:
             log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,

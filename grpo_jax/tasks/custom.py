@@ -24,9 +24,11 @@ generated text only). That is the whole contract; everything else is optional:
   without the skill, reported beside every held-out accuracy (`grpo_jax.tasks.shortcuts`; the
   commonest answer is always reported).
 
-The reward function runs on untrusted model text: it must not ``eval`` it. A reward that
-raises, or returns anything but a finite real number, stops the run with a
-:class:`RewardFunctionError` naming the prompt and the completion.
+The reward function runs on untrusted model text: it must not ``eval`` it. A ``bool`` it
+returns counts as 0 or 1. A reward that raises, or returns anything but a finite real number,
+stops the run with a :class:`RewardFunctionError` naming the prompt and the completion; the
+trainer calls it at start-up (scoring the shortcut rules' answers), so a broken one stops the
+run before its first step.
 """
 
 from __future__ import annotations
@@ -137,9 +139,10 @@ class CustomTask(Task):
                 f"completion {_short(completion)}, answer {_short(example.answer)}") from e
 
     def _number(self, value, what: str, completion: str, example: Example) -> float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        # A bool is a Real: `return completion.strip() == answer` scores 0 or 1, as people mean it.
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise RewardFunctionError(
-                f"{what} must return a finite float, got {value!r} ({type(value).__name__}) for "
+                f"{what} must return a finite float (or a bool: 0/1), got {value!r} ({type(value).__name__}) for "
                 f"prompt {_short(example.prompt)}, completion {_short(completion)}")
         return float(value)
 

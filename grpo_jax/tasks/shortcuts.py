@@ -149,9 +149,15 @@ def fit_examples(task, size: int = FIT_SIZE) -> list:
 
 def try_shortcut_baselines(task, held_out: Sequence) -> "Baselines | None":
     """`shortcut_baselines`, or None with a warning for a task whose training split cannot
-    be drawn here (a dataset task without its training file): the accuracy then stands alone."""
+    be drawn here (a dataset task without its training file): the accuracy then stands alone.
+    A user's function that breaks its contract (`RewardFunctionError`, a ValueError) is raised
+    as itself: the run would meet it at its first step."""
+    from grpo_jax.tasks.custom import RewardFunctionError
+
     try:
         return shortcut_baselines(task, held_out)
+    except RewardFunctionError:
+        raise
     except (OSError, ValueError, RuntimeError, NotImplementedError) as err:
         log.warning("no shortcut baselines for task %r: its training split could not be drawn (%s)",
                     getattr(task, "name", type(task).__name__), err)

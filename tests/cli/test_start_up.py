@@ -24,10 +24,16 @@ def question(rng: random.Random):
     return f"{a}+{b}=", str(a + b)
 
 def reward(prompt, completion, answer):
-    return float(completion.strip() == answer)
+    return completion.strip() == answer  # a bool, as people write it: 0 or 1
+
+def broken_reward(prompt, completion, answer):
+    return {"right": 1.0}[completion]
 
 def task():
     return CustomTask(question, reward)
+
+def broken():
+    return CustomTask(question, broken_reward)
 
 class Named(CustomTask):
     def __init__(self):
@@ -91,6 +97,37 @@ def test_grpo_train_trains_your_own_task(user_module, tmp_path):
     assert (run_dir / "checkpoints" / "1").is_dir()
 
 
+def test_a_bool_reward_scores_0_or_1_and_a_string_is_still_refused(user_module):
+    from grpo_jax.tasks import Example
+    from grpo_jax.tasks.custom import RewardFunctionError
+
+    task = get_task(f"{user_module}:task")
+    assert [task.reward(c, Example("1+2=", "3")) for c in ("3", " 3\n", "4")] == [1.0, 1.0, 0.0]
+    with pytest.raises(RewardFunctionError, match=r"^reward\(\) must return a finite float \(or a bool: 0/1\), "
+                                                  r"got '1' \(str\)"):
+        CustomTask([("1+2=", "3")], lambda p, c, a: "1").reward("3", Example("1+2=", "3"))
+
+
+def test_a_broken_reward_stops_grpo_train_at_start_up_as_itself(user_module, tmp_path, caplog):
+    """Not as a note about shortcut baselines with the run going on to its first step; and the
+    failed start leaves no run dir behind."""
+    from grpo_jax.tasks.custom import RewardFunctionError
+
+    run_dir = tmp_path / "runs" / "broken"
+    with pytest.raises(RewardFunctionError, match=r"^reward\(\) raised KeyError: ") as err:
+        train_cli.main(["--no-progress", f"data.task={user_module}:broken", "run.steps=1", "model.num_layers=1",
+                        "data.batch_size=2", "rl.group_size=2", f"run.run_dir={run_dir}"])
+    assert isinstance(err.value.__cause__, KeyError)
+    assert "shortcut" not in caplog.text and "step" not in caplog.text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_start_that_fails_leaves_no_empty_run_dir(user_module, tmp_path):
+    with pytest.raises(UnknownNameError, match="no module named 'nowhere_mod'"):
+        train_cli.main(["--no-progress", "data.task=nowhere_mod:task", f"run.run_dir={tmp_path / 'runs' / 'x'}"])
+    assert not (tmp_path / "runs").exists()
+
+
 # ----------------------------------------------------------------------------- the folder of official files
 
 def test_a_file_task_without_its_folder_names_data_data_dir_and_the_script(tmp_path):
@@ -135,8 +172,8 @@ def test_an_unwritable_run_dir_stops_before_the_model_loads(tmp_path):
     # grpo-train checks first: the preset's pretrained model is never loaded.
     with pytest.raises(CheckpointError, match="cannot be written"):
         train_cli.main(["--preset", "smollm2-135m", f"run.run_dir={blocker}/run"])
-    run_files.check_writable(str(tmp_path / "ok"))  # a writable one passes and keeps no probe
-    assert os.listdir(tmp_path / "ok") == []
+    run_files.check_writable(str(tmp_path / "ok" / "run"))  # a writable one passes and leaves nothing
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "locked"] if os.geteuid() != 0 else ["a_file"]
 
 
 def test_gs_run_dir_without_gcsfs_names_the_package(monkeypatch):

@@ -108,7 +108,7 @@ def test_generator_prompts_depend_on_seed_and_split_only():
 
 
 @pytest.mark.parametrize("bad, fragment", [
-    (lambda p, c, a: "1.0", "must return a finite float, got '1.0' (str)"),
+    (lambda p, c, a: "1.0", "must return a finite float (or a bool: 0/1), got '1.0' (str)"),
     (lambda p, c, a: None, "got None (NoneType)"),
     (lambda p, c, a: float("nan"), "got nan"),
     (lambda p, c, a: 1 / 0, "reward() raised ZeroDivisionError: division by zero"),
@@ -120,9 +120,22 @@ def test_reward_contract_errors_name_the_prompt(bad, fragment):
     assert fragment in str(err.value) and "prompt '6*7='" in str(err.value) and "completion '42'" in str(err.value)
 
 
-def test_errors_in_training_name_the_prompt_and_keep_the_cause(tmp_path, tok):
+def test_a_reward_broken_everywhere_stops_the_trainer_at_start_up(tmp_path, tok):
     def broken(prompt, completion, answer):
         raise KeyError("oops")
+
+    task, cfg = CustomTask(PAIRS, broken), _cfg(tmp_path, tok)
+    with pytest.raises(RewardFunctionError, match=r"^reward\(\) raised KeyError: 'oops' — for prompt ") as err:
+        Trainer(cfg, task=task, tokenizer=tok, params=init_params(cfg.model, jax.random.key(0)),
+                eval_examples=[Example(p, a) for p, a in PAIRS[5:9]], progress=False)  # 1, 2, 3, 0: rules guess "0"
+    assert isinstance(err.value.__cause__, KeyError)
+
+
+def test_errors_in_training_name_the_prompt_and_keep_the_cause(tmp_path, tok):
+    def broken(prompt, completion, answer):  # fine on the shortcut rules' numeric answers
+        if not completion.strip().isdigit():
+            raise KeyError("oops")
+        return float(completion.strip() == answer)
 
     trainer = _trainer(_cfg(tmp_path, tok), tok, CustomTask(PAIRS, broken))
     prompts = [ex.prompt for ex in trainer.questions(0)]
