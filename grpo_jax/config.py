@@ -514,6 +514,10 @@ class RunConfig:
     # Checkpoints found but none readable: move them into checkpoints/unreadable/ and start
     # from step 0, instead of stopping with an error that names them.
     restart_unreadable: bool = False
+    # A resume that changes what the run trains (rl.group_size, the learning rate, ...) is refused
+    # unless this is true; each change is then recorded in <run_dir>/config_changes.jsonl
+    # (grpo_jax.checkpoints.resume_changes), which grpo-evaluate shows.
+    allow_config_changes: bool = False
     pretrained: str = ""  # GGUF / HF folder / name; empty = random init
     # The pretrained model's chat format: "" = its own template (refused when it has none),
     # or a named format (grpo_jax.text.chat_templates.FORMATS) for a model without a usable one.

@@ -139,6 +139,7 @@ ELSEWHERE = {
     "run.log_every": "rl/test_trainer.py::test_grpo_reward_goes_up",
     "run.max_bad_steps": "rl/test_trainer.py::test_non_finite_updates_are_skipped_then_stop_the_run",
     "run.restart_unreadable": "rl/test_trainer.py::test_every_checkpoint_unreadable_stops_or_starts_over",
+    "run.allow_config_changes": "cli/test_resume_changes.py::test_a_changed_resume_is_refused_allowed_and_recorded_then_shown_by_grpo_evaluate",
     "run.pretrained": "model/test_pretrained.py",
     "run.chat_format": "text/test_chat_templates.py::test_a_named_format_is_used_trained_and_exported",
 }

@@ -210,19 +210,26 @@ class Checkpointer:
         plus the dotted fields or whole sections in `also`) where the newest checkpoint's
         saved config differs from `requested`; reads only the small meta item, so it runs
         before any state restore and writes nothing."""
+        newest = self.newest_config()
+        if newest is None:
+            return
+        s, saved = newest
+        diffs = [d for d in config_differences(saved, requested, also) if d[0] not in ignore]
+        if diffs:
+            raise CheckpointError(
+                f"{self.directory} holds checkpoints (step {s}) of a different setup: "
+                + "; ".join(f"{k}: saved {a!r}, requested {b!r}" for k, a, b in diffs)
+                + ". Use the saved values, or a new run.run_dir to start over")
+
+    def newest_config(self) -> tuple[int, dict] | None:
+        """(step, the config it was saved with) of the newest step whose meta item reads; None
+        when there is none."""
         for s in self.all_steps()[::-1]:
             try:
-                meta = self.read_meta(s)
+                return s, self.read_meta(s).get("config") or {}
             except Exception:  # an unreadable step is restore()'s to report or skip
                 continue
-            diffs = [d for d in config_differences(meta.get("config") or {}, requested, also)
-                     if d[0] not in ignore]
-            if diffs:
-                raise CheckpointError(
-                    f"{self.directory} holds checkpoints (step {s}) of a different setup: "
-                    + "; ".join(f"{k}: saved {a!r}, requested {b!r}" for k, a, b in diffs)
-                    + ". Use the saved values, or a new run.run_dir to start over")
-            return
+        return None
 
     def close(self) -> None:
         self._mngr.wait_until_finished()
@@ -272,16 +279,18 @@ def config_differences(saved: dict, requested: dict, also: tuple[str, ...] = ())
 
 
 def check_run_dir(directory: str | os.PathLike, requested: dict, ignore: tuple[str, ...] = (),
-                  also: tuple[str, ...] = ()) -> None:
+                  also: tuple[str, ...] = ()) -> tuple[int, dict] | None:
     """`Checkpointer.check_config` for a checkpoint folder, if it exists; creates nothing, so a
     run can check before it writes anything else to its run dir. `ignore`: dotted fields the
     caller only knows later (and checks again then); `also`: fields or sections to compare
-    beyond the restore-relevant ones (e.g. a cached run that must not be reused)."""
+    beyond the restore-relevant ones (e.g. a cached run that must not be reused). Returns
+    `Checkpointer.newest_config` (None without a checkpoint)."""
     if not os.path.isdir(directory):
-        return
+        return None
     ckpt = Checkpointer(directory)
     try:
         ckpt.check_config(requested, ignore, also)
+        return ckpt.newest_config()
     finally:
         ckpt.close()
 

@@ -15,12 +15,12 @@ defaults are the run's own evaluation: its task (data.* knobs included), prompt 
 style and chat template), tokenizer and stop tokens, rl.max_new_tokens, rl.decode, and its
 held-out questions (data.eval_size of them, drawn with data.seed). A grpo-export of a run
 defaults to the run's task, data knobs, prompt and held-out questions the same way.
---task: gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth, or a user's task
-as "module:Class".
+--task: gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth, or your own task
+as "module:name" (a Task class or a function returning a Task, imported from the Python path).
 --prompt: on a model that is not a run dir, the default is the prompt a chat model is
 trained on the task with (grpo_jax.tasks.chat): the task's prompt style in the model's chat
 template (gsm8k, gsm8k_synth: gsm8k; math: math; chat_arithmetic: arithmetic, the bare
-question), else the task's own text (task: arithmetic, countdown, module:Class). paper: the
+question), else the task's own text (task: arithmetic, countdown, module:name). paper: the
 DeepSeekMath chain-of-thought format (the task's `paper_prompt`, gsm8k and math; the Table 5
 protocol). Any other style of grpo_jax.tasks.prompts.STYLES asks the bare question that way.
 
@@ -47,13 +47,14 @@ import sys
 import time
 
 import jax
+from etils import epath
 
 from grpo_jax.text import chat_templates
 from grpo_jax import cli
 from grpo_jax.parallel import distributed
 from grpo_jax.eval import evaluate_run, math_verify_check, plots
 from grpo_jax.model import pretrained
-from grpo_jax.checkpoints import run_files
+from grpo_jax.checkpoints import resume_changes, run_files
 from grpo_jax.cli import runs
 from grpo_jax.config import DECODE_ENGINES, FILE_TASKS, Config, MeshConfig
 from grpo_jax.errors import CheckpointError, ConfigError, PretrainedError
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GGUF file, HF folder, converted folder, smollm2-135m, or a training run dir")
     p.add_argument("--step", type=int, default=None, help="run dir: evaluate only this checkpoint step")
     p.add_argument("--task", default=None, help="gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth "
-                   "or module:Class (default on a run dir: the run's task)")
+                   "or your own as module:name, a Task class or a function returning one (default on a run dir: "
+                   "the run's task)")
     p.add_argument("--split", default="test", help="the task's split to evaluate")
     p.add_argument("--limit", type=int, default=None,
                    help="first N questions of the split (-1: all; default: a run dir's data.eval_size, else all)")
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", choices=evaluate_run.PROMPT_STYLES, default=None,
                    help="default: a run dir's own prompt; else the task's training prompt, its prompt style in "
                         "the chat template (gsm8k, gsm8k_synth: gsm8k; math: math; chat_arithmetic: arithmetic) "
-                        "or its own text (task: arithmetic, countdown, module:Class). paper: DeepSeekMath's CoT "
+                        "or its own text (task: arithmetic, countdown, module:name). paper: DeepSeekMath's CoT "
                         "format (gsm8k, math)")
     p.add_argument("--chat-format", choices=sorted(chat_templates.FORMATS), default=None,
                    help="a model that is not a run dir: prompt it in this named chat format instead of its own "
@@ -117,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tfds-dir", default=None,
                    help="gsm8k/math: where TFDS keeps the datasets it prepares from those files (default: TFDS's "
                         "own, $TFDS_DATA_DIR or ~/tensorflow_datasets)")
-    p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>)")
+    p.add_argument("--out", default="", help="output folder (default runs/eval/<model>-<task>-<split>, a task "
+                   "of your own named by its module, a part that repeats the one before it once)")
     p.add_argument("--shard", default="", help="i/n: score only shard i of n (default: this process of all)")
     p.add_argument("--merge-only", action="store_true", help="merge the shards in --out and print the summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -152,6 +155,21 @@ def tool_use(args, tokenizer) -> ToolUse | None:
         return ToolUse.build(PythonTool(LocalSandbox()), tokenizer, args.max_tool_calls)
     except ValueError as e:
         raise ConfigError(f"--tools python: {e}") from None
+
+
+def check_model(model: str) -> None:
+    """ConfigError when --model is neither the name smollm2-135m nor a path that exists: a
+    mistyped run dir would otherwise be asked for the --task it does not need."""
+    if model.lower() != pretrained.SMOLLM2_NAME and not epath.Path(model).exists():
+        raise ConfigError(f"--model {model} does not exist: give a training run dir, a grpo-export or HF folder, "
+                          f"a GGUF file, or {pretrained.SMOLLM2_NAME}")
+
+
+def default_out(model: str, task: str, split: str) -> str:
+    """runs/eval/<model>-<task>-<split>: a task of your own named by its module, and a part that
+    repeats the one before it once (runs/mytask on mytask:task -> runs/eval/mytask-test)."""
+    parts = [os.path.basename(os.path.normpath(model)), task.split(":", 1)[0], split]
+    return os.path.join("runs", "eval", "-".join(p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1]))
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -246,6 +264,7 @@ def main(argv=None) -> dict:
     process that does not merge."""
     args = build_parser().parse_args(argv)
     check_tools(args)
+    check_model(args.model)
     distributed.initialize()
     cfg = runs.run_config(args.model)
     if cfg is None and args.step is not None:
@@ -258,8 +277,7 @@ def main(argv=None) -> dict:
     args.task = args.task or (asked["task"] if asked else None)
     if args.task is None:
         raise ConfigError("--task is required when --model is neither a training run dir nor a grpo-export of one")
-    out = args.out or os.path.join("runs", "eval", "-".join(
-        os.path.basename(os.path.normpath(x)) for x in (args.model, args.task.replace(":", "."), args.split)))
+    out = args.out or default_out(args.model, args.task, args.split)
     if args.merge_only:
         if cfg is None:
             return report(out, None)
@@ -332,12 +350,18 @@ def main(argv=None) -> dict:
                             rl={"decode": args.decode, "max_new_tokens": args.max_new_tokens})
     sampler = Sampler.for_run(local, mesh, run.tokenizer)
     tools = tool_use(args, run.tokenizer)
+    history = resume_changes.read(args.model)
+    if history:
+        print(f"{args.model}: {resume_changes.describe(history)}")
     points = []
     for step in [args.step] if args.step is not None else run.steps:
         t0 = time.perf_counter()
         params = sampler.copy(run.params(step, mesh))
+        # Each step's summary carries the changes its checkpoint was trained through.
+        changed = resume_changes.before_step(history, step)
         summary = score(args, shards, sampler, params, run.tokenizer, task, examples, os.path.join(out, f"step-{step}"),
-                        {**meta, "step": step}, time.perf_counter() - t0, checker, tools)
+                        {**meta, "step": step, **({"config_changes": changed} if changed else {})},
+                        time.perf_counter() - t0, checker, tools)
         if summary is not None:
             points.append(curve_point(step, summary))
     run.close()

@@ -35,7 +35,10 @@ than the one resumed (a full disk, a copy cut short) are moved into
 `<run.run_dir>/checkpoints/unreadable/`, never deleted, so the run saves those steps again.
 If no checkpoint is readable, the run stops with an error naming them;
 `run.restart_unreadable=true` moves them there too and trains from step 0. A checkpoint
-that cannot be saved stops the run.
+that cannot be saved stops the run. A resume that changes what the run trains (rl.group_size,
+the learning rate, ...; not its length, evaluation, logging or layout) is refused in one line
+naming the keys; `run.allow_config_changes=true` trains on with them and records each change
+in `<run.run_dir>/config_changes.jsonl` (`grpo_jax.checkpoints.resume_changes`).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     """Build everything for `cfg`, resume from `cfg.run.run_dir` if it holds a checkpoint,
     train to `cfg.run.steps`. Returns the Trainer (closed); `trainer.history` has the
     metrics of the steps run now. `task` overrides `data.task` (tests pass their own)."""
-    from grpo_jax.checkpoints import checkpointing, run_files
+    from grpo_jax.checkpoints import checkpointing, resume_changes, run_files
     from grpo_jax.parallel import distributed
     from grpo_jax.parallel.sharding import make_mesh
     from grpo_jax.rl.trainer import Trainer
@@ -104,8 +107,11 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     run_files.check_writable(cfg.run.run_dir)
     # Before anything is written to the run dir: a mismatching resume must leave it untouched.
     # model.vocab_size comes from the tokenizer, set below; the Trainer checks it again.
-    checkpointing.check_run_dir(os.path.join(cfg.run.run_dir, "checkpoints"), cfg.to_dict(),
-                                ignore=("model.vocab_size",))
+    saved = checkpointing.check_run_dir(os.path.join(cfg.run.run_dir, "checkpoints"), cfg.to_dict(),
+                                        ignore=("model.vocab_size",))
+    changes = [] if saved is None else resume_changes.training_changes(saved[1], cfg.to_dict())
+    if changes and not cfg.run.allow_config_changes:
+        raise config_lib.ConfigError(resume_changes.refusal(cfg.run.run_dir, saved[0], changes))
     if cfg.rl.reward_model:  # its folder and metadata; the Trainer loads the weights
         from grpo_jax.rl.reward_models.scorer import RewardModel
 
@@ -119,6 +125,8 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
         # The Trainer scores the task's shortcut rules first: a broken reward stops the run here.
         trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                           sft_data=sft_data, progress=progress, resume=True)
+    if changes and distributed.is_main_process():
+        resume_changes.record(cfg.run.run_dir, trainer.start_step, changes)
     try:
         if trainer.start_step >= cfg.run.steps:
             log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,

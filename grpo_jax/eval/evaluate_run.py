@@ -41,6 +41,7 @@ from typing import Sequence
 
 import jax
 
+from grpo_jax.checkpoints import resume_changes
 from grpo_jax.eval import evaluation
 from grpo_jax.tasks import prompts
 from grpo_jax.tasks.prompts import DEEPSEEK_CHAT, is_chat_tokenizer
@@ -238,18 +239,32 @@ def merge_and_summarize(out_dir: str, *, timing: dict | None = None, ks: Sequenc
     return summary
 
 
+def drawn(summary: dict) -> str:
+    """What the table's rows were drawn at: greedy is temperature 0, pass@k and maj@k sample (a
+    greedy 0% beside a pass@1 of 6% is no contradiction)."""
+    k, settings = summary["samples_per_question"], summary.get("settings", {})
+    if not k:
+        return "greedy top-1 only (--k 0)"
+    top_p = settings.get("top_p", 1.0)
+    return (f"greedy top-1 at temperature 0; pass@k and maj@k from {k} sample{'s' * (k > 1)} each at temperature "
+            f"{settings['temperature']:g}" + (f", top-p {top_p:g}" if top_p != 1.0 else ""))
+
+
 def format_summary(summary: dict) -> str:
     """Human-readable table: greedy, then Pass@K / Maj@K at K = 1, 2, 4, ... and n."""
     def fig(d):
         return f"{100 * d['value']:5.1f}%  [{100 * d['ci95'][0]:5.1f}, {100 * d['ci95'][1]:5.1f}]"
 
     g = summary["greedy"]
-    lines = [f"{summary['num_questions']} questions, {summary['samples_per_question']} samples each",
+    lines = [f"{summary['num_questions']} questions; {drawn(summary)}",
              f"greedy top-1  {fig({'value': g['accuracy'], 'ci95': g['ci95']})}  (95% Wilson)"]
     if "shortcuts" in summary:
         sc = summary["shortcuts"]
         lines.append(f"shortcuts     best {100 * sc['best_score']:5.1f}% ({sc['best']}); "
                      + ", ".join(f"{name} {100 * v:.1f}%" for name, v in sc["scores"].items()))
+    changes = summary.get("settings", {}).get("config_changes")
+    if changes:
+        lines.append(resume_changes.describe(changes))
     ks = sorted(int(k) for k in summary.get("pass@k", {}))
     shown = [k for k in ks if k & (k - 1) == 0 or k == ks[-1]]
     for k in shown:

@@ -201,3 +201,28 @@ def test_sft_then_rl_takes_a_preset_and_refuses_a_pretrained_model(tmp_path):
         train_cli.sft_then_rl(task, ["--preset", "nope"])
     with pytest.raises(ConfigError, match=r"unrecognized arguments: --seeds"):
         train_cli.sft_then_rl(task, ["--seeds", "1"])
+
+
+# ----------------------------------------------------------------------------- grpo-evaluate's --model and --out
+
+def test_a_mistyped_model_path_is_said_not_to_exist(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        evaluate.main(["--model", str(tmp_path / "runs" / "nosuch")])
+    assert str(err.value) == (f"--model {tmp_path / 'runs' / 'nosuch'} does not exist: give a training run dir, a "
+                              "grpo-export or HF folder, a GGUF file, or smollm2-135m")
+
+
+@pytest.mark.parametrize("model, task, out", [
+    ("runs/mytask", "mytask:task", "runs/eval/mytask-test"),
+    ("runs/mytask/", "other:task", "runs/eval/mytask-other-test"),
+    ("/tmp/run1", "arithmetic", "runs/eval/run1-arithmetic-test"),
+    ("smollm2-135m", "pkg.tasks:Named", "runs/eval/smollm2-135m-pkg.tasks-test")])
+def test_the_default_evaluation_folder_names_each_part_once(model, task, out):
+    assert evaluate.default_out(model, task, "test") == out
+
+
+def test_your_own_task_is_module_name_in_every_help():
+    """One wording (issue 86): a Task class or a function returning one, as data.task takes it."""
+    helps = [evaluate.build_parser().format_help(), train_cli.build_parser().format_help()]
+    assert all("module:Class" not in h for h in helps)
+    assert "or your own as module:name, a Task class or a function returning one" in " ".join(helps[0].split())

@@ -206,3 +206,17 @@ def test_two_processes_give_the_same_records_as_one(bench, whole, tmp_path):
     assert records(out) == records(whole[0])
     summary = json.loads((out / "summary.json").read_text())
     assert {k: summary[k] for k in ("greedy", "pass@k", "maj@k")} == {k: whole[1][k] for k in ("greedy", "pass@k", "maj@k")}
+
+
+@pytest.mark.parametrize("k, top_p, header", [
+    (1, 1.0, "16 questions; greedy top-1 at temperature 0; pass@k and maj@k from 1 sample each at temperature 0.7"),
+    (4, 0.9, "16 questions; greedy top-1 at temperature 0; pass@k and maj@k from 4 samples each at temperature 0.7, "
+             "top-p 0.9"),
+    (0, 1.0, "16 questions; greedy top-1 only (--k 0)")])
+def test_the_table_says_what_each_row_was_drawn_at(k, top_p, header):
+    """A greedy 0% beside a pass@1 of 6.2% (issue 86): the pass@1 sample is drawn at T = 0.7."""
+    records = [{"index": q, "greedy_correct": False, "answers": ["1"] * k, "correct": [i == 0 for i in range(k)]}
+               for q in range(16)]
+    summary = {"settings": {"temperature": 0.7, "top_p": top_p},
+               **evaluation.summarize(records, seed=0)}
+    assert evaluate_run.format_summary(summary).splitlines()[0] == header
