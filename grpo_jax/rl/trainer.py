@@ -38,7 +38,7 @@ import numpy as np
 from grpo_jax.checkpoints import checkpointing, run_files
 from grpo_jax.model import lora, pretrained
 from grpo_jax.parallel import preemption, split_mesh
-from grpo_jax.rl import programs
+from grpo_jax.rl import programs, reward_signal
 from grpo_jax.rl.algorithms import Algorithm, algorithm_of
 from grpo_jax.rl.batching import Batch, Scores, score_rollout
 from grpo_jax.config import Config, ConfigError
@@ -208,6 +208,7 @@ class Trainer:
         self.reward_model_evals: list[tuple[int, float, float]] = []  # (step, score, accuracy)
         self.bad_steps = 0
         self.backend_streak = 0  # steps in a row whose tool calls the sandbox mostly could not run
+        self.flat_steps = 0  # steps in a row in which no group's rewards varied (reward_signal)
         self.start_step = 0  # the step this Trainer resumed from (0 for a fresh run)
         self.next_step = 0  # the first step the next `train` call takes
         # rl.async_steps = k: batch index -> the batch sampled ahead; between two steps it
@@ -507,6 +508,10 @@ class Trainer:
                 else:
                     self.bad_steps = 0
                 self.backend_streak = failing_streak(self.backend_streak, metrics, cfg.rl.tool_backend_stop_share)
+                self.flat_steps = reward_signal.flat_steps(self.flat_steps, metrics)
+                no_signal = reward_signal.warning(self.flat_steps, done)
+                if no_signal and is_main_process():
+                    log.warning("%s", no_signal)
                 if self.eval_examples and cfg.run.eval_every and (done % cfg.run.eval_every == 0 or done == total):
                     metrics.update(self.evaluate_held_out(done))
                 metrics["step"] = done
