@@ -95,6 +95,14 @@ def test_the_document_shows_every_step_in_order():
         assert written in sections()["B"], f"the test replaces {written!r}, which the document no longer has"
 
 
+def test_every_folder_part_a_writes_is_gitignored():
+    """The runs and the exported model (538 MB for SmolLM2) stay out of `git status`."""
+    written = re.findall(r"(?:--out |run\.run_dir=)([\w.-]+)/", " ".join(commands(sections()["A"])))
+    assert sorted(set(written)) == ["exported", "runs"]
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    assert [f for f in sorted(set(written)) if f"{f}/" not in ignored and f"/{f}/" not in ignored] == []
+
+
 def test_part_a_runs_as_written(tmp_path):
     """Clone to evaluated export: the scratch folder is the user's clone (experiments/ and the
     Makefile linked in), mytask.py is the document's, and every command must exit 0."""
@@ -122,8 +130,8 @@ def test_part_a_runs_as_written(tmp_path):
     assert (tmp_path / "exported" / "mytask" / "config.json").is_file()
     # The run recorded your task under the name that rebuilds it; both evaluations asked it.
     assert '"task": "mytask:task"' in (tmp_path / "runs" / "mytask" / "task.json").read_text()
-    summaries = sorted(tmp_path.glob("runs/eval/**/summary.json"))
-    assert len(summaries) == 2, summaries
+    summaries = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("runs/eval/**/summary.json"))
+    assert summaries == ["runs/eval/mytask-export/summary.json", "runs/eval/mytask-test/step-1/summary.json"]
 
 
 def test_part_b_dry_runs_and_compiles_cpu_tiny(tmp_path):
