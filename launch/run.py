@@ -81,8 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "data.data_dir=staged/NAME); repeat it for each")
     g.add_argument("--check", action="store_true",
                    help="first compile the run's programs for --slice on this machine "
-                        "(launch/compile.py; needs libtpu) and refuse to launch if one does "
-                        "not fit HBM")
+                        "(launch/compile.py with the run's --preset and overrides; needs libtpu: make "
+                        "install-test) and refuse to launch if one does not fit HBM; --dry-run prints "
+                        "that command and compiles nothing")
     g.add_argument("--grace", type=int, default=30,
                    help="--stop: seconds the run has to save its step between SIGTERM and SIGKILL "
                         "(default %(default)s)")

@@ -45,21 +45,18 @@ def check_writable(run_dir: str) -> None:
     if run_dir.startswith("gs://") and importlib.util.find_spec("gcsfs") is None:
         raise CheckpointError(f"run.run_dir={run_dir}: writing to gs:// needs the gcsfs package, which this "
                               "Python lacks: pip install gcsfs (launch/setup.py installs it on TPU VMs)")
-    root = epath.Path(run_dir)
+    # A local run dir is probed in its deepest folder that exists, which can hold the folders
+    # below it: made here, the run dir would outlive a start that fails later, and removing it
+    # again would race the other processes of a run probing the same folder. gs:// has no folders.
+    missing = [] if "://" in run_dir else missing_folders(run_dir)
+    root = epath.Path(missing[-1].parent if missing else run_dir)
     probe = root / f".write-check-{socket.gethostname()}-{os.getpid()}"
-    # The folders the check makes are removed again: a start that fails later leaves no empty
-    # run dir. gs:// has no folders to leave.
-    made = [] if "://" in run_dir else missing_folders(run_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe.write_text("")
         probe.unlink()
     except Exception as err:  # OSError locally; gcsfs raises its own HTTP and credential errors
         raise CheckpointError(f"run.run_dir={run_dir} cannot be written: {type(err).__name__}: {err}") from err
-    finally:
-        for folder in made:
-            if folder.is_dir():
-                folder.rmdir()
 
 
 def missing_folders(run_dir: str) -> list[pathlib.Path]:
@@ -77,12 +74,12 @@ def removed_if_start_fails(run_dir: str, main_process: bool):
     a start that fails (a broken reward, a model that does not load) leaves no run dir of a run
     that never trained; only process 0 wrote in it (the tokenizer), so only it removes."""
     top = [run_dir] if "://" in run_dir else missing_folders(run_dir)[-1:]  # the outermost folder to make
-    made = [epath.Path(p) for p in top if not epath.Path(p).exists()]
+    made = [epath.Path(p) for p in top if main_process and not epath.Path(p).exists()]
     try:
         yield
     except BaseException:
         for folder in made:
-            if main_process and folder.exists():
+            if folder.exists():
                 folder.rmtree()
         raise
 

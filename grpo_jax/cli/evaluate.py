@@ -13,7 +13,9 @@ training script writes it: grpo_jax.checkpoints.run_files): every saved checkpoi
 accuracy (and Pass@K / Maj@K at K = --k when k > 1) against the step. On a run dir the
 defaults are the run's own evaluation: its task (data.* knobs included), prompt (task.json:
 style and chat template), tokenizer and stop tokens, rl.max_new_tokens, rl.decode, and its
-held-out questions (data.eval_size of them, drawn with data.seed). A grpo-export of a run
+held-out questions (data.eval_size of them, drawn with data.seed). A run resumed with other
+settings (run.allow_config_changes) has its history printed, and each step's summary holds the
+changes its checkpoint was trained through. A grpo-export of a run
 defaults to the run's task, data knobs, prompt and held-out questions the same way.
 --task: gsm8k, math, arithmetic, chat_arithmetic, countdown, gsm8k_synth, or your own task
 as "module:name" (a Task class or a function returning a Task, imported from the Python path).

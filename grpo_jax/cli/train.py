@@ -125,9 +125,9 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
         # The Trainer scores the task's shortcut rules first: a broken reward stops the run here.
         trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                           sft_data=sft_data, progress=progress, resume=True)
-    if changes and distributed.is_main_process():
-        resume_changes.record(cfg.run.run_dir, trainer.start_step, changes)
     try:
+        if changes and distributed.is_main_process():
+            resume_changes.record(cfg.run.run_dir, trainer.start_step, changes)
         if trainer.start_step >= cfg.run.steps:
             log.info("%s already holds step %d of %d: nothing to do", cfg.run.run_dir,
                      trainer.start_step, cfg.run.steps)
