@@ -31,7 +31,7 @@ QUIET = (
     "data.eval_size", "data.data_dir",
     "model.remat", "model.attention", "model.vocab_size",  # vocab_size: the tokenizer's, checked on restore
     "rl.num_micro_batches", "rl.logprob_chunk_size", "rl.decode", "rl.decode_phases", "rl.sample_prompts",
-    "rl.decode_slots", "rl.tool_workers",
+    "rl.decode_slots", "rl.tool_workers", "rl.tool_backend_stop_share", "rl.tool_backend_stop_steps",
 )
 
 Change = tuple[str, Any, Any]  # (dotted key, saved value, requested value)
