@@ -24,7 +24,7 @@ import os
 
 # The arms: rl.async_steps of each. 0 is today's on-policy loop.
 STALENESS = (0, 1, 2)
-# "Costs nothing": the paired gap's whole 95% interval within +-EQUIVALENCE (docs/async_staleness_design.md).
+# "Costs nothing": the paired gap's whole 95% interval within +-EQUIVALENCE (docs/studies/async_staleness/design.md).
 EQUIVALENCE = 0.05
 # The study's run lengths on top of the testbed's regime (experiments/common.py).
 RUN = ["run.steps=60", "run.eval_every=10", "run.checkpoint_every=10", "rl.algorithm=grpo",

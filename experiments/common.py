@@ -25,7 +25,7 @@ from grpo_jax.rl.trainer import Trainer
 # That slip is systematic, so the SFT model's greedy answer is wrong on every question that
 # carries while its samples are often right: the gap RL closes (the paper's Maj@K finding).
 # Random slips instead leave a start whose errors are capacity errors that a few hundred
-# RL steps on a 2-core CPU do not move (docs/results.md, "Quickstart").
+# RL steps on a 2-core CPU do not move (docs/studies/testbed/results.md, "Quickstart").
 CPU_DEFAULTS = [
     "run.steps=100", "run.eval_every=25", "run.checkpoint_every=100",
     "rl.group_size=16", "rl.max_new_tokens=32", "rl.beta=0.04", "rl.temperature=1.0",
@@ -36,7 +36,7 @@ CPU_DEFAULTS = [
 ]
 
 
-# The testbed (grpo_jax/tasks/modular.py, docs/testbed_design.md): 6 operands modulo 13 with
+# The testbed (grpo_jax/tasks/modular.py, docs/studies/testbed/design.md): 6 operands modulo 13 with
 # exactly 2 subtractions, an SFT corpus that reads each "-" as "+" 60% of the time, a reward
 # that is correctness only, and 512 distinct held-out questions whose best shortcut is under
 # 0.10 (tests/tasks/test_tasks_modular.py). On top of CPU_DEFAULTS.
@@ -58,7 +58,7 @@ SFT_CACHE_FIELDS = ("optimizer", "run.seed", "run.steps", "data.task", "data.see
 
 # SFT per task when --sft-steps / --sft-until are not given: (steps, until). Modular tables are
 # learned after a plateau whose length varies by seed, so its SFT runs until they are
-# (docs/testbed_design.md); other tasks train a fixed number of steps.
+# (docs/studies/testbed/design.md); other tasks train a fixed number of steps.
 SFT_DEFAULTS = {"modular": (4000, 0.95)}
 SFT_DEFAULT = (1500, 0.0)
 
@@ -163,7 +163,7 @@ def _train_until(cfg, trainer, task, tokenizer, until: float, every: int, root: 
     """SFT in chunks of `every` steps until the greedy step lines on 64 training questions are
     right table lookups `until` of the time (`task.lookups_right`), at most `run.steps`.
 
-    Modular tables are learned after a plateau whose length varies by seed (docs/testbed_design.md):
+    Modular tables are learned after a plateau whose length varies by seed (docs/studies/testbed/design.md):
     an SFT stopped there leaves a policy at chance, with nothing for RL to re-rank. The check
     runs at every chunk's end, also on a resumed run, so a cached start stops where it stopped.
     Writes each check to `<root>/sft/sft_until.json` (`sft_report`)."""

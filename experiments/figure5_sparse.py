@@ -1,16 +1,16 @@
 """The paper's Figure 5 with reward models as the paper scored it, on step labels that mean progress.
 
-The design, written before the runs: docs/figure5_progress_design.md (the flawed first
-design it replaces: docs/figure5_sparse_design.md). One command runs the whole study and
+The design, written before the runs: docs/studies/arithmetic_history/figure5_progress_design.md (the flawed first
+design it replaces: docs/studies/arithmetic_history/figure5_sparse_design.md). One command runs the whole study and
 resumes where it was cut:
 
     python experiments/figure5_sparse.py --regime arithmetic    # the progress-label study as designed (history)
     python experiments/figure5_sparse.py --regime arithmetic --reward-models-only   # parts 1-3 only
     python experiments/figure5_sparse.py run.steps=2 --seeds 0 --oracle-seeds 0 --out runs/f5s_smoke
     python experiments/figure5_sparse.py --regime modular --rule-arms-only --sft-until 0.95 --sft-steps 4000 \
-        --out runs/figure5_testbed                            # docs/figure5_testbed_design.md (parts 1, 4, 5)
+        --out runs/figure5_testbed                            # docs/studies/figure5_testbed/design.md (parts 1, 4, 5)
     python experiments/figure5_sparse.py --regime modular --reward-model-arms-only --rm-draws 3 --seeds 0 1 2 \
-        --sft-until 0.95 --sft-steps 4000 --out runs/figure5_testbed   # docs/figure5_testbed_rm_design.md
+        --sft-until 0.95 --sft-steps 4000 --out runs/figure5_testbed   # docs/studies/figure5_testbed_rm/design.md
 
 In order, each part skipped when its output already exists under --out:
 1. the SFT start (cached in <out>/sft, as every CPU ablation trains it);
@@ -56,7 +56,7 @@ import json
 import os
 import shutil
 
-# The regime of docs/figure5_progress_design.md; command-line overrides still win.
+# The regime of docs/studies/arithmetic_history/figure5_progress_design.md; command-line overrides still win.
 SPARSE_REGIME = ["data.num_operands=8", "data.min_carries=4", "data.wrong_step_prob=0.8",
                  "data.format_reward=0", "data.eval_size=256", "rl.max_new_tokens=64", "model.max_seq_len=96",
                  "run.steps=60", "run.eval_every=10", "run.checkpoint_every=10"]
@@ -72,7 +72,7 @@ ARMS = {
     "GRPO+PS-rule": (GRPO_PS, None),
 }
 MAIN_ARMS = ("GRPO+OS", "GRPO+PS", "Online RFT")  # --seeds; the others run --oracle-seeds
-# --rule-arms-only: the primary comparison of docs/figure5_testbed_design.md, no reward models,
+# --rule-arms-only: the primary comparison of docs/studies/figure5_testbed/design.md, no reward models,
 # every arm on --seeds.
 RULE_ARMS = ("GRPO+OS-rule", "GRPO+PS-rule", "Online RFT", "RFT")
 # --regime modular: the testbed's regime (experiments/common.py) with this study's lengths.
@@ -347,7 +347,7 @@ def main(argv=None):
                         "(b) and (c) needs no RFT)")
     p.add_argument("--pool", default=None,
                    help="a folder of an earlier run of the same design's seed files (<arm>_seed<N>.json, as "
-                        "docs/data/figure5_testbed holds them): the claims are judged again over its seeds "
+                        "docs/studies/figure5_testbed/data holds them): the claims are judged again over its seeds "
                         "and this study's together (summary's pooled_claims); no seed may be in both")
     p.add_argument("--publish", default=None,
                    help="a folder to copy each finished (arm, seed)'s curve into as <arm>_seed<N>.json, "

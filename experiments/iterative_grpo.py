@@ -16,9 +16,9 @@ with the same seed: the same questions in the same order, the same number of upd
 the same RNG stream, so the paired gap per seed is what retraining buys.
 
     python experiments/iterative_grpo.py --iterations 3 run.steps=20 --out runs/figure6_testbed
-        # the testbed (--regime modular, the default): docs/figure6_testbed_design.md
+        # the testbed (--regime modular, the default): docs/studies/figure6_testbed/design.md
     python experiments/iterative_grpo.py --regime arithmetic --seeds 0 1 2 --iterations 5 run.steps=20
-        # the earlier study on carrying arithmetic (docs/results.md, history)
+        # the earlier study on carrying arithmetic (docs/studies/arithmetic_history/results.md)
 
 `run.steps` is the number of steps per iteration. Each finished seed is cached in
 `<out>/seed<N>.json`; adding a seed re-runs only the new one.

@@ -5,7 +5,7 @@ more robust (sharper around answers the model could already reach) rather than t
 fundamentally new abilities. This script measures both from `--samples` samples per
 held-out question at temperature `rl.temperature`, with the unbiased Pass@K estimator.
 
-`--regime modular` (the default: the testbed, docs/figure7_testbed_design.md) trains nothing: it reads the
+`--regime modular` (the default: the testbed, docs/studies/figure7_testbed/design.md) trains nothing: it reads the
 quickstart's runs (`python experiments/quickstart.py --seeds 0 1 2 3 4`, under `--runs`,
 default runs/quickstart) and evaluates each seed's SFT model (before RL) and GRPO model
 (after RL) on the run's 512 held-out questions, with the GRPO run's sampler. Each (seed,
@@ -16,7 +16,7 @@ stage) writes `<out>/seed<N>_<stage>.json` and is read, not remeasured, on a sec
         --samples 64 --out runs/figure7_testbed
 
 `--regime arithmetic` is the earlier study on carrying arithmetic: one SFT start,
-GRPO seeds trained here (docs/results.md, history):
+GRPO seeds trained here (docs/studies/arithmetic_history/results.md):
 
     python experiments/maj_pass_at_k.py --regime arithmetic --samples 64
 """
@@ -34,7 +34,7 @@ from grpo_jax.eval.stats import format_interval, paired_verdict
 
 STAGES = ("sft", "grpo")  # before RL, after RL: the quickstart's run dirs under seed<N>
 KS = (1, 2, 4, 8, 16, 32, 64)
-# Paired contrasts of the design (docs/figure7_testbed_design.md): ΔMaj@K, ΔPass@K, and
+# Paired contrasts of the design (docs/studies/figure7_testbed/design.md): ΔMaj@K, ΔPass@K, and
 # ΔMaj@K − ΔPass@K, at these K.
 TEST_KS = (1, 8, 64)
 # What a difference's 95% interval says (`paired_verdict`'s verdicts, read for a difference

@@ -14,10 +14,10 @@ answers more than 10% of the time.
    the final accuracy clears it by 10 points) and a PNG of reward/accuracy.
 
 `--task arithmetic` runs the earlier quickstart (1-digit, 3-operand carrying arithmetic, whose
-best shortcut is 0.75: docs/results.md).
+best shortcut is 0.75: docs/studies/arithmetic_history/results.md).
 
     python experiments/quickstart.py                          # defaults (see experiments/common.py)
-    python experiments/quickstart.py --seeds 0 1 2 3 4        # docs/results.md's seeds
+    python experiments/quickstart.py --seeds 0 1 2 3 4        # docs/studies/testbed/results.md, the seeds
     python experiments/quickstart.py --task arithmetic --sft-steps 800 rl.group_size=8
 
 Each seed (`run.seed`: the model's initialisation, SFT and GRPO randomness; the questions stay
@@ -50,8 +50,8 @@ from grpo_jax.rl.trainer import Trainer
 # its carries or none (`carry_habit`): with per-step slips a right 2-digit intermediate is rarely
 # followed by a right next step in the corpus, so once GRPO teaches the first carry the SFT model
 # cannot do the step after it, and whether a seed learns it was a matter of luck
-# (docs/results.md, Quickstart).
-# Modular: 60 GRPO steps, the pilot's choice (docs/testbed_design.md).
+# (docs/studies/testbed/results.md, Quickstart).
+# Modular: 60 GRPO steps, the pilot's choice (docs/studies/testbed/design.md).
 QUICKSTART_DEFAULTS = {"modular": common.MODULAR_DEFAULTS + ["run.steps=60", "run.eval_every=20",
                                                              "run.checkpoint_every=60"],
                        "arithmetic": ["data.slip=carry_habit"]}

@@ -11,7 +11,7 @@ As a control, the untrained model is also asked the same questions with the inst
 "Answer with just the number." (prompt style `arithmetic_instructed`): what RL adds beyond
 telling the model the answer's form.
 
-    python experiments/smollm2_grpo.py --seeds 0 1 2         # docs/results.md's result
+    python experiments/smollm2_grpo.py --seeds 0 1 2         # docs/studies/smollm2/results.md
     python experiments/smollm2_grpo.py run.steps=5           # a quick look (one seed)
 
 Each seed writes <run.run_dir>/seed<N>/{summary.json, curves.png, metrics.jsonl, checkpoints};

@@ -465,7 +465,7 @@ class DataConfig:
     modulus: int = 13
     num_subtractions: int = 2
     # modular: the share of SFT worked solutions that call the task's Python tool instead of
-    # writing the chain (docs/tools_learning_design.md); 0 = none, the corpus as before
+    # writing the chain (docs/studies/tools_learning/design.md); 0 = none, the corpus as before
     tool_prob: float = 0.0
     seed: int = 0
     skip_bad_rows: bool = False  # gsm8k/math: skip (and count) malformed rows instead of failing

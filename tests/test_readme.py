@@ -1,6 +1,6 @@
 """The README as a front door: short, its links resolve, and the commands it names still parse.
 
-Links: every relative link of README.md and docs/*.md points at a file of the repository,
+Links: every relative link of README.md and docs/**/*.md points at a file of the repository,
 and a ``#anchor`` at a heading of that file (GitHub's heading ids). Commands: every
 ``python experiments|launch|benchmarks/X.py`` and ``grpo-*`` command the README names
 answers ``--help`` with exit 0 and a usage line, each run as ``__main__`` (a script) or
@@ -30,7 +30,7 @@ _CONSOLE = re.compile(r"(?:^\s*|`)(grpo-[a-z]+)\b", re.M)
 
 
 def _documents() -> list[Path]:
-    return [README, *sorted((REPO / "docs").glob("*.md"))]
+    return [README, *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def heading_ids(markdown: str) -> set[str]:

@@ -25,7 +25,7 @@ The SFT corpus reads ``-`` as ``+`` with probability ``wrong_step_prob`` at each
 the lookups right and the signs wrong often enough that few of its samples, but some, are
 right: what GRPO re-ranks.
 
-With ``tool_prob`` > 0 (docs/tools_learning_design.md) a worked solution is, with that
+With ``tool_prob`` > 0 (docs/studies/tools_learning/design.md) a worked solution is, with that
 probability, a call of the task's Python tool (``ModularTask.tool``) instead of the chain::
 
     completion:  "```python\nprint((9+4-5+10-8+0) % 11)\n```\n```output\n10\n```\nA: 10\n"

@@ -181,6 +181,6 @@ def test_readme_example_runs_as_written_and_improves_its_reward(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     before, after, shortcut = map(float, re.search(
         r"held-out greedy reward: (\S+) -> (\S+) \(best shortcut (\S+)\)", done.stdout).groups())
-    # The margin absorbs CPU-to-CPU drift (docs/results.md has the measured run); learning
+    # The margin absorbs CPU-to-CPU drift (docs/studies/custom_task/results.md has the measured run); learning
     # means clearing the best rule that skips the skill by 10 points.
     assert after >= before + 0.25 and after >= 0.75 and after >= shortcut + 0.10, (before, after, shortcut)

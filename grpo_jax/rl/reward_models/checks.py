@@ -1,6 +1,6 @@
 """Warnings that keep a run from optimising a reward model that does not measure the task.
 
-Two failures were measured on the testbed (docs/results.md, Figure 5's reward-model arms):
+Two failures were measured on the testbed (docs/studies/figure5_testbed_rm/results.md):
 reward models that ranked a right answer above a wrong one at chance, and GRPO runs scored by
 them whose reward-model score rose while held-out accuracy fell below the SFT start. Both
 were silent. `ranking_warning` speaks after a reward model is trained and evaluated, and
