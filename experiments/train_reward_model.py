@@ -56,7 +56,7 @@ import numpy as np
 
 from grpo_jax import config as config_lib
 from grpo_jax.rl import reward_models as rm_lib
-from grpo_jax.rl.reward_models.checks import answer_check_warning, ranking_warning
+from grpo_jax.rl.reward_models.checks import answer_check_warning, own_score_warning, ranking_warning
 from grpo_jax.cli.runs import make_task
 from grpo_jax.tasks.arithmetic import ArithmeticTask
 from grpo_jax.tasks.modular import ModularTask
@@ -155,6 +155,9 @@ def warnings(metrics: dict) -> list[str]:
     """The lines a trained or evaluated model's held-out metrics call for (`checks`)."""
     found = [ranking_warning(metrics["held_out_pairwise_accuracy"])]
     if "held_out_pairwise_without_answer_check" in metrics:
+        # Without a check the score above is the own score, and ranking_warning has spoken for it.
+        found.append(own_score_warning(metrics["held_out_pairwise_without_answer_check"],
+                                       checked=metrics["held_out_pairwise_accuracy"]))
         found.append(answer_check_warning(metrics["held_out_pairwise_accuracy"],
                                           metrics["held_out_pairwise_without_answer_check"],
                                           metrics["trunk_greedy_accuracy"]))

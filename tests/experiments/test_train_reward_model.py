@@ -1,13 +1,16 @@
 """experiments/train_reward_model.py: the task comes from data.task (--operations the arithmetic
-task's alone), the arithmetic default as it was."""
+task's alone), the arithmetic default as it was; the warnings its metrics call for."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 from tests.cli.test_evaluate import script
 
 from grpo_jax import config as config_lib
+from grpo_jax.rl.reward_models import LabelledSample
+from grpo_jax.rl.reward_models.answer_check import AnswerCheck, agreement, combine
 from grpo_jax.tasks.arithmetic import tokenizer_corpus
 
 trm = script("train_reward_model")
@@ -195,3 +198,44 @@ def test_the_script_warns_of_a_check_that_ranks_worse_and_of_a_model_near_chance
     assert "lowers held-out pairwise accuracy from 0.900 to 0.650" in lines[1]
     assert trm.warnings(dict(base, held_out_pairwise_accuracy=0.95)) == []
     assert trm.warnings({"held_out_pairwise_accuracy": 0.95}) == []  # --no-answer-check: nothing to compare
+
+
+class _ChanceHeadPerfectTrunk:
+    """An ORM whose own score ranks every question's pairs at exactly chance (right and wrong
+    samples both scored 1 and 0) and whose trunk answers every question right, scored as
+    `RewardModel.score` does (`answer_check.combine` of the own score and the agreement)."""
+
+    kind, transform = "outcome", "identity"
+
+    def __init__(self, answers, check=True):
+        self.answers = answers
+        self.answer_check = AnswerCheck(extract=lambda c: c.split()[-1], task="fake", margin=2.0,
+                                        max_new_tokens=4) if check else None
+
+    def greedy_answers(self, prompts):
+        return [self.answers[p] for p in prompts]
+
+    def score(self, prompts, completions, *, check=True):
+        own = np.asarray([float(c.startswith("first")) for c in completions], np.float32)
+        if self.answer_check is None or not check:
+            return own
+        return combine(own, agreement(self.greedy_answers(prompts), completions, self.answer_check.extract),
+                       self.transform, self.answer_check.margin)
+
+
+def test_a_chance_level_own_score_warns_behind_a_perfect_trunk_and_without_a_check():
+    answers = {f"q{i}": str(i % 13) for i in range(40)}
+    held_out = [LabelledSample(q, f"{order} ... = {a if right else (int(a) + 1) % 13}", right)
+                for q, a in answers.items() for right in (True, False) for order in ("first", "second")]
+    metrics = trm.held_out_metrics(_ChanceHeadPerfectTrunk(answers), held_out)
+    assert metrics["held_out_pairwise_accuracy"] == 1.0  # agreement alone decides every pair
+    assert metrics["held_out_pairwise_without_answer_check"] == 0.5
+    assert metrics["trunk_greedy_accuracy"] == 1.0 and metrics["trunk_greedy_questions"] == 40
+    lines = trm.warnings(metrics)
+    assert len(lines) == 1 and "own score (without the answer check" in lines[0]
+    assert "on 0.500 of held-out pairs" in lines[0] and "answer check's 1.000 is its trunk's answers" in lines[0]
+
+    unchecked = trm.held_out_metrics(_ChanceHeadPerfectTrunk(answers, check=False), held_out)
+    assert unchecked["held_out_pairwise_accuracy"] == 0.5 and "held_out_pairwise_without_answer_check" not in unchecked
+    lines = trm.warnings(unchecked)
+    assert len(lines) == 1 and "ranks a right answer above a wrong one on 0.500" in lines[0]

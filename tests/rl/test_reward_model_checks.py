@@ -1,13 +1,15 @@
-"""The reward-model warnings: a model that ranks near chance, an answer check that ranks worse
-than the model's own score, and a score that rises while held-out accuracy falls (reward
-hacking), each said in one line, the last by the trainer."""
+"""The reward-model warnings: a model that ranks near chance (the score RL reads, or its own
+score behind the answer check), an answer check that ranks worse than the model's own score,
+and a score that rises while held-out accuracy falls (reward hacking), each said in one line,
+the last by the trainer."""
 import logging
 import math
 
 import numpy as np
 import pytest
 
-from grpo_jax.rl.reward_models.checks import RANKS_AT, answer_check_warning, hacking_warning, ranking_warning
+from grpo_jax.rl.reward_models.checks import (RANKS_AT, answer_check_warning, hacking_warning, own_score_warning,
+                                           ranking_warning)
 from tests.rl.test_trainer import tok  # noqa: F401  (the fixture)
 
 
@@ -88,3 +90,16 @@ def test_the_trainer_logs_the_reward_models_score_and_warns_when_it_is_hacked(tm
     assert [h["eval_accuracy"] for h in history] == [0.75, 0.5, 0.25]
     hacked = [r.getMessage() for r in caplog.records if "reward hacking" in r.getMessage()]
     assert len(hacked) == 1 and "from step 1 to 3" in hacked[0]
+
+
+@pytest.mark.parametrize("own, checked, warns", [(0.5, 0.99, True), (0.699, None, True), (RANKS_AT, 0.99, False),
+                                                 (0.85, 0.5, False), (math.nan, 0.99, True)])
+def test_own_score_warning_reads_the_score_without_the_check(own, checked, warns):
+    line = own_score_warning(own, checked=checked)
+    assert (line is not None) is warns
+    if warns:
+        assert "\n" not in line and line.startswith("warning:") and "without the answer check" in line
+    if warns and not math.isnan(own):
+        assert f"on {own:.3f} of held-out pairs" in line
+        # The checked figure is named as the trunk's, where there is one.
+        assert ("answer check's 0.990 is its trunk's answers" in line) is (checked is not None)

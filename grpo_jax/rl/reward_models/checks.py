@@ -3,10 +3,13 @@
 Two failures were measured on the testbed (docs/studies/figure5_testbed_rm/results.md):
 reward models that ranked a right answer above a wrong one at chance, and GRPO runs scored by
 them whose reward-model score rose while held-out accuracy fell below the SFT start. Both
-were silent. `ranking_warning` speaks after a reward model is trained and evaluated, and
-`answer_check_warning` when its answer check ranks worse than its own score (its trunk
-answers the task's questions too badly to check them); `hacking_warning` speaks during RL,
-from the trainer's evaluations.
+were silent. `ranking_warning` speaks after a reward model is trained and evaluated, on the
+score RL reads; `own_score_warning` on the model's own score (without its answer check), which
+the check can hide: a checked score ranks by the trunk's answers, so a head at chance behind
+a trunk that answers well passes `ranking_warning`, and a PRM's step scores, which process
+supervision rewards, never see the check. `answer_check_warning` speaks when the check ranks
+worse than the own score (its trunk answers the task's questions too badly to check them);
+`hacking_warning` speaks during RL, from the trainer's evaluations.
 """
 from __future__ import annotations
 
@@ -30,6 +33,22 @@ def ranking_warning(pairwise: float, *, threshold: float = RANKS_AT) -> str | No
                 f"held-out pairs (chance 0.5, threshold {threshold}); RL scored by it optimises the "
                 "model, not the task")
     return None
+
+
+def own_score_warning(own: float, *, checked: float | None = None, threshold: float = RANKS_AT) -> str | None:
+    """One line when a reward model's own score (the ORM's head, a PRM's minimum over its step
+    scores; no answer check) ranks held-out pairs below ``threshold`` or unknown, whether or
+    not an answer check lifts the score RL reads (``checked``, its pairwise); else None."""
+    if math.isnan(own):
+        return ("warning: the reward model's own score (without the answer check) has an unknown held-out "
+                "pairwise accuracy (no question with a right and a wrong sample); check it before RL trains on it")
+    if own >= threshold:
+        return None
+    lifted = ("" if checked is None or math.isnan(checked) else
+              f"; the answer check's {checked:.3f} is its trunk's answers, not this score")
+    return (f"warning: the reward model's own score (without the answer check; a PRM's minimum over steps, what "
+            f"process supervision rewards) ranks a right answer above a wrong one on {own:.3f} of held-out pairs "
+            f"(chance 0.5, threshold {threshold}){lifted}")
 
 
 def answer_check_warning(with_check: float, without: float, trunk_accuracy: float) -> str | None:
