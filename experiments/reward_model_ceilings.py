@@ -12,9 +12,15 @@ answers. This script measures, on rule-labelled samples of the modular testbed (
 - the pairwise accuracy (same-prompt right vs wrong pairs, ties ½) of three rule scores:
   ``clean`` (1 if no line is wrong), ``-errors`` (minus the number of wrong lines) and
   ``P(right | errors)`` (the rate of right answers among --fit samples with as many wrong
-  lines): what a reward model can reach by finding wrong lines, and by also counting them;
+  lines): what a reward model gets by finding wrong lines, and by also counting them. These are
+  values with ties counted ½, not ceilings: ``clean`` ties every right answer reached through
+  a wrong line with every wrong answer, and a model with continuous scores may order those
+  pairs any way, from all lost to all won;
 - the step accuracy against the progress labels of a checker that says "right" until the
-  first wrong line and "wrong" from there on (with the majority baseline);
+  first wrong line and "wrong" from there on (with the majority baseline). The progress labels
+  (`ArithmeticTask.step_rewards`) skip blank lines and do not check the operand a line copies
+  from the previous one, and ``line_errors`` counts both as wrong: a chain with such a line
+  alone has a wrong line here and no step labelled 0;
 - with --reward-model, that model's pairwise accuracy split by kind of pair: the right sample
   clean or through a wrong line, against a wrong sample with one wrong line or more. It shows
   whether a model loses pairs by missing wrong lines (clean right answers) or on right answers

@@ -19,14 +19,18 @@ arithmetic by default, or modular, the testbed).
 5. evaluate on held-out questions (the task's test split) and write into run.run_dir:
    reward_model/ (checkpoint + tokenizer, `RewardModel.load`), metrics.json
    (held-out accuracy, baselines, config) and history.json (per-step losses). A model whose
-   held-out pairwise accuracy is below 0.7, or whose answer check ranks worse than its own
-   score, is reported with a warning line.
+   held-out pairwise accuracy is below 0.7, whose own score (without the answer check; a PRM's
+   minimum over steps, what process supervision rewards) ranks below 0.7 while the check lifts
+   the output score, or whose answer check ranks worse than its own score, is reported with a
+   warning line. metrics.json names both: held_out_pairwise_accuracy is the checked output
+   score's, held_out_pairwise_without_answer_check the own score's.
 
     python experiments/train_reward_model.py --kind outcome
     python experiments/train_reward_model.py --kind process run.steps=800 run.run_dir=runs/prm
     python experiments/train_reward_model.py --kind outcome --loss pointwise optimizer.peak_lr=1e-3
-    python experiments/train_reward_model.py --kind process data.task=modular model.max_seq_len=96 \
-        data.wrong_step_prob=0.6     # the testbed
+    python experiments/train_reward_model.py --kind process data.task=modular data.modulus=13 \
+        data.num_operands=6 data.num_subtractions=2 data.wrong_step_prob=0.6 \
+        model.max_seq_len=96     # the testbed (the script's data.num_operands=3 would not be)
 
     python experiments/train_reward_model.py --evaluate runs/reward_model/reward_model \
         --held-out-samples policy_samples.jsonl   # a saved model on other labelled samples
