@@ -1,6 +1,6 @@
 """Do stale rollouts cost learning? GRPO with `rl.async_steps` = k against k = 0 on the testbed.
 
-The design, written before the runs: docs/async_staleness_design.md. Every arm starts from the
+The design, written before the runs: docs/studies/async_staleness/design.md. Every arm starts from the
 same SFT model (cached in `<out>/sft`, as every CPU ablation trains it) and runs the same
 number of updates on the same question stream per seed; only k differs: with k > 0 the batch
 trained at step t was sampled by the weights of step t − k, and the loss takes the sampler's

@@ -78,7 +78,7 @@ RULE_ARMS = ("GRPO+OS-rule", "GRPO+PS-rule", "Online RFT", "RFT")
 # --regime modular: the testbed's regime (experiments/common.py) with this study's lengths.
 TESTBED_RUN = ["run.steps=60", "run.eval_every=10", "run.checkpoint_every=10"]
 
-# --reward-model-arms-only: the secondary comparison of docs/figure5_testbed_rm_design.md.
+# --reward-model-arms-only: the secondary comparison of docs/studies/figure5_testbed_rm/design.md.
 RM_ARMS = ("GRPO+OS", "GRPO+PS")
 # --rm-draws 1 keeps the folders of the arithmetic studies; N > 1 adds _draw<d>.
 RM_NAMES = {"outcome": "orm", "process": "prm"}

@@ -1,6 +1,6 @@
 """Does GRPO teach the testbed's policy to call a Python tool, and does the tool help?
 
-The design, written before the code and the runs: docs/tools_learning_design.md. One command
+The design, written before the code and the runs: docs/studies/tools_learning/design.md. One command
 runs the whole study and resumes where it was cut:
 
     python experiments/tools_learning.py                         # the study as designed: seeds 0 1 2
