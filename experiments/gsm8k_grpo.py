@@ -58,10 +58,18 @@ CPU_DEFAULTS = [
     "rl.beta=0.04", "optimizer.peak_lr=1e-6", "data.batch_size=2", "data.eval_size=16",
 ]
 HELD_OUT_NOTE = "held-out GSM8K-format synthetic problems, not GSM8K itself"
+# The generated chat tasks this script trains on, and what their held-out sets are.
+CHAT_TASKS = {"chat_arithmetic": "held-out chat arithmetic questions",
+              "word_arithmetic": "held-out two-operation word questions, balanced by kind"}
 
 
-def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
+def build_parser(description: str = __doc__, task_defaults: dict | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if task_defaults:
+        first = next(iter(task_defaults))
+        p.add_argument("--task", choices=list(task_defaults), default=first,
+                       help=f"which study's defaults go on top of the script's (default {first}): "
+                            + "; ".join(f"{k}: {' '.join(v)}" for k, v in task_defaults.items()))
     config_lib.add_config_args(p)
     for action in p._actions:
         if action.dest == "preset":
@@ -78,9 +86,10 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
     return p
 
 
-def load_cfg(args, cpu_defaults=CPU_DEFAULTS) -> config_lib.Config:
+def load_cfg(args, cpu_defaults=CPU_DEFAULTS, task_defaults: dict | None = None) -> config_lib.Config:
     cfg = config_lib.get_preset(args.preset)
-    defaults = cpu_defaults if args.preset == DEFAULT_PRESET else []
+    defaults = list(cpu_defaults) + list((task_defaults or {}).get(getattr(args, "task", None), []))
+    defaults = defaults if args.preset == DEFAULT_PRESET else []
     return config_lib.apply_overrides(cfg, defaults + list(args.overrides)).validate()
 
 
@@ -104,12 +113,12 @@ class ChatTokenizer:
 
 
 def make_base_task(cfg):
-    """`chat_arithmetic` if data.task says so; else the official GSM8K files when
-    `data.data_dir` is set, else the generated GSM8K-format problems."""
+    """`chat_arithmetic` or `word_arithmetic` if data.task says so; else the official GSM8K
+    files when `data.data_dir` is set, else the generated GSM8K-format problems."""
     from grpo_jax.tasks import get_task, register_task
 
-    if cfg.data.task == "chat_arithmetic":
-        return get_task("chat_arithmetic"), "held-out chat arithmetic questions"
+    if cfg.data.task in CHAT_TASKS:
+        return get_task(cfg.data.task), CHAT_TASKS[cfg.data.task]
     if cfg.data.data_dir:
         return get_task("gsm8k", manual_dir=cfg.data.data_dir,
                         skip_bad_rows=cfg.data.skip_bad_rows), "GSM8K test split (official files)"
@@ -120,23 +129,24 @@ def make_base_task(cfg):
 # ============================================================================ main
 
 def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
-         cpu_defaults=CPU_DEFAULTS, control_style: str | None = None) -> dict:
+         cpu_defaults=CPU_DEFAULTS, control_style: str | None = None, task_defaults: dict | None = None) -> dict:
     """The script; `experiments/smollm2_grpo.py` is this with its own name, help and defaults.
     `control_style`: a prompt style under which the start model is also evaluated (once, not
-    trained), to compare what RL adds with what an instruction gives."""
-    parser = build_parser(description)
+    trained), to compare what RL adds with what an instruction gives. `task_defaults`: a
+    --task flag whose value picks more defaults (name -> overrides, the first the default)."""
+    parser = build_parser(description, task_defaults)
     args = parser.parse_intermixed_args(argv)
     try:
-        cfg = load_cfg(args, cpu_defaults)
+        cfg = load_cfg(args, cpu_defaults, task_defaults)
     except config_lib.ConfigError as e:
         parser.error(str(e))
     if not cfg.run.pretrained:
         parser.error("run.pretrained is empty: give an HF folder / GGUF (or smollm2-135m)")
-    if cfg.data.task not in ("gsm8k", "chat_arithmetic"):
+    if cfg.data.task not in ("gsm8k", *CHAT_TASKS):
         parser.error(f"data.task={cfg.data.task} is not run by this script: it trains on gsm8k (generated "
-                     "problems, or the official files with data.data_dir) or chat_arithmetic")
-    if cfg.data.task == "chat_arithmetic" and cfg.data.data_dir:
-        parser.error("data.data_dir is not read by data.task=chat_arithmetic (its questions are generated)")
+                     f"problems, or the official files with data.data_dir) or {' or '.join(CHAT_TASKS)}")
+    if cfg.data.task in CHAT_TASKS and cfg.data.data_dir:
+        parser.error(f"data.data_dir is not read by data.task={cfg.data.task} (its questions are generated)")
     if args.preset == "deepseekmath-rl-7b" and not cfg.data.data_dir:
         parser.error("--preset deepseekmath-rl-7b trains on GSM8K itself: set data.data_dir to the "
                      "folder with the official GSM8K files")

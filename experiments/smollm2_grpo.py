@@ -14,6 +14,13 @@ telling the model the answer's form.
     python experiments/smollm2_grpo.py --seeds 0 1 2         # docs/studies/smollm2/results.md
     python experiments/smollm2_grpo.py run.steps=5           # a quick look (one seed)
 
+--task word_arithmetic trains on the task no shortcut passes (issue #84; design:
+docs/smollm2_words_design.md): two operations in words, "Start with 14, subtract 6, then
+multiply by 3. What do you get?", asked with "Work it out one operation per line, then give
+the answer.", held out balanced by kind (`grpo_jax.tasks.word_arithmetic`):
+
+    python experiments/smollm2_grpo.py --task word_arithmetic --seeds 0 1 2
+
 Each seed writes <run.run_dir>/seed<N>/{summary.json, curves.png, metrics.jsonl, checkpoints};
 with --seeds, <run.run_dir>/summary.json holds every seed's gain and their 95% t-interval.
 The summary splits a step's time into sample (the rollout, the benchmarked fast decode
@@ -34,10 +41,17 @@ CPU_DEFAULTS = [
     "rl.num_micro_batches=1", "rl.beta=0.04", "optimizer.peak_lr=1e-5", "model.remat=none",
 ]
 
+# --task: more defaults on top of CPU_DEFAULTS (the first is the default task).
+TASK_DEFAULTS = {
+    "chat_arithmetic": [],
+    "word_arithmetic": ["data.task=word_arithmetic", "run.run_dir=runs/smollm2_words", "data.eval_size=192",
+                        "rl.max_new_tokens=64"],
+}
+
 
 def main(argv=None) -> dict:
     return gsm8k_grpo.main(argv, name="smollm2_grpo", description=f"{__doc__}\nCPU_DEFAULTS: {' '.join(CPU_DEFAULTS)}", cpu_defaults=CPU_DEFAULTS,
-                           control_style="arithmetic_instructed")
+                           control_style="arithmetic_instructed", task_defaults=TASK_DEFAULTS)
 
 
 if __name__ == "__main__":

@@ -436,7 +436,7 @@ RL_READERS: dict[str, tuple[str, ...]] = {
 
 
 # The tasks data.task names; grpo-evaluate's --task also takes gsm8k_synth.
-TASKS = ("arithmetic", "modular", "chat_arithmetic", "countdown", "gsm8k", "math")
+TASKS = ("arithmetic", "modular", "chat_arithmetic", "word_arithmetic", "countdown", "gsm8k", "math")
 USER_TASK = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 

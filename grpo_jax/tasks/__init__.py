@@ -150,6 +150,7 @@ _REGISTRY: dict[str, str] = {
     "gsm8k_synth": "grpo_jax.tasks.gsm8k_synth:Gsm8kSynthTask",
     "math": "grpo_jax.tasks.math_task:MathTask",
     "modular": "grpo_jax.tasks.modular:ModularTask",
+    "word_arithmetic": "grpo_jax.tasks.word_arithmetic:WordArithmeticTask",
 }
 
 

@@ -29,6 +29,9 @@ class ChatPromptTask(Task):
     def reward(self, completion, example):
         return self.base.reward(completion, example)
 
+    def step_rewards(self, completion, example):
+        return self.base.step_rewards(completion, example)
+
     def extract_answer(self, completion):
         return self.base.extract_answer(completion)
 

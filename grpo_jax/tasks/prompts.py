@@ -58,6 +58,9 @@ STYLES: dict[str, PromptStyle] = {
     "arithmetic": PromptStyle(instruction=""),
     # The control for what RL adds: the same question with an instruction on the answer's form.
     "arithmetic_instructed": PromptStyle(instruction="Answer with just the number."),
+    # Two operations in words (word_arithmetic): asked for one calculation a line, SmolLM2
+    # writes lines a step reward can read, and gets more of them right than asked bare.
+    "word_arithmetic": PromptStyle(instruction="Work it out one operation per line, then give the answer."),
     "countdown": PromptStyle(
         instruction=("Solve the puzzle below. Think it through inside <think> </think> tags, then "
                      "give only the final expression inside <answer> </answer> tags, for example "
