@@ -80,6 +80,9 @@ def build_parser(description: str = __doc__, task_defaults: dict | None = None) 
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--memory", action="store_true",
                    help="print the compiled train step's memory for this config (full or LoRA) and exit")
+    p.add_argument("--no-control", action="store_true",
+                   help="skip the control evaluation (the start model asked in the control prompt style), "
+                        "e.g. when it was measured already: it costs one held-out evaluation")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="run.seed values, one run each in <run.run_dir>/seed<N> (default: one run "
                         "with run.seed, in run.run_dir)")
@@ -178,7 +181,8 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
     tokenizer = ChatTokenizer(tokenizer)
     if args.memory:
         return train_step_memory(cfg, tokenizer, mesh, say)
-    control = control_accuracy(cfg, params, tokenizer, mesh, control_style, say) if control_style else None
+    control = (control_accuracy(cfg, params, tokenizer, mesh, control_style, say)
+               if control_style and not args.no_control else None)
     if args.seeds is None:
         return run_seed(args, cfg, params, tokenizer, mesh, say, control)
     runs = [run_seed(args, config_lib.apply_overrides(cfg, [

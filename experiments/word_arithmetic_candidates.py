@@ -1,17 +1,18 @@
 """Candidates for the word_arithmetic task: each one's shortcut audit and untrained accuracy.
 
-For each candidate (operand ranges of `grpo_jax.tasks.word_arithmetic`, "ADD_MAX-MUL_MAX"):
+For each candidate (operand ranges of `grpo_jax.tasks.word_arithmetic`, named in CANDIDATES):
 the held-out set (data.seed 0, balanced by kind), every shortcut's score on it
 (`grpo_jax.tasks.shortcuts`, fitted on training questions: `fit_examples`), and, unless --no-model,
 SmolLM2-135M-Instruct's greedy accuracy on it, overall and per kind, for each prompt style
 given: `word_arithmetic` (the task's: "Work it out one operation per line, then give the
-answer."), `arithmetic_instructed` ("Answer with just the number.": the untrained model
-told the answer's form) and `arithmetic` (the bare question).
+answer."), `word_arithmetic_chain` (the same, "using the result of each line in the next"),
+`arithmetic_instructed` ("Answer with just the number.": the untrained model told the
+answer's form) and `arithmetic` (the bare question).
 
-    python experiments/word_arithmetic_candidates.py 19-9                  # the chosen task
-    python experiments/word_arithmetic_candidates.py 9-9 19-9 --no-model   # audits only, seconds
-    python experiments/word_arithmetic_candidates.py 19-9 --styles word_arithmetic arithmetic_instructed \\
-        --json runs/word_candidates.json
+    python experiments/word_arithmetic_candidates.py "2 kinds, 19-9"            # the chosen task
+    python experiments/word_arithmetic_candidates.py "4 kinds, 19-9, then" "4 kinds, C2, then" --no-model
+    python experiments/word_arithmetic_candidates.py "2 kinds, 19-9" --styles word_arithmetic \\
+        word_arithmetic_chain arithmetic_instructed --json runs/word_candidates.json
 
 The design this fed: docs/smollm2_words_design.md.
 """
@@ -25,6 +26,22 @@ import sys
 import time
 
 
+# name -> (kinds, ranges replacing grpo_jax.tasks.word_arithmetic.RANGES' (kind -> (a, b, c
+# ranges, the largest first result)) [, phrasing]), in the order they were measured.
+CANDIDATES = {
+    # every added or subtracted number (a difference included) in [2, 19], factors in [2, 9]
+    "4 kinds, 19-9, then": (("+*", "-*", "*+", "*-"), {}, "then"),
+    # smaller first sums and differences, larger multipliers and addends
+    "4 kinds, C2, then": (("+*", "-*", "*+", "*-"), {
+        "+*": ((2, 12), (2, 12), (2, 12), 14), "-*": ((4, 31), (2, 19), (2, 12), 12),
+        "*+": ((2, 9), (2, 9), (10, 49), 81), "*-": ((3, 9), (3, 9), (2, 19), 81)}, "then"),
+    # the two kinds SmolLM2 answered best at 19-9, first phrasing
+    "2 kinds, 19-9, then": (("+*", "*+"), {}, "then"),
+    # the same, the second operation acting on "the result": the task's default
+    "2 kinds, 19-9": (("+*", "*+"), {}),
+}
+
+
 def audit(task, examples) -> dict:
     from grpo_jax.tasks.shortcuts import shortcut_baselines
 
@@ -33,7 +50,7 @@ def audit(task, examples) -> dict:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("candidates", nargs="+", help="ADD_MAX-MUL_MAX, e.g. 19-9 (the task's default)")
+    p.add_argument("candidates", nargs="+", choices=sorted(CANDIDATES), help="names of CANDIDATES")
     p.add_argument("--questions", type=int, default=192, help="held-out questions (default 192: 48 per kind)")
     p.add_argument("--styles", nargs="+", default=["word_arithmetic", "arithmetic_instructed"],
                    help="prompt styles the untrained model is asked in (grpo_jax.tasks.prompts.STYLES)")
@@ -50,10 +67,10 @@ def main(argv=None) -> dict:
         sampler, params, tokenizer = load_model(args.max_new_tokens)
     out = {}
     for spec in args.candidates:
-        add_max, mul_max = map(int, spec.split("-"))
-        task = get_task("word_arithmetic", add_max=add_max, mul_max=mul_max)
+        kinds, ranges, *phrasing = CANDIDATES[spec]
+        task = get_task("word_arithmetic", kinds=kinds, ranges=ranges, phrasing=(phrasing or ["result"])[0])
         examples = task.examples("test", args.questions, 0)
-        row = {"add_max": add_max, "mul_max": mul_max, "questions": len(examples),
+        row = {"kinds": kinds, "phrasing": task.phrasing, "ranges": {k: task.ranges[k] for k in kinds}, "questions": len(examples),
                "test_space_per_kind": {k: len(task.space("test", k)) for k in task.kinds},
                "audit": audit(task, examples), "untrained": {}}
         print(f"candidate {spec}: {len(examples)} held-out questions (test split per kind "

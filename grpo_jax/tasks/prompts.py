@@ -58,9 +58,12 @@ STYLES: dict[str, PromptStyle] = {
     "arithmetic": PromptStyle(instruction=""),
     # The control for what RL adds: the same question with an instruction on the answer's form.
     "arithmetic_instructed": PromptStyle(instruction="Answer with just the number."),
-    # Two operations in words (word_arithmetic): asked for one calculation a line, SmolLM2
-    # writes lines a step reward can read, and gets more of them right than asked bare.
+    # Two operations in words (word_arithmetic): asked for one operation a line, SmolLM2
+    # writes lines a step reward can read, and gets more right than asked bare or told the
+    # answer's form; the "chain" wording got fewer (docs/smollm2_words_design.md).
     "word_arithmetic": PromptStyle(instruction="Work it out one operation per line, then give the answer."),
+    "word_arithmetic_chain": PromptStyle(instruction=("Work it out one operation per line, using the result of "
+                                                      "each line in the next, then give the answer.")),
     "countdown": PromptStyle(
         instruction=("Solve the puzzle below. Think it through inside <think> </think> tags, then "
                      "give only the final expression inside <answer> </answer> tags, for example "

@@ -1,33 +1,33 @@
 """Two-operation arithmetic asked in words, for chat models, held out balanced by kind.
 
-"Start with 14, subtract 6, then multiply by 3. What do you get?" The task the real-model
-study runs (issue #84; design: docs/smollm2_words_design.md). It is built so that no rule
-that skips part of the arithmetic scores more than 15% of its held-out set, where
+"Start with 8 and add 10. Then multiply the result by 7. What do you get?" The task the real-model study
+runs (issue #84; design: docs/smollm2_words_design.md). It is built so that no rule that
+skips part of the arithmetic scores more than 15% of its held-out set, where
 ``chat_arithmetic`` gave "a + b whatever the operator" 61% (61 of its 100 held-out
 questions were additions):
 
-- every question has two operations, one of them a multiplication, in one of four kinds
-  (``KINDS``): ``(a + b) * c``, ``(a - b) * c``, ``a * b + c``, ``a * b - c``, done in the
-  order the words give. No kind repeats an operation, so "one operation whatever the
-  operator" is right only where two readings happen to agree; no question has one
+- every question has two operations, done in the order the words give; the default kinds
+  (``KINDS``) are ``(a + b) * c`` and ``a * b + c``, and ``(a - b) * c`` and ``a * b - c``
+  can be asked for (``kinds=``). No kind repeats an operation, so "one operation whatever
+  the operator" is right only where two readings happen to agree; no question has one
   operation only, since "stop after the first operation" would score every such question;
-- operands: a number that is added or subtracted lies in [2, ``add_max``], a factor in
-  [2, ``mul_max``]; a difference is at least 2 and the answer at least 2, so no step is
-  an identity and no answer echoes an operand by construction;
-- held-out sets are balanced by kind: ``examples(split, n)`` holds n / 4 questions of each
-  kind (the first kinds one more when 4 does not divide n), drawn per kind, interleaved;
+- operands (``RANGES``): a number added or subtracted (a difference included) lies in
+  [2, 19], a factor in [2, 9]; the answer is at least 2, so no step is an identity;
+- held-out sets are balanced by kind: ``examples(split, n)`` holds n / k questions of each
+  of the k kinds (the first kinds one more when k does not divide n), drawn per kind (a
+  kind's questions do not depend on the other kinds), interleaved;
 - a question's split is a crc32 bucket of its text (``split_of``: 10% test), so held-out
   questions are never trained on.
 
-The chat prompt (style ``word_arithmetic``) puts the instruction "Work it out one operation
-per line, then give the answer." before the question: SmolLM2-135M-Instruct then writes
-one calculation a line ("2. Multiply by 3: 8 * 3 = 24"), which a step reward can read. The
-outcome reward is ``chat_arithmetic``'s (``rewards.gsm8k_reward``): the number after the
-last ``####``, else the completion's last number, must equal the answer; nothing is
-evaluated. ``step_rewards`` scores each non-blank line: a line whose last calculation
-``x op y = z`` (op one of ``+ - * x ×``) is the next step of the chain (x the value so far,
-op and y the question's next operation and operand, z its result) scores 1, any other line
-0; the outcome reward follows as a last step at the completion's end.
+The chat prompt (style ``word_arithmetic``) puts an instruction before the question, "Work
+it out one operation per line, then give the answer.": SmolLM2-135M-Instruct then often
+writes one calculation a line ("2. Add 18: 8 + 18 = 26"), which a step reward can read. The outcome reward is ``chat_arithmetic``'s
+(``rewards.gsm8k_reward``): the number after the last ``####``, else the completion's last
+number, must equal the answer; nothing is evaluated. ``step_rewards`` scores each non-blank
+line: a line whose last calculation ``x op y = z`` (op one of ``+ - * x ×``) is the next
+step of the chain (x the value so far, op and y the question's next operation and operand,
+z its result) scores 1, any other line 0; the outcome reward follows as a last step at the
+completion's end.
 """
 from __future__ import annotations
 
@@ -39,8 +39,20 @@ from grpo_jax.tasks import Example, draw_distinct, split_of
 from grpo_jax.tasks.gsm8k import Gsm8kTask
 from grpo_jax.tasks import rewards
 
-KINDS = ("+*", "-*", "*+", "*-")
+# The kinds a task holds by default: chosen from the candidates of docs/smollm2_words_design.md.
+KINDS = ("+*", "*+")
+# kind -> (a's range, b's range, c's range, inclusive, and the largest first result): every
+# number added or subtracted (a difference included) in [2, 19], every factor in [2, 9].
+RANGES = {
+    "+*": ((2, 19), (2, 19), (2, 9), 38),
+    "-*": ((4, 38), (2, 19), (2, 9), 19),
+    "*+": ((2, 9), (2, 9), (2, 19), 81),
+    "*-": ((2, 9), (2, 9), (2, 19), 81),
+}
 WORDS = {"+": "add {x}", "-": "subtract {x}", "*": "multiply by {x}"}
+# The second operation names what it acts on: asked "..., then multiply by 7", SmolLM2 often
+# wrote "10 + 2 * 3" (docs/smollm2_words_design.md, phrasings).
+THEN = {"+": "add {x} to the result", "-": "subtract {x} from the result", "*": "multiply the result by {x}"}
 PROMPT = "Question: {question}\nAnswer:"
 # Lines read for step rewards; a longer completion's rest is one more step scoring 0.
 MAX_STEP_LINES = 16
@@ -57,57 +69,64 @@ def chain(a: int, ops: Sequence[str], b: int, c: int) -> list[int]:
     return [first, apply(first, ops[1], c)]
 
 
-def question_text(a: int, ops: Sequence[str], b: int, c: int) -> str:
-    return (f"Start with {a}, {WORDS[ops[0]].format(x=b)}, then {WORDS[ops[1]].format(x=c)}. "
-            "What do you get?")
+PHRASINGS = ("result", "then")
 
 
-def operand_ranges(kind: str, add_max: int, mul_max: int) -> tuple[range, range, range]:
-    """(a, b, c) ranges of a kind before the kind's constraints (``valid``)."""
-    add, mul = range(2, add_max + 1), range(2, mul_max + 1)
-    if kind[0] == "*":
-        return mul, mul, add
-    if kind[0] == "-":  # a - b spans [2, add_max] as a + b would (``valid``)
-        return range(4, 2 * add_max + 1), add, mul
-    return add, add, mul
+def question_text(a: int, ops: Sequence[str], b: int, c: int, phrasing: str = "result") -> str:
+    """The question; phrasing "then" is the first one measured ("Start with 8, add 10, then
+    multiply by 7. What do you get?")."""
+    if phrasing == "then":
+        return (f"Start with {a}, {WORDS[ops[0]].format(x=b)}, then {WORDS[ops[1]].format(x=c)}. "
+                "What do you get?")
+    return f"Start with {a} and {WORDS[ops[0]].format(x=b)}. Then {THEN[ops[1]].format(x=c)}. What do you get?"
 
 
-def valid(a: int, ops: Sequence[str], b: int, c: int, add_max: int) -> bool:
-    """A first difference lies in [2, add_max] and the answer is at least 2 (no identity
+def valid(a: int, ops: Sequence[str], b: int, c: int, first_max: int) -> bool:
+    """The first result lies in [2, first_max] and the answer is at least 2 (no identity
     step, no echo of an operand)."""
     first, last = chain(a, ops, b, c)
-    return first >= 2 and last >= 2 and (ops[0] != "-" or first <= add_max)
+    return 2 <= first <= first_max and last >= 2
 
 
 class WordArithmeticTask(Gsm8kTask):
-    """Two operations in words, ``Start with a, <op1> b, then <op2> c.``, scored on the last number."""
+    """Two operations in words, ``Start with a and <op1> b. Then <op2> c to the result.``,
+    scored on the last number."""
 
     name = "word_arithmetic"
     prompt_style = "word_arithmetic"
     stop_strings = ("\nQuestion:",)
 
-    def __init__(self, kinds: Sequence[str] = KINDS, add_max: int = 19, mul_max: int = 9):
+    def __init__(self, kinds: Sequence[str] = KINDS, ranges: dict | None = None, phrasing: str = "result"):
         super().__init__()
+        if phrasing not in PHRASINGS:
+            raise ValueError(f"phrasing must be one of {PHRASINGS}, got {phrasing!r}")
+        self.phrasing = phrasing
         kinds = tuple(kinds.split(",") if isinstance(kinds, str) else kinds)
-        bad = [k for k in kinds if len(k) != 2 or set(k) - set(WORDS)]
+        self.ranges = {**RANGES, **(ranges or {})}
+        bad = [k for k in kinds if k not in self.ranges]
         if not kinds or bad:
-            raise ValueError(f"kinds must be two-character strings of {''.join(WORDS)}, got {kinds!r}")
-        if add_max < 4 or mul_max < 2:
-            raise ValueError(f"add_max must be >= 4 and mul_max >= 2, got {add_max}, {mul_max}")
-        self.kinds, self.add_max, self.mul_max = kinds, add_max, mul_max
+            raise ValueError(f"kinds must be some of {sorted(self.ranges)}, got {kinds!r}")
+        self.kinds = kinds
+
+    def operand_ranges(self, kind: str) -> tuple[range, range, range]:
+        (a_lo, a_hi), (b_lo, b_hi), (c_lo, c_hi), _ = self.ranges[kind]
+        return range(a_lo, a_hi + 1), range(b_lo, b_hi + 1), range(c_lo, c_hi + 1)
+
+    def valid(self, a: int, kind: str, b: int, c: int) -> bool:
+        return valid(a, kind, b, c, self.ranges[kind][3])
 
     def make_example(self, a: int, ops: Sequence[str], b: int, c: int) -> Example:
-        question = question_text(a, ops, b, c)
+        question = question_text(a, ops, b, c, self.phrasing)
         answer = str(chain(a, ops, b, c)[-1])
         return Example(prompt=PROMPT.format(question=question), answer=answer,
                        meta={"final_answer": answer, "question": question, "operands": (a, b, c),
                              "ops": tuple(ops), "kind": "".join(ops)})
 
     def draw(self, rng: random.Random, kind: str) -> Example:
-        ra, rb, rc = operand_ranges(kind, self.add_max, self.mul_max)
+        ra, rb, rc = self.operand_ranges(kind)
         while True:
             a, b, c = rng.choice(ra), rng.choice(rb), rng.choice(rc)
-            if valid(a, kind, b, c, self.add_max):
+            if self.valid(a, kind, b, c):
                 return self.make_example(a, kind, b, c)
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
@@ -116,16 +135,16 @@ class WordArithmeticTask(Gsm8kTask):
         per_kind = []
         for i, kind in enumerate(self.kinds):
             count = n // len(self.kinds) + (i < n % len(self.kinds))
-            rng = random.Random(f"word_arithmetic/{kind}/{self.add_max}/{self.mul_max}/{split}/{seed}")
+            rng = random.Random(f"word_arithmetic/{kind}/{self.ranges[kind]}/{split}/{seed}")
             per_kind.append(draw_distinct(lambda rng=rng, kind=kind: self.draw(rng, kind),
                                           lambda ex: ex.meta["question"], split, count, tries=100 * count + 1000))
         return [group[i] for i in range(max(map(len, per_kind), default=0)) for group in per_kind if i < len(group)]
 
     def space(self, split: str, kind: str) -> list[str]:
         """Every question of ``kind`` in ``split`` (to size held-out sets)."""
-        ra, rb, rc = operand_ranges(kind, self.add_max, self.mul_max)
+        ra, rb, rc = self.operand_ranges(kind)
         return [q for a in ra for b in rb for c in rc
-                if valid(a, kind, b, c, self.add_max) and split_of(q := question_text(a, kind, b, c)) == split]
+                if self.valid(a, kind, b, c) and split_of(q := question_text(a, kind, b, c, self.phrasing)) == split]
 
     # ------------------------------------------------------------- step rewards
     def step_rewards(self, completion: str, example: Example) -> list[tuple[int, float]]:

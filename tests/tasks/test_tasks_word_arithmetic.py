@@ -13,9 +13,11 @@ from grpo_jax.tasks import get_task, prompts, split_of
 from grpo_jax.tasks.shortcuts import fit_examples, shortcut_baselines
 from grpo_jax.tasks.word_arithmetic import KINDS, WordArithmeticTask
 
-QUESTION = re.compile(r"Start with (\d+), (add|subtract|multiply by) (\d+), then (add|subtract|multiply by) (\d+)\. "
+QUESTION = re.compile(r"Start with (\d+) and (add|subtract|multiply by) (\d+)\. "
+                      r"Then (add|subtract|multiply the result by) (\d+)(?: to the result| from the result)?\. "
                       r"What do you get\?")
-WORD_OP = {"add": "+", "subtract": "-", "multiply by": "*"}
+WORD_OP = {"add": "+", "subtract": "-", "multiply by": "*", "multiply the result by": "*"}
+ALL_KINDS = ("+*", "-*", "*+", "*-")
 
 
 def parse(question: str):
@@ -29,13 +31,13 @@ def value(x: int, op: str, y: int) -> int:
 
 
 def test_answers_and_ranges_match_the_question_words():
-    task = get_task("word_arithmetic")
+    task = get_task("word_arithmetic", kinds=ALL_KINDS)
     for ex in task.examples("train", 400, seed=3):
         a, op1, b, op2, c = parse(ex.meta["question"])
         first = value(a, op1, b)
         assert ex.answer == ex.meta["final_answer"] == str(value(first, op2, c))
         assert ex.meta["operands"] == (a, b, c) and ex.meta["ops"] == (op1, op2) and ex.meta["kind"] == op1 + op2
-        assert ex.meta["kind"] in KINDS and int(ex.answer) >= 2 and first >= 2
+        assert ex.meta["kind"] in ALL_KINDS and int(ex.answer) >= 2 and first >= 2
         if op1 == "*":
             assert 2 <= a <= 9 and 2 <= b <= 9 and 2 <= c <= 19
         elif op1 == "+":
@@ -47,34 +49,42 @@ def test_answers_and_ranges_match_the_question_words():
 
 def test_held_out_set_is_balanced_by_kind_distinct_and_never_trained_on():
     task = WordArithmeticTask()
+    assert task.kinds == KINDS == ("+*", "*+")
     held_out = task.examples("test", 192, seed=0)
-    assert collections.Counter(ex.meta["kind"] for ex in held_out) == {k: 48 for k in KINDS}
-    assert [ex.meta["kind"] for ex in held_out[:8]] == list(KINDS) * 2  # interleaved
+    assert collections.Counter(ex.meta["kind"] for ex in held_out) == {"+*": 96, "*+": 96}
+    assert [ex.meta["kind"] for ex in held_out[:4]] == ["+*", "*+", "+*", "*+"]  # interleaved
     assert len({ex.meta["question"] for ex in held_out}) == 192
     assert all(split_of(ex.meta["question"]) == "test" for ex in held_out)
     train = {ex.meta["question"] for seed in range(5) for ex in task.examples("train", 400, seed)}
     assert not train & {ex.meta["question"] for ex in held_out}
     # 4 does not divide 10: the first kinds get one more.
-    assert collections.Counter(ex.meta["kind"] for ex in task.examples("test", 10, 0)) == {
+    assert collections.Counter(ex.meta["kind"] for ex in WordArithmeticTask(kinds=ALL_KINDS).examples("test", 10, 0)) == {
         "+*": 3, "-*": 3, "*+": 2, "*-": 2}
+    four = WordArithmeticTask(kinds=ALL_KINDS).examples("test", 192, 0)
+    assert collections.Counter(ex.meta["kind"] for ex in four) == {k: 48 for k in ALL_KINDS}
     assert task.examples("test", 192, 0) == held_out and task.examples("test", 192, 1) != held_out
 
 
 def test_space_counts_every_valid_question_once():
-    task = WordArithmeticTask()
-    total = {k: sum(len(task.space(s, k)) for s in ("train", "validation", "test")) for k in KINDS}
+    task = WordArithmeticTask(kinds=ALL_KINDS)
+    total = {k: sum(len(task.space(s, k)) for s in ("train", "validation", "test")) for k in ALL_KINDS}
     # (a + b) * c: 18 * 18 * 8; (a - b) * c: b and a - b in [2, 19], 18 * 18 * 8;
     # a * b + c: 8 * 8 * 18; a * b - c >= 2: counted by hand below.
     minus = sum(1 for a in range(2, 10) for b in range(2, 10) for c in range(2, 20) if a * b - c >= 2)
     assert total == {"+*": 2592, "-*": 2592, "*+": 1152, "*-": minus}
     assert minus == 954
-    assert {k: len(task.space("test", k)) for k in KINDS} == {"+*": 276, "-*": 239, "*+": 128, "*-": 99}
+    assert {k: len(task.space("test", k)) for k in ALL_KINDS} == {"+*": 219, "-*": 252, "*+": 129, "*-": 101}
 
 
 def test_reward_is_exact_on_the_last_number():
     task = WordArithmeticTask()
     ex = task.make_example(8, "+*", 8, 2)
-    assert ex.answer == "32" and ex.meta["question"] == "Start with 8, add 8, then multiply by 2. What do you get?"
+    assert ex.answer == "32" and ex.meta["question"] == (
+        "Start with 8 and add 8. Then multiply the result by 2. What do you get?")
+    assert WordArithmeticTask(phrasing="then").make_example(8, "+*", 8, 2).meta["question"] == (
+        "Start with 8, add 8, then multiply by 2. What do you get?")
+    assert task.make_example(9, "*-", 5, 7).meta["question"] == (
+        "Start with 9 and multiply by 5. Then subtract 7 from the result. What do you get?")
     right = "1. Add 8: 8 + 8 = 16\n2. Multiply by 2: 16 * 2 = 32\n\nSo, the answer is 32."
     assert task.reward(right, ex) == 1.0
     assert task.reward("8 + 8 = 16\n16 * 2 = 32\nSo the answer is 32, not 30.", ex) == 0.0
@@ -128,22 +138,22 @@ def test_the_audit_scores_recomputed_without_the_rules():
     held_out = task.examples("test", 192, seed=0)
     b = shortcut_baselines(task, held_out)
     train = fit_examples(task)
-    # 4,000 balanced questions would need 1,000 distinct a - c training questions of a kind
-    # whose training split holds fewer: fit_examples falls back to 1,000 (250 a kind).
+    # 4,000 balanced questions would need 2,000 distinct a * b + c training questions of a
+    # kind whose training split holds fewer: fit_examples falls back to 1,000 (500 a kind).
     assert len(train) == b.fit_questions == 1000
     # units digit right, the digits above it the commonest in training for the question's kind
     rest = {k: collections.Counter(int(ex.answer) // 10 for ex in train if ex.meta["kind"] == k).most_common(1)[0][0]
             for k in KINDS}
     units = sum(int(ex.answer) // 10 == rest[ex.meta["kind"]] for ex in held_out)
-    assert b.scores["units digit + commonest rest by prompt shape"] == units / 192 == 25 / 192
+    assert b.scores["units digit + commonest rest by prompt shape"] == units / 192 == 22 / 192
     overall = collections.Counter(int(ex.answer) // 10 for ex in train).most_common(1)[0][0]
     assert b.scores["units digit + commonest rest overall"] == sum(
-        int(ex.answer) // 10 == overall for ex in held_out) / 192 == 20 / 192
+        int(ex.answer) // 10 == overall for ex in held_out) / 192 == 23 / 192
     constant = collections.Counter(ex.answer for ex in train).most_common(1)[0][0]
-    assert b.scores["constant"] == sum(ex.answer == constant for ex in held_out) / 192 == 6 / 192
+    assert b.scores["constant"] == sum(ex.answer == constant for ex in held_out) / 192 == 2 / 192
     plus = sum(str((a + b_) + c) == ex.answer for ex in held_out for a, b_, c in [ex.meta["operands"]])
-    assert b.scores["every operation read as +"] == plus / 192 == 1 / 192
-    assert b.best == ("units digit + commonest rest by prompt shape", 25 / 192) and b.best[1] <= 0.15
+    assert b.scores["every operation read as +"] == plus / 192 == 2 / 192
+    assert b.best == ("units digit + commonest rest overall", 23 / 192) and b.best[1] <= 0.15
 
 
 def test_registered_configurable_and_asked_one_operation_a_line():
@@ -154,6 +164,8 @@ def test_registered_configurable_and_asked_one_operation_a_line():
     assert prompts.get_style("word_arithmetic").instruction == "Work it out one operation per line, then give the answer."
     with pytest.raises(ValueError, match="kinds must be"):
         WordArithmeticTask(kinds=("+",))
+    with pytest.raises(ValueError, match="kinds must be"):
+        WordArithmeticTask(kinds=("++",))
     assert WordArithmeticTask(kinds="*+,*-").kinds == ("*+", "*-")
     ex = WordArithmeticTask().make_example(9, "*-", 5, 7)
     assert WordArithmeticTask().sft_text(ex) == "9 * 5 = 45\n45 - 7 = 38\nThe answer is 38.\n"
