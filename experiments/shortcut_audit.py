@@ -19,7 +19,7 @@ import json
 import random
 
 # study -> (the config overrides its script applies on top of common.CPU_DEFAULTS, or a
-# task built otherwise: 'chat_arithmetic' / 'custom_task').
+# task built otherwise: 'chat_arithmetic' / 'word_arithmetic' / 'custom_task').
 STUDIES = {
     "quickstart (make demo)": ["data.slip=carry_habit"],
     "PPO vs GRPO": [],
@@ -28,6 +28,7 @@ STUDIES = {
     "Figure 5, dense (ablation_supervision.py, removed)": ["data.num_operands=8"],
     "Figure 5, sparse, first design": ["data.num_operands=8", "data.min_carries=6"],
     "SmolLM2 chat arithmetic": "chat_arithmetic",
+    "SmolLM2 word arithmetic (issue #84)": "word_arithmetic",
     "custom task (README)": "custom_task",
 }
 
@@ -40,14 +41,19 @@ def held_out_set(study: str):
     from grpo_jax import config as config_lib
     from grpo_jax.tasks import get_task
     from grpo_jax.tasks.custom import CustomTask
+    from grpo_jax.tasks.shortcuts import numeric_rules
 
     spec = STUDIES[study]
     if spec == "chat_arithmetic":
         task = get_task("chat_arithmetic")
         return task, task.examples("test", 100, config_lib.DataConfig.seed)
+    if spec == "word_arithmetic":  # experiments/smollm2_grpo.py --task word_arithmetic: 192 held out
+        task = get_task("word_arithmetic")
+        return task, task.examples("test", 192, config_lib.DataConfig.seed)
     if spec == "custom_task":
+        # custom_task.py passes numeric_rules (its own name `shortcuts` is the module)
         task = CustomTask(custom_task.question, custom_task.reward, solution=custom_task.solution,
-                          shortcuts=getattr(custom_task, "shortcuts", None))
+                          shortcuts=numeric_rules)
         return task, task.examples("test", config_lib.DataConfig.eval_size, config_lib.DataConfig.seed)
     cfg = config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), common.CPU_DEFAULTS + spec)
     task = common.make_task("arithmetic", cfg.data)

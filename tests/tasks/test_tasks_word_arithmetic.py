@@ -169,3 +169,21 @@ def test_registered_configurable_and_asked_one_operation_a_line():
     assert WordArithmeticTask(kinds="*+,*-").kinds == ("*+", "*-")
     ex = WordArithmeticTask().make_example(9, "*-", 5, 7)
     assert WordArithmeticTask().sft_text(ex) == "9 * 5 = 45\n45 - 7 = 38\nThe answer is 38.\n"
+
+
+def test_smollm2_grpo_task_flag_picks_the_word_task_defaults(monkeypatch, capsys):
+    import json
+
+    from tests.scripts import REPO, import_script
+
+    smollm2_grpo = import_script(monkeypatch, REPO / "experiments", "smollm2_grpo")
+    assert smollm2_grpo.main(["--task", "word_arithmetic", "--print-config", "run.steps=3"]) == {}
+    cfg = json.loads(capsys.readouterr().out)
+    assert (cfg["data"]["task"], cfg["data"]["eval_size"], cfg["rl"]["max_new_tokens"], cfg["run"]["run_dir"],
+            cfg["run"]["steps"], cfg["rl"]["group_size"]) == ("word_arithmetic", 192, 64, "runs/smollm2_words", 3, 8)
+    assert smollm2_grpo.main(["--print-config"]) == {}
+    cfg = json.loads(capsys.readouterr().out)
+    assert (cfg["data"]["task"], cfg["data"]["eval_size"], cfg["rl"]["max_new_tokens"]) == ("chat_arithmetic", 100, 32)
+    with pytest.raises(SystemExit):
+        smollm2_grpo.main(["--task", "word_arithmetic", "data.data_dir=/nowhere"])
+    assert "data.data_dir is not read by data.task=word_arithmetic" in capsys.readouterr().err
