@@ -44,8 +44,11 @@ CPU_DEFAULTS = [
 # --task: more defaults on top of CPU_DEFAULTS (the first is the default task).
 TASK_DEFAULTS = {
     "chat_arithmetic": [],
+    # the pilot's choices (docs/smollm2_words_design.md): LoRA, as the full fine-tune did not fit in
+    # memory beside other jobs; 4 micro-batches (memory only); checkpoints every 4 steps
     "word_arithmetic": ["data.task=word_arithmetic", "run.run_dir=runs/smollm2_words", "data.eval_size=192",
-                        "rl.max_new_tokens=64"],
+                        "rl.max_new_tokens=64", "run.steps=20", "run.checkpoint_every=4", "rl.num_micro_batches=4",
+                        "model.lora_rank=8", "model.lora_alpha=16", "optimizer.peak_lr=1e-4"],
 }
 
 

@@ -180,7 +180,8 @@ def test_smollm2_grpo_task_flag_picks_the_word_task_defaults(monkeypatch, capsys
     assert smollm2_grpo.main(["--task", "word_arithmetic", "--print-config", "run.steps=3"]) == {}
     cfg = json.loads(capsys.readouterr().out)
     assert (cfg["data"]["task"], cfg["data"]["eval_size"], cfg["rl"]["max_new_tokens"], cfg["run"]["run_dir"],
-            cfg["run"]["steps"], cfg["rl"]["group_size"]) == ("word_arithmetic", 192, 64, "runs/smollm2_words", 3, 8)
+            cfg["run"]["steps"], cfg["rl"]["group_size"], cfg["model"]["lora_rank"], cfg["optimizer"]["peak_lr"]) == (
+        "word_arithmetic", 192, 64, "runs/smollm2_words", 3, 8, 8, 1e-4)
     assert smollm2_grpo.main(["--print-config"]) == {}
     cfg = json.loads(capsys.readouterr().out)
     assert (cfg["data"]["task"], cfg["data"]["eval_size"], cfg["rl"]["max_new_tokens"]) == ("chat_arithmetic", 100, 32)
