@@ -15,7 +15,7 @@ telling the model the answer's form.
     python experiments/smollm2_grpo.py run.steps=5           # a quick look (one seed)
 
 --task word_arithmetic trains on the task no shortcut passes (issue #84; design:
-docs/smollm2_words_design.md): two operations in words, "Start with 14, subtract 6, then
+docs/studies/smollm2_words/design.md): two operations in words, "Start with 14, subtract 6, then
 multiply by 3. What do you get?", asked with "Work it out one operation per line, then give
 the answer.", held out balanced by kind (`grpo_jax.tasks.word_arithmetic`):
 
@@ -44,7 +44,7 @@ CPU_DEFAULTS = [
 # --task: more defaults on top of CPU_DEFAULTS (the first is the default task).
 TASK_DEFAULTS = {
     "chat_arithmetic": [],
-    # the pilot's choices (docs/smollm2_words_design.md): LoRA, as the full fine-tune did not fit in
+    # the pilot's choices (docs/studies/smollm2_words/design.md): LoRA, as the full fine-tune did not fit in
     # memory beside other jobs; 4 micro-batches (memory only); checkpoints every 4 steps
     "word_arithmetic": ["data.task=word_arithmetic", "run.run_dir=runs/smollm2_words", "data.eval_size=192",
                         "rl.max_new_tokens=64", "run.steps=20", "run.checkpoint_every=4", "rl.num_micro_batches=4",

@@ -14,7 +14,7 @@ answer's form) and `arithmetic` (the bare question).
     python experiments/word_arithmetic_candidates.py "2 kinds, 19-9" --styles word_arithmetic \\
         word_arithmetic_chain arithmetic_instructed --json runs/word_candidates.json
 
-The design this fed: docs/smollm2_words_design.md.
+The design this fed: docs/studies/smollm2_words/design.md.
 """
 
 from __future__ import annotations

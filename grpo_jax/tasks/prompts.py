@@ -60,7 +60,7 @@ STYLES: dict[str, PromptStyle] = {
     "arithmetic_instructed": PromptStyle(instruction="Answer with just the number."),
     # Two operations in words (word_arithmetic): asked for one operation a line, SmolLM2
     # writes lines a step reward can read, and gets more right than asked bare or told the
-    # answer's form; the "chain" wording got fewer (docs/smollm2_words_design.md).
+    # answer's form; the "chain" wording got fewer (docs/studies/smollm2_words/design.md).
     "word_arithmetic": PromptStyle(instruction="Work it out one operation per line, then give the answer."),
     "word_arithmetic_chain": PromptStyle(instruction=("Work it out one operation per line, using the result of "
                                                       "each line in the next, then give the answer.")),

@@ -1,7 +1,7 @@
 """Two-operation arithmetic asked in words, for chat models, held out balanced by kind.
 
 "Start with 8 and add 10. Then multiply the result by 7. What do you get?" The task the real-model study
-runs (issue #84; design: docs/smollm2_words_design.md). It is built so that no rule that
+runs (issue #84; design: docs/studies/smollm2_words/design.md). It is built so that no rule that
 skips part of the arithmetic scores more than 15% of its held-out set, where
 ``chat_arithmetic`` gave "a + b whatever the operator" 61% (61 of its 100 held-out
 questions were additions):
@@ -39,7 +39,7 @@ from grpo_jax.tasks import Example, draw_distinct, split_of
 from grpo_jax.tasks.gsm8k import Gsm8kTask
 from grpo_jax.tasks import rewards
 
-# The kinds a task holds by default: chosen from the candidates of docs/smollm2_words_design.md.
+# The kinds a task holds by default: chosen from the candidates of docs/studies/smollm2_words/design.md.
 KINDS = ("+*", "*+")
 # kind -> (a's range, b's range, c's range, inclusive, and the largest first result): every
 # number added or subtracted (a difference included) in [2, 19], every factor in [2, 9].
@@ -51,7 +51,7 @@ RANGES = {
 }
 WORDS = {"+": "add {x}", "-": "subtract {x}", "*": "multiply by {x}"}
 # The second operation names what it acts on: asked "..., then multiply by 7", SmolLM2 often
-# wrote "10 + 2 * 3" (docs/smollm2_words_design.md, phrasings).
+# wrote "10 + 2 * 3" (docs/studies/smollm2_words/design.md, phrasings).
 THEN = {"+": "add {x} to the result", "-": "subtract {x} from the result", "*": "multiply the result by {x}"}
 PROMPT = "Question: {question}\nAnswer:"
 # Lines read for step rewards; a longer completion's rest is one more step scoring 0.
