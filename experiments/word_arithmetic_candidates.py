@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import time
 
 
@@ -90,7 +89,6 @@ def main(argv=None) -> dict:
 
 def load_model(max_new_tokens: int):
     """SmolLM2-135M-Instruct, its chat tokenizer and a greedy sampler of `max_new_tokens`."""
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from gsm8k_grpo import ChatTokenizer
 
     from grpo_jax import config as config_lib
