@@ -45,9 +45,9 @@ from jax.sharding import Mesh
 from grpo_jax import loops
 from grpo_jax.config import ModelConfig
 from grpo_jax.model import transformer as model_lib
-from grpo_jax.parallel.sharding import batch_degree, batch_sharding, on_mesh, replicated, to_global, to_host
+from grpo_jax.parallel.sharding import batch_degree, batch_sharding, replicated, to_global, to_host
 from grpo_jax.sampler import cache as cache_lib
-from grpo_jax.sampler.calls import place_key
+from grpo_jax.sampler.calls import OnMesh, place_key
 from grpo_jax.sampler.draw import Drawing, next_token, uniforms
 from grpo_jax.sampler.engines import ENGINES, DecodeEngine
 from grpo_jax.sampler.layouts import round_up
@@ -271,32 +271,15 @@ def mark(state: SlotState, run, hold) -> SlotState:
     return state.replace(active=state.active | run, paused=state.paused & ~(run | hold), held=state.held | hold)
 
 
-class _Program:
-    """``fn`` jitted and run on its mesh (``sharding.on_mesh``), as ``calls.OnMesh``."""
-
-    def __init__(self, fn, mesh: Mesh | None, static_argnames: tuple[str, ...] = (),
-                 donate_argnums: tuple[int, ...] = ()):
-        self.fn, self.mesh = fn, mesh
-        self.jitted = jax.jit(fn, static_argnames=static_argnames, donate_argnums=donate_argnums)
-
-    def __call__(self, *args, **kwargs):
-        with on_mesh(self.mesh):
-            return self.jitted(*args, **kwargs)
-
-    def lower(self, *args, **kwargs):
-        with on_mesh(self.mesh):
-            return self.jitted.lower(*args, **kwargs)
-
-
 @dataclasses.dataclass(frozen=True)
 class SlotPrograms:
     """The slot engine's programs for one model, mesh, step engine and cache dtype."""
 
-    init: _Program
-    prefill: _Program
-    decode: _Program
-    append: _Program
-    mark: _Program
+    init: OnMesh
+    prefill: OnMesh
+    decode: OnMesh
+    append: OnMesh
+    mark: OnMesh
 
 
 @functools.lru_cache(maxsize=16)
@@ -306,12 +289,12 @@ def programs(cfg: ModelConfig, mesh: Mesh | None, engine: DecodeEngine, kv_dtype
     updates it, so a rollout holds one copy of its cache."""
     cfg = dataclasses.replace(cfg, remat="none", attention="xla")
     return SlotPrograms(
-        init=_Program(functools.partial(init_state, cfg, kv_dtype), mesh,
+        init=OnMesh(functools.partial(init_state, cfg, kv_dtype), mesh,
                       ("slots", "prompt_bucket", "num_cols", "rows")),
-        prefill=_Program(functools.partial(prefill, cfg, mesh, ENGINES["scan"], kv_dtype), mesh, ("cache_len",)),
-        decode=_Program(functools.partial(decode, cfg, engine.step), mesh, donate_argnums=(1,)),
-        append=_Program(functools.partial(append, cfg), mesh, donate_argnums=(0,)),
-        mark=_Program(mark, mesh, donate_argnums=(0,)))
+        prefill=OnMesh(functools.partial(prefill, cfg, mesh, ENGINES["scan"], kv_dtype), mesh, ("cache_len",)),
+        decode=OnMesh(functools.partial(decode, cfg, engine.step), mesh, donate_argnums=(1,)),
+        append=OnMesh(functools.partial(append, cfg), mesh, donate_argnums=(0,)),
+        mark=OnMesh(mark, mesh, donate_argnums=(0,)))
 
 
 def default_slots(rows: int, rows_per_call: int, degree: int = 1) -> int:
