@@ -159,6 +159,12 @@ def tool_use(args, tokenizer) -> ToolUse | None:
         raise ConfigError(f"--tools python: {e}") from None
 
 
+def check_math_verify(math_verify: bool, task: str | None) -> None:
+    """ConfigError for --math-verify on countdown, whose answers are not math answers."""
+    if math_verify and task == "countdown":
+        raise ConfigError("--math-verify checks math answers; countdown's answers are expressions checked by rule")
+
+
 def check_model(model: str) -> None:
     """ConfigError when --model is neither the name smollm2-135m nor a path that exists: a
     mistyped run dir would otherwise be asked for the --task it does not need."""
@@ -266,6 +272,8 @@ def main(argv=None) -> dict:
     process that does not merge."""
     args = build_parser().parse_args(argv)
     check_tools(args)
+    # A flag that contradicts the asked task is refused before any file is looked at.
+    check_math_verify(args.math_verify, args.task)
     check_model(args.model)
     distributed.initialize()
     cfg = runs.run_config(args.model)
@@ -311,8 +319,7 @@ def main(argv=None) -> dict:
         raise ConfigError(f"--task {args.task} generates its questions, so there is no 'all' of "
                           "them: give --limit N")
     examples = task.examples(args.split, args.limit, args.seed)
-    if args.math_verify and task.name == "countdown":
-        raise ConfigError("--math-verify checks math answers; countdown's answers are expressions checked by rule")
+    check_math_verify(args.math_verify, task.name)
     checker = math_verify_check.MathVerify() if args.math_verify else None
     # Each host samples its own questions on its own devices: no collective across hosts.
     mesh = make_mesh(MeshConfig(), jax.local_devices())
