@@ -280,6 +280,8 @@ class RLConfig:
     # differ slightly from the trainer's: logged as logprob_mismatch_*, corrected by rl.tis_cap.
     sample_dtype: str = _rl("float32", "sampling", _SAMPLED)
     # Which decode program samples (DECODE_ENGINES); the run prints the one it resolved to.
+    # auto: the slot engine where it was measured faster (one CPU device, a step's rows in
+    # several calls: sampler.host.slots_win), else the static engine for the devices.
     decode: str = _rl("auto", "sampling")
     # The sampler's KV cache dtype (KV_DTYPES): int8 halves a bf16 cache's bytes per decoded
     # token; like a bfloat16 sample_dtype, its log-probs then differ slightly from the

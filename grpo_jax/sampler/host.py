@@ -222,6 +222,19 @@ def slot_rollout(decoder: slots_lib.SlotDecoder) -> tuple[Rollout, SampleInfo]:
     return rollout, info
 
 
+def slots_win(cfg: Config, mesh: Mesh | None) -> bool:
+    """Whether ``rl.decode=auto`` samples a run's rollouts with the slot engine: where
+    benchmarks/bench_slots.py measured it faster, on one CPU device when a step's rows fill
+    more than one static call (``rl.sample_prompts`` below ``data.batch_size``; the testbed's
+    shapes: 2.1x). On one call's rows the slots have no queue to refill from (the same
+    decode steps); on a TPU slice its decode step reads 9.4x the shared engine's bytes
+    (docs/tpu.md, "The slot engine"); a CPU mesh and GPUs are not measured."""
+    mesh = sampling_mesh(mesh)
+    platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+    split = 0 < cfg.rl.sample_prompts < cfg.data.batch_size
+    return mesh is None and platform == "cpu" and split
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampler:
     """A run's sampler: the model ``cfg``, the sampling ``mesh`` (None: where the params
@@ -249,7 +262,10 @@ class Sampler:
         if sample_mesh is None and train_mesh is not None and (cfg.mesh.slice or cfg.mesh.sample_tensor):
             mesh = make_sample_mesh(cfg.mesh, list(train_mesh.devices.flat))
         tokens = {} if tokenizer is None else {"stop_tokens": tokenizer.stop_ids, "pad_id": tokenizer.pad_id}
-        return cls(cfg.model, mesh, SamplingParams.from_rl(cfg.rl, **tokens), cfg.rl.sample_dtype)
+        settings = SamplingParams.from_rl(cfg.rl, **tokens)
+        if cfg.rl.decode == "auto" and slots_win(cfg, mesh):
+            settings = settings.replace(engine="slots")
+        return cls(cfg.model, mesh, settings, cfg.rl.sample_dtype)
 
     def with_settings(self, **changes) -> "Sampler":
         """This sampler with some settings replaced (``SamplingParams.replace``)."""

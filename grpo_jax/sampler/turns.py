@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from grpo_jax.errors import ConfigError
 from grpo_jax.sampler.calls import SamplerCall
 from grpo_jax.sampler.host import Rollout, Sampler, slot_rollout
 from grpo_jax.shapes import bucket_length
@@ -181,6 +182,7 @@ def _generate_in_slots(sampler: Sampler, weights, prompts: Sequence[Sequence[int
     """`generate_with_tools` on the slot engine: a row pauses on a fence; a closed block runs
     on one of ``tools.workers`` sandbox threads while the other slots decode, and its output
     is appended to the row's cache (module docstring)."""
+    check_slot_tools(sampler)
     budget = sampler.settings.max_new_tokens
     fence = sorted(set(tools.fence_ids) - set(sampler.settings.stop_tokens))
     calls: list[list[ExecutionResult]] = [[] for _ in range(len(prompts) * group_size)]
@@ -209,6 +211,15 @@ def _generate_in_slots(sampler: Sampler, weights, prompts: Sequence[Sequence[int
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return rollout, calls
+
+
+def check_slot_tools(sampler: Sampler) -> None:
+    """ConfigError for tool rollouts on the slot engine across processes: when a held row's
+    block finishes is each process's own timing, so their host loops would append at
+    different steps and their collectives part ways."""
+    if sampler.engine.refills and jax.process_count() > 1:
+        raise ConfigError(f"rl.decode=slots with tools runs in one process only; this run has {jax.process_count()} "
+                          "processes: use the static engine (rl.decode=auto) for tool rollouts across hosts")
 
 
 def _closed_block(row: _Row, tools: ToolUse, stops: set[int], fence: set[int]) -> str | None:

@@ -149,7 +149,8 @@ def test_every_algorithm_runs_two_steps(tmp_path, tok, algorithm):
 
 
 def test_rollout_in_calls_of_a_few_questions_equals_one_call(tmp_path, tok):
-    """rl.sample_prompts=1 samples the step's 4 questions in 4 calls: same rows as one call."""
+    """rl.sample_prompts=1 samples the step's 4 questions in 4 calls (on the trainer's mesh of 8
+    CPU devices, static ones): same rows as one call."""
     batches = []
     for per_call in (0, 1):
         trainer = _trainer(_cfg(tmp_path / str(per_call), tok, f"rl.sample_prompts={per_call}"), tok)
@@ -170,6 +171,7 @@ def test_the_slot_engine_trains_on_the_static_engines_rows(tmp_path, tok):
     for name, overrides in (("static", ()), ("slots", ("rl.decode=slots", "rl.decode_slots=3"))):
         trainer = _trainer(_cfg(tmp_path / name, tok, "rl.sample_prompts=1", *overrides), tok)
         assert trainer.sampler.settings.slots == (3 if overrides else 0)
+        assert trainer.sampler.engine.refills == bool(overrides)  # auto on the trainer's CPU mesh: static
         batch = trainer.make_batch(0, jax.random.key(3))[0]
         runs.append((batch, trainer.train(steps=2)))
         trainer.close()
@@ -181,6 +183,22 @@ def test_the_slot_engine_trains_on_the_static_engines_rows(tmp_path, tok):
     for a, b in zip(static_history, slot_history):
         for key in ("loss", "reward_mean", "kl", "grad_norm"):
             np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("overrides, engine", [
+    (("rl.sample_prompts=1",), "slots"),  # 4 calls' rows: the slots refill from the queue
+    (("rl.sample_prompts=4",), "feature_major"),  # one call's rows: nothing to refill
+    ((), "feature_major"),
+    (("rl.sample_prompts=1", "rl.decode=unrolled"), "unrolled"),  # asked for by name
+])
+def test_auto_takes_the_slot_engine_where_a_step_spans_calls_on_one_cpu_device(tmp_path, tok, overrides, engine):
+    from grpo_jax.parallel.sharding import mesh_from_shape
+    from grpo_jax.sampler import Sampler
+
+    cfg = _cfg(tmp_path, tok, *overrides)
+    assert Sampler.for_run(cfg, None, tok).engine.name == engine
+    on_mesh = Sampler.for_run(cfg, mesh_from_shape((1, 2, 1), jax.devices()[:2]), tok)
+    assert not on_mesh.engine.refills  # a CPU mesh: not measured, static
 
 
 def test_bfloat16_sampling_copy_reaches_the_sampler(tmp_path, tok, monkeypatch):
