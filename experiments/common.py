@@ -300,3 +300,25 @@ def write_json(path: str, obj) -> str:
     with open(path, "w") as f:
         json.dump(obj, f, indent=2)
     return path
+
+
+def cached_json(path: str, key: dict, compute, say=print) -> dict:
+    """``compute()``'s result (a JSON-able dict), kept in the file ``path`` beside the other
+    results cached there, each under the ``key`` (a dict of what decides it) it was computed
+    for: a second call with an equal key reads it instead of computing it again (the start
+    model's evaluation, shared by every seed and every resume of a study). Only the main
+    process writes; every process computes what it does not find."""
+    from grpo_jax.parallel import distributed
+
+    entries = read_json(path) if os.path.exists(path) else []
+    for entry in entries:
+        if entry["key"] == key:
+            say(f"read from {path} (computed before for the same key)")
+            return entry["value"]
+    value = compute()
+    if distributed.is_main_process():
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = path + ".tmp"
+        write_json(tmp, entries + [{"key": key, "value": value}])
+        os.replace(tmp, path)  # a killed write leaves the old file whole
+    return value

@@ -34,7 +34,9 @@ number — equals the reference), and sampling stops at the tokenizer's end-of-t
 (`<|im_end|>` for SmolLM2). The run dir gets metrics (JSONL + TensorBoard), a checkpoint,
 summary.json and curves.png; re-running the same command resumes from its checkpoint.
 With `--seeds`, each seed runs in `<run.run_dir>/seed<N>` and `<run.run_dir>/summary.json`
-holds the gains of all seeds with their 95% t-interval.
+holds the gains of all seeds with their 95% t-interval; a seed whose summary.json holds the
+same config is read, not rerun. The start model's evaluations (before RL, and the control)
+are measured once and kept in `<run.run_dir>/start_evals.json` for every seed and resume.
 """
 
 from __future__ import annotations
@@ -181,13 +183,21 @@ def main(argv=None, *, name: str = "gsm8k_grpo", description: str = __doc__,
     tokenizer = ChatTokenizer(tokenizer)
     if args.memory:
         return train_step_memory(cfg, tokenizer, mesh, say)
-    control = (control_accuracy(cfg, params, tokenizer, mesh, control_style, say)
+    import common  # experiments/common.py (imports jax: only once a run starts)
+
+    # The start model's evaluations decide nothing per seed (greedy, the same questions), so
+    # every seed and every resume reads them from one file.
+    starts = os.path.join(cfg.run.run_dir, "start_evals.json")
+    control = (common.cached_json(starts, {"control": control_style, **start_key(cfg)},
+                                  lambda: control_accuracy(cfg, params, tokenizer, mesh, control_style, say), say)
                if control_style and not args.no_control else None)
+    before = lambda: common.cached_json(starts, {"before": "task prompt", **start_key(cfg)},
+                                        lambda: start_accuracy(cfg, params, tokenizer, mesh, say), say)
     if args.seeds is None:
-        return run_seed(args, cfg, params, tokenizer, mesh, say, control)
+        return run_seed(args, cfg, params, tokenizer, mesh, say, control, before)
     runs = [run_seed(args, config_lib.apply_overrides(cfg, [
         f"run.seed={seed}", f"run.run_dir={os.path.join(cfg.run.run_dir, f'seed{seed}')}"]).validate(),
-        params, tokenizer, mesh, say, control) for seed in args.seeds]
+        params, tokenizer, mesh, say, control, before) for seed in args.seeds]
     gains = [r["accuracy_after"] - r["accuracy_before"] for r in runs]
     summary = {"seeds": args.seeds, "gain": gains, "control": control, "runs": runs}
     if distributed.is_main_process():
@@ -230,8 +240,38 @@ def control_accuracy(cfg, params, tokenizer, mesh, style: str, say) -> dict:
     return {"style": style, "instruction": prompts.get_style(style).instruction, "accuracy": accuracy}
 
 
-def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = None) -> dict:
-    """Evaluate, GRPO from `params`, evaluate for one `cfg.run.seed`; writes summary.json and curves.png."""
+def start_key(cfg) -> dict:
+    """What the start model's held-out evaluations depend on: the model, its questions
+    (the data section) and the new tokens they may take."""
+    return {"pretrained": cfg.run.pretrained, "data": cfg.to_dict()["data"], "max_new_tokens": cfg.rl.max_new_tokens,
+            "chat_format": cfg.run.chat_format}
+
+
+def start_accuracy(cfg, params, tokenizer, mesh, say) -> dict:
+    """The start model's greedy evaluation on the held-out questions in the task's own prompt:
+    {"accuracy", "correct", "texts", "seconds"}."""
+    import jax
+
+    from grpo_jax.eval.evaluation import evaluate
+    from grpo_jax.sampler import Sampler
+    from grpo_jax.tasks.chat import chat_task
+
+    base, eval_note = make_base_task(cfg)
+    task = chat_task(base, tokenizer)
+    examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
+    say(f"greedy accuracy before RL on {len(examples)} problems ...")
+    t0 = time.perf_counter()
+    out = evaluate(Sampler.for_run(cfg, mesh, tokenizer), params, task, tokenizer, examples, key=jax.random.key(1),
+                   texts=True)
+    seconds = time.perf_counter() - t0
+    say(f"before: {out['accuracy']:.3f} ({eval_note}; {seconds:.0f} s)")
+    return {"accuracy": out["accuracy"], "correct": [bool(c) for c in out["correct"]], "texts": out["texts"],
+            "seconds": round(seconds, 1)}
+
+
+def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = None, before=None) -> dict:
+    """Evaluate, GRPO from `params`, evaluate for one `cfg.run.seed`; writes summary.json and curves.png.
+    ``before()``: the start model's evaluation (`start_accuracy`; default: measured here)."""
     import common  # experiments/common.py (imports jax: only once a run starts)
     import jax
 
@@ -243,6 +283,10 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
     from grpo_jax.tasks.chat import chat_task
     from grpo_jax.rl.trainer import Trainer
 
+    done = os.path.join(cfg.run.run_dir, "summary.json")
+    if os.path.exists(done) and common.read_json(done)["config"] == json.loads(json.dumps(cfg.to_dict())):
+        say(f"seed {cfg.run.seed} finished before: read {done}")
+        return common.read_json(done)
     t_start = time.perf_counter()
     base, eval_note = make_base_task(cfg)
     task = chat_task(base, tokenizer)
@@ -254,12 +298,8 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
         f"β={cfg.rl.beta:g}; completions stop at {stops}")
     say("first prompt:\n" + eval_examples[0].prompt)
 
-    say(f"greedy accuracy before RL on {len(eval_examples)} problems ...")
-    t0 = time.perf_counter()
     sampler = Sampler.for_run(cfg, mesh, tokenizer)
-    before = evaluate(sampler, params, task, tokenizer, eval_examples, key=jax.random.key(1), texts=True)
-    eval_s = time.perf_counter() - t0
-    say(f"before: {before['accuracy']:.3f} ({eval_note}; {eval_s:.0f} s)")
+    before = before() if before is not None else start_accuracy(cfg, params, tokenizer, mesh, say)
 
     trainer = Trainer(cfg, task=task, tokenizer=tokenizer, params=params, mesh=mesh,
                       eval_examples=eval_examples, progress=not args.no_progress)

@@ -25,7 +25,8 @@ Each seed writes <run.run_dir>/seed<N>/{summary.json, curves.png, metrics.jsonl,
 with --seeds, <run.run_dir>/summary.json holds every seed's gain and their 95% t-interval.
 The summary splits a step's time into sample (the rollout, the benchmarked fast decode
 path), score (rewards), update (the jitted train step) and the reference log-probs the
-update computes (timed on their own). Re-running a command resumes from its checkpoints.
+update computes (timed on their own). Re-running a command resumes from its checkpoints; a
+finished seed is read, and the start model's evaluations come from <run.run_dir>/start_evals.json.
 Options are the smollm2-135m preset's config keys, with this script's defaults (CPU_DEFAULTS).
 """
 

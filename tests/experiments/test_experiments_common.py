@@ -1,5 +1,10 @@
-"""experiments/common.py: the SFT settings each task gets when the command line leaves them out."""
+"""experiments/common.py: the SFT settings each task gets when the command line leaves them out,
+and the cache of results every seed shares."""
 import argparse
+import json
+import os
+
+import pytest
 
 from tests.cli.test_evaluate import script
 
@@ -70,3 +75,27 @@ def test_an_sft_cache_from_before_data_tool_prob_stands_for_a_corpus_without_too
     assert differences(None, 0.25) == ["data.tool_prob"]
     assert differences(0.25, 0.0) == ["data.tool_prob"]
     assert differences(0.25, 0.25) == [] and differences(0.0, 0.0) == []
+
+
+def test_a_cached_result_is_computed_once_per_key_and_a_killed_write_keeps_the_file(tmp_path, monkeypatch):
+    path, calls = str(tmp_path / "starts.json"), []
+    compute = lambda value: lambda: (calls.append(value), {"accuracy": value})[1]
+    said = []
+    assert common.cached_json(path, {"before": "task", "eval_size": 192}, compute(0.167), said.append) == {"accuracy": 0.167}
+    assert common.cached_json(path, {"control": "instructed", "eval_size": 192}, compute(0.089), said.append) == \
+        {"accuracy": 0.089}
+    # the same keys read, whatever the new computation would say; another key computes
+    assert common.cached_json(path, {"eval_size": 192, "before": "task"}, compute(0.5), said.append) == {"accuracy": 0.167}
+    assert common.cached_json(path, {"before": "task", "eval_size": 96}, compute(0.25), said.append) == {"accuracy": 0.25}
+    assert calls == [0.167, 0.089, 0.25]
+    assert said == [f"read from {path} (computed before for the same key)"]
+    assert [e["value"]["accuracy"] for e in json.loads(open(path).read())] == [0.167, 0.089, 0.25]
+
+    def killed(tmp, obj):  # the write dies half way: the old file stays whole
+        open(tmp, "w").write("[{")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "write_json", killed)
+    with pytest.raises(KeyboardInterrupt):
+        common.cached_json(path, {"before": "task", "eval_size": 64}, compute(0.3))
+    assert len(json.loads(open(path).read())) == 3 and os.path.exists(path + ".tmp")
