@@ -306,7 +306,10 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
     if trainer.start_step:
         say(f"resuming {cfg.run.run_dir} at step {trainer.start_step} of {cfg.run.steps}")
     history = common.train_and_close(trainer)  # every step, also those before a resume
-    after = evaluate(sampler, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), texts=True)
+    if trainer.last_evaluation is not None and trainer.last_evaluation[0] == cfg.run.steps:
+        after = trainer.last_evaluation[1]  # the trainer's evaluation after its last step: the same greedy decode
+    else:
+        after = evaluate(sampler, trainer.params, task, tokenizer, eval_examples, key=jax.random.key(1), texts=True)
 
     phases = ("sample_time_s", "score_time_s", "update_time_s")
     step_s = [sum(h.get(k, 0.0) for k in phases) for h in history]

@@ -208,6 +208,9 @@ class Trainer:
         self.shortcuts = _shortcuts(task, self.eval_examples)
         self.history: list[dict] = []
         self.reward_model_evals: list[tuple[int, float, float]] = []  # (step, score, accuracy)
+        # (step, `evaluate`'s output with texts and correct) of the newest in-run evaluation: a
+        # script reports the end's per question without decoding the held-out set again.
+        self.last_evaluation: tuple[int, dict] | None = None
         self.bad_steps = 0
         self.backend_streak = 0  # steps in a row whose tool calls the sandbox mostly could not run
         self.flat_steps = 0  # steps in a row in which no group's rewards varied (reward_signal)
@@ -546,13 +549,14 @@ class Trainer:
         self._collect()  # a split run's sampler thread, done before its devices evaluate
         # The rollout's sampler and policy copy.
         ev = evaluate(self.sampler, self.sampler.copy(self.params), self.task, self.tokenizer, self.eval_examples,
-                      key=jax.random.fold_in(self.rng, 10**9 + done), texts=self.reward_model is not None)
-        texts = ev.pop("texts", None)
-        ev.pop("correct", None)
+                      key=jax.random.fold_in(self.rng, 10**9 + done), texts=True)
+        self.last_evaluation = (done, dict(ev))
+        texts = ev.pop("texts")
+        ev.pop("correct")
         out = {f"eval_{k}": v for k, v in ev.items()}
         if self.shortcuts is not None:
             out["eval_shortcut_best"] = self.shortcuts.best[1]
-        if texts is not None:
+        if self.reward_model is not None:
             scores = self.reward_model.score([ex.prompt for ex in self.eval_examples], texts)
             out["eval_reward_model_score"] = float(np.mean(scores))
             self.reward_model_evals.append((done, out["eval_reward_model_score"], out["eval_accuracy"]))

@@ -201,6 +201,25 @@ def test_auto_takes_the_slot_engine_where_a_step_spans_calls_on_one_cpu_device(t
     assert not on_mesh.engine.refills  # a CPU mesh: not measured, static
 
 
+def test_the_last_in_run_evaluation_is_kept_per_question_as_evaluate_gives_it(tmp_path, tok):
+    """Trainer.last_evaluation: the step and the per-question output (texts, correct) of its
+    newest held-out evaluation, equal to `evaluate` of the trained params afterwards (what
+    experiments/gsm8k_grpo.py reports as "after" without decoding again)."""
+    from grpo_jax.eval.evaluation import evaluate
+
+    cfg = _cfg(tmp_path, tok, "run.steps=3", "run.eval_every=2", "run.checkpoint_every=0")
+    examples = SevensTask().examples("test", 4, 0)
+    trainer = _trainer(cfg, tok, eval_examples=examples)
+    assert trainer.last_evaluation is None
+    history = trainer.train()
+    step, kept = trainer.last_evaluation
+    again = evaluate(trainer.sampler, trainer.params, trainer.task, tok, examples, key=jax.random.key(1), texts=True)
+    trainer.close()
+    assert step == 3 and [h["step"] for h in history if "eval_accuracy" in h] == [2, 3]
+    assert kept["texts"] == again["texts"] and kept["correct"] == again["correct"]
+    assert kept["accuracy"] == again["accuracy"] == history[-1]["eval_accuracy"]
+
+
 def test_bfloat16_sampling_copy_reaches_the_sampler(tmp_path, tok, monkeypatch):
     """rl.sample_dtype=bfloat16: the sampler reads bf16 weights, so its log-probs differ
     from the float32 trainer's (logprob_mismatch_*); with float32 they agree. With
