@@ -219,7 +219,7 @@ def plot_seeds(runs: list[dict], control: dict | None, gains: list[float], run_d
     if control:
         curves[f"no RL, \"{control['instruction']}\""] = [[control["accuracy"]] * len(steps)]
     return plot_runs(curves, steps, os.path.join(run_dir, "seeds.png"), ylabel="held-out greedy accuracy",
-                     title=f"GRPO on {runs[0]['task']}, {len(runs)} seeds: gain {format_interval(gains, digits=2)}")
+                     title=f"{runs[0]['config']['rl']['algorithm'].upper()} on {runs[0]['task']}, {len(runs)} seeds: gain {format_interval(gains, digits=2)}")
 
 
 def control_accuracy(cfg, params, tokenizer, mesh, style: str, say) -> dict:
@@ -293,7 +293,7 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     stops = [tokenizer.id_to_token(i) for i in tokenizer.stop_ids]
     say(f"task {base.name}; eval: {len(eval_examples)} {eval_note}")
-    say(f"GRPO: {cfg.data.batch_size} questions × G={cfg.rl.group_size}, "
+    say(f"{cfg.rl.algorithm.upper()}: {cfg.data.batch_size} questions × G={cfg.rl.group_size}, "
         f"{cfg.rl.max_new_tokens} new tokens, {cfg.run.steps} steps, lr {cfg.optimizer.peak_lr:g}, "
         f"β={cfg.rl.beta:g}; completions stop at {stops}")
     say("first prompt:\n" + eval_examples[0].prompt)
@@ -353,7 +353,7 @@ def run_seed(args, cfg, params, tokenizer, mesh, say, control: dict | None = Non
         points[-1]["eval_accuracy"] = after["accuracy"]
         png = plot_history(points, ["reward_mean", "kl", "eval_accuracy"],
                            os.path.join(cfg.run.run_dir, "curves.png"),
-                           title=f"GRPO, {base.name}: greedy accuracy {before['accuracy']:.2f} → "
+                           title=f"{cfg.rl.algorithm.upper()}, {base.name}: greedy accuracy {before['accuracy']:.2f} → "
                                  f"{after['accuracy']:.2f} ({len(eval_examples)} held-out)")
         say(f"greedy accuracy {before['accuracy']:.3f} → {after['accuracy']:.3f} on "
             f"{len(eval_examples)} {eval_note}")
