@@ -100,6 +100,20 @@ def broadcast_bytes(data: bytes | None) -> bytes:
     return np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8).tobytes()
 
 
+def all_gather_bytes(data: bytes) -> list[bytes]:
+    """Every process's ``data``, in process order, on every process. A collective, as
+    `broadcast_bytes`; with one process, ``[data]``."""
+    if jax.process_count() == 1:
+        return [data]
+    from jax.experimental import multihost_utils
+
+    sizes = np.asarray(multihost_utils.process_allgather(np.int32(len(data)))).reshape(-1)
+    buf = np.zeros((int(sizes.max()),), np.uint8)
+    buf[:len(data)] = np.frombuffer(data, np.uint8)
+    bufs = np.asarray(multihost_utils.process_allgather(buf), np.uint8)
+    return [bufs[i, :n].tobytes() for i, n in enumerate(sizes)]
+
+
 def barrier(name: str) -> None:
     """Wait until every process reaches the barrier called `name` (no-op with one process)."""
     if jax.process_count() > 1:

@@ -53,7 +53,7 @@ from grpo_jax.model.transformer import add_value_head, param_shardings
 from grpo_jax.rl.optimizer import updates_applied
 from grpo_jax.parallel.sharding import replicated, shard_batch, to_global
 from grpo_jax.sampler import Rollout, Sampler
-from grpo_jax.sampler.turns import ToolUse, check_slot_tools, generate_with_tools
+from grpo_jax.sampler.turns import ToolUse, generate_with_tools
 from grpo_jax.tasks import Example, Task
 from grpo_jax.text.tokenizer import Tokenizer, encode_prompt
 from grpo_jax.rl.train_step import init_train_state, reset_reference
@@ -196,8 +196,6 @@ class Trainer:
                 log.info("mesh.sample_devices=%d on one device: sampling %d step(s) ahead on it, not overlapped",
                          cfg.mesh.sample_devices, cfg.rl.async_steps)
         self.tool_use = _tool_use(cfg, task, tokenizer)
-        if self.tool_use is not None:
-            check_slot_tools(self.sampler)
         self.step_fn = programs.train_step(cfg, self.mesh)
         self.state, self.sft_params = self._initial_state(params)
         self.rng = jax.random.key(cfg.run.seed)

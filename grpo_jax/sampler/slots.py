@@ -32,8 +32,10 @@ lengths (``benchmarks/bench_slots.py``); the tests hold the two equal.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
+import time
 from typing import Callable, Sequence
 
 import flax.struct
@@ -297,6 +299,18 @@ def programs(cfg: ModelConfig, mesh: Mesh | None, engine: DecodeEngine, kv_dtype
         mark=OnMesh(mark, mesh, donate_argnums=(0,)))
 
 
+def tool_processes(mesh: Mesh | None, slots: int) -> np.ndarray:
+    """[slots] the process that runs the tools of each slot's rows: the lowest-numbered
+    process whose devices hold the slot (the batch sharding); this process without a mesh."""
+    if mesh is None:
+        return np.full(slots, jax.process_index())
+    out = np.full(slots, jax.process_count())
+    for device, index in batch_sharding(mesh, 1, slots).devices_indices_map((slots,)).items():
+        held = np.arange(slots)[index[0]]
+        out[held] = np.minimum(out[held], device.process_index)
+    return out
+
+
 def default_slots(rows: int, rows_per_call: int, degree: int = 1) -> int:
     """Slots when ``SamplingParams.slots`` is 0: the rows one static call holds
     (``rows_per_call``; 0: all ``rows``), so the cache is the static sampler's; a multiple
@@ -348,6 +362,11 @@ class SlotRows:
 
 # Draws a decode call runs at most while a held row's tool may finish: its output waits no longer.
 HELD_DRAWS = 8
+# What `SlotDecoder`'s ``on_pause`` answers for a row it holds on a process that does not run
+# the row's tools: that process's output reaches the others gathered (`SlotDecoder._finished`).
+REMOTE = object()
+# Seconds a process that runs none of the held rows' tools waits before it asks the others again.
+REMOTE_POLL_S = 0.01
 # What every rollout's `append`s put through the model ("tokens", "appends"): a tool call
 # costs its output's tokens, nothing of the context before it.
 APPENDED: collections.Counter = collections.Counter()
@@ -357,10 +376,13 @@ class SlotDecoder:
     """One rollout of the slot engine (module docstring): ``prompts`` (validated token lists)
     x ``group_size`` rows, row r of prompt r // G drawing as row ``row_offset + r``.
 
-    ``on_pause(r, ids)`` is asked when row r pauses on one of ``pause_tokens`` (rows start
-    ``pausable``), ids its columns so far: None resumes it at once; a future resolving to
-    (tokens, pausable) holds it while the future runs, then appends the tokens to it
-    (`append`) and resumes it, pausable again or not; tokens that fill its budget end it.
+    ``on_pause(r, ids, since, local)`` is asked on every process when row r pauses on one of
+    ``pause_tokens`` (rows start ``pausable``): ids its columns so far, ``since`` the column
+    after the tokens last appended to it (0: none). None resumes it at once, on every process
+    alike. Otherwise the row is held: where ``local`` (the process that runs the row's tools,
+    `tool_processes`) the answer is a future resolving to (tokens, pausable), elsewhere
+    `REMOTE`. Once the future is done, every process appends its tokens to the row (`append`)
+    and resumes it, pausable again or not; tokens that fill its budget end it.
     ``between_calls()`` runs before each chunk's prefill but the first."""
 
     def __init__(self, cfg: ModelConfig, mesh: Mesh | None, settings: SamplingParams, engine: DecodeEngine,
@@ -383,6 +405,7 @@ class SlotDecoder:
         self.drawing = jax.tree.map(self._replicated, Drawing.host(settings, cfg.vocab_size))
         self.pause_mask = self._replicated(pause_mask)
         self.weights = engine.step.weights(cfg, params)
+        self.runs_tools = tool_processes(mesh, self.slots) == jax.process_index()  # [S]
         # Prompts a chunk prefills: from the next row's question, enough rows to fill every
         # slot however many of that question's rows are in already; a multiple of the degree.
         self.chunk_prompts = round_up(-(-self.slots // group_size) + 1, degree)
@@ -435,8 +458,8 @@ class SlotDecoder:
         scalar = lambda v, dtype=np.int32: self._replicated(np.asarray(v, dtype))
         visits = 0
         while True:
-            for s in [s for s, f in held.items() if f.done()]:
-                state = self._append(state, s, held.pop(s).result(), tool_cols.setdefault(int(owner[s]), []))
+            for s, result in self._finished(held):
+                state = self._append(state, s, result, tool_cols.setdefault(int(owner[s]), []))
             next_row = int(to_host(state.next_row))
             active, held_now = to_host(state.active), to_host(state.held)
             free = int(np.sum(~active & ~held_now))  # paused slots were marked after the last decode
@@ -447,7 +470,7 @@ class SlotDecoder:
             if not (active.any() or held_now.any()) and next_row >= self.rows:
                 break
             if not active.any() and (next_row >= self.rows or held_now.all()):  # only held rows: wait for one
-                next(iter(held.values())).result()
+                self._wait(held)
                 continue
             limit = HELD_DRAWS if held else np.iinfo(np.int32).max // 2
             state = progs.decode(self.weights, state, chunk, key, self.drawing, scalar(self.row_offset),
@@ -460,7 +483,10 @@ class SlotDecoder:
             run, hold = np.zeros(s_count, bool), np.zeros(s_count, bool)
             for s in np.flatnonzero(paused):
                 owner[s] = row_of[s]
-                future = self.on_pause(int(row_of[s]), toks[s, :cols[s]].tolist()) if self.on_pause else None
+                spans = tool_cols.get(int(row_of[s]))
+                since = spans[-1][0] + spans[-1][1] if spans else 0
+                future = (self.on_pause(int(row_of[s]), toks[s, :cols[s]].tolist(), since, bool(self.runs_tools[s]))
+                          if self.on_pause else None)
                 if future is None:
                     run[s] = True
                 else:
@@ -476,6 +502,45 @@ class SlotDecoder:
                         lengths=lengths, finished=to_host(state.out_finished), tool_mask=tool_mask,
                         decode_steps=int(to_host(state.draws)), visits=visits,
                         appended_tokens=sum(self.appended), appends=len(self.appended))
+
+    def _finished(self, held: dict) -> list[tuple[int, tuple]]:
+        """(slot, (tokens, pausable)) of the held rows whose tools are done, taken out of
+        ``held``, in slot order and the same on every process: each process reports those
+        it runs, and across processes the reports are gathered (a collective each visit),
+        so every host loop appends the same rows at the same step."""
+        done = {s: f.result() for s, f in held.items() if self.runs_tools[s] and f.done()}
+        if jax.process_count() > 1:
+            done = self._gathered(done)
+        for s in done:
+            del held[s]
+        return sorted(done.items())
+
+    def _gathered(self, done: dict) -> dict:
+        """Every process's ``done`` in one: a row's tools run on one process, whose entries
+        the others' zeros leave as they are."""
+        from jax.experimental import multihost_utils
+
+        width = self.settings.max_new_tokens
+        flag, count, pausable = np.zeros(self.slots, bool), np.zeros(self.slots, np.int32), np.zeros(self.slots, bool)
+        tokens = np.zeros((self.slots, width), np.int32)
+        for s, (toks, paus) in done.items():
+            toks = list(toks)[:width]
+            flag[s], count[s], pausable[s], tokens[s, :len(toks)] = True, len(toks), paus, toks
+        # [processes, ...] each
+        flag, count, pausable, tokens = map(np.asarray, multihost_utils.process_allgather((flag, count, pausable, tokens)))
+        count, tokens = count.sum(0), tokens.sum(0)
+        return {int(s): (tokens[s, :count[s]].tolist(), bool(pausable[:, s].any())) for s in np.flatnonzero(flag.any(0))}
+
+    def _wait(self, held: dict) -> None:
+        """Until one of the held rows this process runs has finished; where it runs none (or
+        with other processes), a short wait, since the next `_finished` hears of theirs."""
+        mine = [f for s, f in held.items() if self.runs_tools[s]]
+        if jax.process_count() == 1:
+            concurrent.futures.wait(mine, return_when=concurrent.futures.FIRST_COMPLETED)
+        elif mine:
+            concurrent.futures.wait(mine, timeout=REMOTE_POLL_S, return_when=concurrent.futures.FIRST_COMPLETED)
+        else:
+            time.sleep(REMOTE_POLL_S)
 
     def _append(self, state, s: int, result, spans: list):
         """A held row's tool output (tokens, pausable) appended to slot ``s`` (`append`),

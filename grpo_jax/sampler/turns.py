@@ -21,7 +21,9 @@ sampler calls; each call is an ordinary `sample_to_host`:
 With the slot engine (``rl.decode=slots``) there are no calls: a row pauses in its slot on a
 closing fence (``slots.SlotDecoder``'s pause tokens), its cache kept; its block runs in the
 sandbox while the other slots decode; then only the tool's output tokens go through the
-model (``slots.append``) and the row decodes on. The rows are the same as with calls.
+model (``slots.append``) and the row decodes on. The rows are the same as with calls. Across
+processes a row's blocks run on the process that holds the row, and their outputs and runs
+are gathered (every process appends the same tokens at the same step).
 
 The result is one `Rollout` of exactly the shapes `Sampler.generate` returns: the
 completion holds the model's tokens and the tool's, in order; ``mask`` is True on both (the
@@ -44,13 +46,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import jax
 import numpy as np
 
-from grpo_jax.errors import ConfigError
+from grpo_jax.parallel import distributed
+from grpo_jax.sampler import slots
 from grpo_jax.sampler.calls import SamplerCall
 from grpo_jax.sampler.host import Rollout, Sampler, slot_rollout
 from grpo_jax.shapes import bucket_length
@@ -182,23 +186,22 @@ def _generate_in_slots(sampler: Sampler, weights, prompts: Sequence[Sequence[int
     """`generate_with_tools` on the slot engine: a row pauses on a fence; a closed block runs
     on one of ``tools.workers`` sandbox threads while the other slots decode, and its output
     is appended to the row's cache (module docstring)."""
-    check_slot_tools(sampler)
     budget = sampler.settings.max_new_tokens
     fence = sorted(set(tools.fence_ids) - set(sampler.settings.stop_tokens))
     calls: list[list[ExecutionResult]] = [[] for _ in range(len(prompts) * group_size)]
-    turn_start = [0] * len(calls)  # where each row's text since its last output starts
     pool = ThreadPoolExecutor(max_workers=tools.workers, thread_name_prefix="sandbox")
 
-    def on_pause(r: int, ids: list[int]):
-        code = tools.tool.code(tools.tokenizer.decode(ids[turn_start[r]:]))
+    def on_pause(r: int, ids: list[int], since: int, local: bool):
+        code = tools.tool.code(tools.tokenizer.decode(ids[since:]))
         if code is None:  # a fence that opened a block, or closed none: the row decodes on
             return None
+        if not local:  # the process that holds the row runs it
+            return slots.REMOTE
 
         def run():
             result = tools.tool.run(code)  # a back-end failure is this call's error
             calls[r].append(result)
             output = tools.tokenizer.encode(tools.tool.output(result))[: budget - len(ids)]
-            turn_start[r] = len(ids) + len(output)
             return output, len(calls[r]) < tools.max_calls
 
         return pool.submit(run)
@@ -210,16 +213,20 @@ def _generate_in_slots(sampler: Sampler, weights, prompts: Sequence[Sequence[int
         rollout, _ = slot_rollout(decoder)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    return rollout, calls
+    return rollout, gather_calls(calls)
 
 
-def check_slot_tools(sampler: Sampler) -> None:
-    """ConfigError for tool rollouts on the slot engine across processes: when a held row's
-    block finishes is each process's own timing, so their host loops would append at
-    different steps and their collectives part ways."""
-    if sampler.engine.refills and jax.process_count() > 1:
-        raise ConfigError(f"rl.decode=slots with tools runs in one process only; this run has {jax.process_count()} "
-                          "processes: use the static engine (rl.decode=auto) for tool rollouts across hosts")
+def gather_calls(calls: list[list[ExecutionResult]]) -> list[list[ExecutionResult]]:
+    """Each row's tool runs on every process, from the one process that ran them (the
+    others' lists for that row are empty). Pickled: the bytes come from this run's own
+    processes, never from a model."""
+    if jax.process_count() == 1:
+        return calls
+    gathered = [list(row) for row in calls]
+    for data in distributed.all_gather_bytes(pickle.dumps({r: row for r, row in enumerate(calls) if row})):
+        for r, row in pickle.loads(data).items():
+            gathered[r] = row
+    return gathered
 
 
 def _closed_block(row: _Row, tools: ToolUse, stops: set[int], fence: set[int]) -> str | None:

@@ -297,23 +297,3 @@ def test_a_continuation_draws_as_the_row_it_continues(tiny):
     np.testing.assert_array_equal(np.asarray(rest.tokens[0]), np.asarray(whole.tokens[r, 5:]))
     np.testing.assert_allclose(np.asarray(rest.logprobs[0]), np.asarray(whole.logprobs[r, 5:]), atol=1e-5)
 
-
-def test_slot_tool_rollouts_across_processes_are_refused_before_anything_runs(tiny, monkeypatch):
-    """Each process's sandbox finishes on its own clock, so their slot loops would append at
-    different steps: refused with a ConfigError naming the way out; one process, or the
-    static engine across processes, runs."""
-    from grpo_jax.errors import ConfigError
-    from grpo_jax.sampler import turns
-
-    cfg, params, sampler, tools = tiny
-    slotted = dataclasses.replace(sampler, settings=sampler.settings.replace(engine="slots"))
-    ran = []
-    monkeypatch.setattr(type(tools.tool), "run", lambda self, code: ran.append(code))
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(ConfigError, match=r"rl.decode=slots with tools runs in one process only; this run has 2 "
-                                          r"processes: use the static engine \(rl.decode=auto\)"):
-        generate_with_tools(slotted, params, [[2, 3, 2]], key=jax.random.key(3), group_size=2, tools=tools)
-    assert ran == []
-    turns.check_slot_tools(sampler)  # the static engine: each process runs its calls' blocks
-    monkeypatch.setattr(jax, "process_count", lambda: 1)
-    turns.check_slot_tools(slotted)
