@@ -508,6 +508,8 @@ class SlotDecoder:
         ``held``, in slot order and the same on every process: each process reports those
         it runs, and across processes the reports are gathered (a collective each visit),
         so every host loop appends the same rows at the same step."""
+        if not held:  # the same on every process: no collective
+            return []
         done = {s: f.result() for s, f in held.items() if self.runs_tools[s] and f.done()}
         if jax.process_count() > 1:
             done = self._gathered(done)
