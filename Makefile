@@ -26,7 +26,7 @@ install: $(STAMP_LIB)
 install-test: $(STAMP_TEST)
 
 test: $(STAMP_TEST)
-	$(PY) -m pytest -n 2 --dist loadfile -q -rs --durations=30 $(PYTEST_ARGS) tests
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -rs --durations=30 $(PYTEST_ARGS) tests
 
 # Compile every preset/slice pair of docs/tpu.md's matrix for TPU on this machine (libtpu).
 tpu-check: $(STAMP_TEST)

@@ -48,6 +48,38 @@ def pytest_unconfigure(config):
         shutil.rmtree(_made_cache_dir, ignore_errors=True)
 
 
+# `make test` runs `pytest -n 2 --dist loadfile --no-loadscope-reorder`: xdist hands each
+# worker whole files, in the order collected here. Its default order (most tests first) put
+# these few-test files last, so that one worker was still compiling a 7B train step or
+# walking the walk-through long after the other had finished. The slowest files start
+# first, longest first (seconds summed per file in a suite run, benchmarks/NOTES.md), and
+# the many short ones fill in behind them.
+LONGEST_FIRST = [
+    "tests/aot/test_aot.py",
+    "tests/test_walkthrough.py",
+    "tests/rl/test_reward_models.py",
+    "tests/eval/test_evaluate_run.py",
+    "tests/parallel/test_multihost.py",
+    "tests/aot/test_aot_sharding.py",
+    "tests/launch/test_compile_slots.py",
+    "tests/experiments/test_tools_learning.py",
+    "tests/experiments/test_custom_task.py",
+    "tests/launch/test_compile_matrix.py",
+    "tests/rl/test_trainer.py",
+    "tests/cli/test_evaluate.py",
+    "tests/test_notebooks.py",
+    "tests/rl/test_reward_model_planted.py",
+    "tests/cli/test_cli_errors.py",
+    "tests/rl/test_async_steps.py",
+    "tests/cli/test_resume_changes.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
+
+
 @pytest.fixture
 def benchmark_module(monkeypatch):
     """``importlib.import_module`` for the scripts of benchmarks/, with their own siblings

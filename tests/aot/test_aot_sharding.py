@@ -1,6 +1,6 @@
 """The compiled 7B-width train step on a v5p-128 holds no whole weight matrix on a chip
 (grpo_jax.aot; needs libtpu). Its own file so that it compiles in parallel with
-test_aot.py's 7B fit check under `pytest -n 2 --dist loadfile`."""
+test_aot.py under `pytest -n 2 --dist loadfile` (tests/conftest.py starts both early)."""
 import re
 
 import jax
