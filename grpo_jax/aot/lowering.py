@@ -4,7 +4,6 @@
 calls of its continuations (``sampler.turns.continuation_call``), so the check compiles
 what a run executes."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +75,7 @@ def run_sampler(cfg: Config, mesh, evaluation: bool = False) -> Sampler:
     """The sampler a run of ``cfg`` builds (``Sampler.for_run``), on the sampling ``mesh``
     (None: one device); with ``evaluation`` the in-run evaluation's (``Sampler.evaluation``:
     greedy)."""
-    sampler = dataclasses.replace(Sampler.for_run(cfg), mesh=mesh)
+    sampler = Sampler.for_run(cfg, sample_mesh=mesh)  # its engine chosen for this mesh's devices
     return sampler.evaluation() if evaluation else sampler
 
 

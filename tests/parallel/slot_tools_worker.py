@@ -2,7 +2,7 @@
 engine across processes.
 
     GRPO_JAX_COORDINATOR=localhost:PORT GRPO_JAX_NUM_PROCESSES=2 GRPO_JAX_PROCESS_ID=i \\
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/parallel/slot_tools_worker.py OUT_DIR
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python -m tests.parallel.slot_tools_worker OUT_DIR
 
 Every process joins the runtime and draws the same rollout (`rollout`) on one mesh of both
 processes' devices, then writes OUT_DIR/result_<process>.json (`record`): the rows, each
@@ -32,7 +32,7 @@ def rollout(mesh):
     from grpo_jax.sampler import Sampler, SamplingParams
     from grpo_jax.sampler.turns import ToolUse, generate_with_tools
     from grpo_jax.tools import LocalSandbox, PythonTool
-    from tests.sampler.test_turns import Alphabet
+    from tests.sampler.test_turns import UNHURRIED, Alphabet
 
     ran = []
 
@@ -44,7 +44,7 @@ def rollout(mesh):
     cfg = dataclasses.replace(cpu_tiny().model, vocab_size=4, max_seq_len=64, tie_embeddings=False)
     params = model.init_params(cfg, jax.random.key(1), mesh)
     sampler = Sampler(cfg, mesh, SamplingParams(max_new_tokens=16, pad_id=0, engine="slots", slots=SLOTS))
-    tools = ToolUse.build(PythonTool(Recording(), open="a", close="b"), Alphabet(), 2)
+    tools = ToolUse.build(PythonTool(Recording(UNHURRIED.limits), open="a", close="b"), Alphabet(), 2)
     out, runs = generate_with_tools(sampler, sampler.copy(params), [[2, 3, 2], [3, 2]], key=jax.random.key(3),
                                     group_size=4, tools=tools)
     return out, runs, ran
@@ -59,7 +59,6 @@ def record(out, runs, ran) -> dict:
 
 
 def main() -> None:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out_dir = sys.argv[1]
     from grpo_jax.parallel import distributed
 

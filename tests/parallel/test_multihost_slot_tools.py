@@ -26,7 +26,7 @@ def test_two_processes_each_run_their_rows_blocks_and_draw_the_one_process_rollo
     for i in range(NUM_PROCESSES):
         logs.append(str(tmp_path / f"worker{i}.log"))
         with open(logs[-1], "w") as out:
-            procs.append(subprocess.Popen([sys.executable, worker.__file__, str(tmp_path / "out")], cwd=ROOT,
+            procs.append(subprocess.Popen([sys.executable, "-m", worker.__name__, str(tmp_path / "out")], cwd=ROOT,
                                           env=_worker_env(i, port), stdout=out, stderr=subprocess.STDOUT))
     wait_workers(procs, logs)
     got = [json.load(open(tmp_path / "out" / f"result_{i}.json")) for i in range(NUM_PROCESSES)]

@@ -19,6 +19,10 @@ from grpo_jax.tools.python_tool import statuses
 
 EOS = 3
 SANDBOX = LocalSandbox(SandboxLimits(wall_seconds=2, cpu_seconds=1, memory_bytes=192 << 20))
+# For the random model's rollouts: its blocks are a few characters that end at once, and two
+# rollouts that draw the same blocks are compared status by status, so no time limit may be
+# reached by a process that only started slowly on a loaded machine.
+UNHURRIED = LocalSandbox(SandboxLimits(wall_seconds=60, cpu_seconds=10, memory_bytes=192 << 20))
 
 
 class Chars:
@@ -218,7 +222,7 @@ def tiny():
     params = model.init_params(cfg, jax.random.key(1))
     # no stop token: every row runs to the budget, through several tool calls
     sampler = Sampler(cfg, None, SamplingParams(max_new_tokens=16, pad_id=0))
-    tools = ToolUse.build(PythonTool(SANDBOX, open="a", close="b"), Alphabet(), 2)
+    tools = ToolUse.build(PythonTool(UNHURRIED, open="a", close="b"), Alphabet(), 2)
     return cfg, params, sampler, tools
 
 
