@@ -224,11 +224,11 @@ def slot_rollout(decoder: slots_lib.SlotDecoder) -> tuple[Rollout, SampleInfo]:
 
 def slots_win(cfg: Config, mesh: Mesh | None) -> bool:
     """Whether ``rl.decode=auto`` samples a run's rollouts with the slot engine: where
-    benchmarks/bench_slots.py measured it faster, on one CPU device when a step's rows fill
-    more than one static call (``rl.sample_prompts`` below ``data.batch_size``: 1.4-1.5x the
-    tokens/s on the testbed's shapes, SmolLM2 and tool turns). On one call's rows the slots have no queue to refill from (the same
-    decode steps); on a TPU slice its decode step reads 9.4x the shared engine's bytes
-    (docs/tpu.md, "The slot engine"); a CPU mesh and GPUs are not measured."""
+    benchmarks/bench_slots.py measured it faster (benchmarks/NOTES.md, "The slot engine"), on
+    one CPU device when a step's rows fill more than one static call (``rl.sample_prompts``
+    below ``data.batch_size``). On one call's rows the slots have no queue to refill from;
+    on a TPU slice its decode step reads more bytes than the shared engine's (docs/tpu.md,
+    "The slot engine"); a CPU mesh and GPUs are not measured."""
     mesh = sampling_mesh(mesh)
     platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
     split = 0 < cfg.rl.sample_prompts < cfg.data.batch_size
