@@ -6,7 +6,6 @@ runs equal the one-process rollout on the same mesh shape."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
