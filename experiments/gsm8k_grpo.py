@@ -214,8 +214,10 @@ def plot_seeds(runs: list[dict], control: dict | None, gains: list[float], run_d
     every seed), and the control prompt's accuracy as a flat line."""
     from grpo_jax.eval.plots import plot_runs
 
-    steps = sorted(runs[0]["eval_accuracy_at_step"])
-    curves = {f"seed {r['seed']}": [[r["eval_accuracy_at_step"][s] for s in steps]] for r in runs}
+    # A seed run now has int steps; one finished before is read back with JSON's string keys.
+    at = [{int(step): a for step, a in r["eval_accuracy_at_step"].items()} for r in runs]
+    steps = sorted(at[0])
+    curves = {f"seed {r['seed']}": [[acc[s] for s in steps]] for r, acc in zip(runs, at)}
     if control:
         curves[f"no RL, \"{control['instruction']}\""] = [[control["accuracy"]] * len(steps)]
     return plot_runs(curves, steps, os.path.join(run_dir, "seeds.png"), ylabel="held-out greedy accuracy",
