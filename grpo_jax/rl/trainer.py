@@ -226,8 +226,9 @@ class Trainer:
         self.writer = MetricsWriter(cfg.run.run_dir)
         if is_main_process():
             run_files.write(cfg, task, tokenizer)
-        if restored is not None:  # metrics past the step the run goes on from are redone
-            self.writer.truncate_after(restored)
+        if resume:  # metrics past the step the run goes on from are redone: all of them when
+            # the run was cut before its first checkpoint and starts over
+            self.writer.truncate_after(restored or 0)
             if restored:
                 log.info("resumed from step %d in %s", self.start_step, cfg.run.run_dir)
 

@@ -1,6 +1,5 @@
 """The trainer end to end on tiny configs: learning, exact resume, every algorithm, bad configs,
 damaged checkpoints and saves that fail."""
-
 import contextlib
 import os
 import re
@@ -105,6 +104,24 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, tok):
         for k in keys:
             assert a[k] == b[k], (k, a[k], b[k])
     jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), full.params, resumed.params)
+
+
+def test_a_run_cut_before_its_first_checkpoint_starts_over_with_only_its_own_metrics(tmp_path, tok):
+    """The metrics of the steps before the cut are not the new run's: they were sampled and
+    trained again from step 0, so the file holds each step once, as an uninterrupted run's."""
+    cfg = _cfg(tmp_path, tok, "run.steps=3", "run.checkpoint_every=3")
+    first = _trainer(cfg, tok)
+    first.save = lambda step: None  # "killed" after step 2, before its first checkpoint
+    first.train(steps=2)
+    first.close()
+    assert not list((tmp_path / "checkpoints").glob("[0-9]*"))
+    again = _trainer(cfg, tok)
+    assert again.start_step == 0
+    history = again.train()
+    again.close()
+    logged = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in logged] == [1, 2, 3]
+    assert [m["loss"] for m in logged] == [h["loss"] for h in history]
 
 
 def test_train_in_segments_continues_one_run(tmp_path, tok):
