@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from typing import Callable
 
@@ -44,7 +45,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text
 
 
+# argparse's message when a list option (`--seeds 0 1 2`) swallowed the overrides after it.
+_SWALLOWED_OVERRIDE = re.compile(r"invalid (?:int|float) value: '[A-Za-z_]\w*\.[A-Za-z_]\w*=")
+
+
 def _usage_error(parser: argparse.ArgumentParser, message: str):
+    if _SWALLOWED_OVERRIDE.search(message):
+        message += (" (a section.field=value override was read as one of a list option's values: put the "
+                    "overrides before the option, or end its list with --, as in --seeds 0 1 2 -- rl.beta=0)")
     raise ConfigError(message)
 
 
