@@ -13,14 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.scripts import BENCHMARKS, import_script
+from tests.xla_flags import FAST_COMPILE
 
-# The suite compiles hundreds of small programs that then run for milliseconds; most of a
-# small program's CPU compile is LLVM's optimisation passes, so tests compile unoptimised
-# code (the HLO passes, fusion included, still run as in a default build). Scripts a test
-# runs as a user would (the README example) drop these flags.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    " --xla_backend_optimization_level=0"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 " + FAST_COMPILE
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

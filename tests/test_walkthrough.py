@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.scripts import LAUNCH, import_script
+from tests.xla_flags import FAST_COMPILE
 from tests.test_readme import help_outcomes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,9 +35,8 @@ BIN = Path(sys.executable).parent
 FEWER = [("run.steps=20", "run.steps=1"), ("rl.group_size=4", "rl.group_size=2"),
          ("data.eval_size=16", "data.eval_size=4"), ("--limit 16", "--limit 4")]
 # Part A's commands compile SmolLM2's programs once each and run them for a step or a few
-# questions, and no number they print is checked: unoptimised machine code (as the suite's own
-# processes compile, tests/conftest.py) spends less time in LLVM than it loses in running.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+# questions, and no number they print is checked: the suite's fast-compile flags
+# (tests/xla_flags.py) spend less time in the compiler than they lose in running.
 # Part B's compile check (run.py --check too): the cpu-tiny preset, one layer and a few rows,
 # on one v5p host; the 7B preset on v5p-128 compiles for tens of minutes here.
 TINY = "model.num_layers=1 data.batch_size=2 rl.group_size=2 data.eval_size=2 rl.max_new_tokens=8"

@@ -1,0 +1,21 @@
+"""The XLA flags every process of the suite compiles with (tests/conftest.py sets them for the
+suite's own processes and the scripts they start; the walk-through passes them to a user's).
+
+The suite compiles hundreds of small programs that then run for milliseconds, so most of its
+time is XLA's CPU compiler, even unoptimised. Each flag makes that compile cheaper and none
+changes a result a test checks (the suite passes with them):
+- unoptimised machine code: most of a small program's compile is LLVM's optimisation passes
+  (the HLO passes, fusion included, still run as in a default build);
+- the older loop emitters for fusions, which XLA builds without the MLIR pipeline of the
+  new fusion emitters: the largest saving, though the code of a loop that trains for hundreds
+  of steps runs slower with them;
+- XLA's default scheduler and one codegen module per program: on two cores shared by two
+  workers, the concurrency-optimised schedule and the parallel codegen split only add work.
+What each saved, and what it cost: benchmarks/NOTES.md, "The test suite's time".
+"""
+FAST_COMPILE = " ".join([
+    "--xla_backend_optimization_level=0",
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+    "--xla_cpu_parallel_codegen_split_count=1",
+])
