@@ -50,7 +50,7 @@ _OVERRIDE_RE = re.compile(r"[A-Za-z_][\w]*\.[\w.]+=.*")
 # run.run_dir / mesh.slice / run.checkpoint_every overrides. tests/test_walkthrough.py checks
 # this set against every script's --help.
 NO_CONFIG = frozenset({"evaluate", "export", "fetch_smollm2", "math_verify_report", "reward_model_ceilings",
-                       "reward_model_recipes", "shortcut_audit", "word_arithmetic_candidates"})
+                       "reward_model_recipes", "shortcut_audit", "smollm2_ablations", "word_arithmetic_candidates"})
 
 
 def parse_args(argv=None) -> argparse.Namespace:
