@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh
 
 from grpo_jax.rl.algorithms import algorithm_of
-from grpo_jax.config import Config
+from grpo_jax.config import Config, ConfigError
 from grpo_jax.rl.optimizer import make_optimizer, value_optimizer_config
 from grpo_jax.rl.train_step import TrainStep, make_train_step
 
@@ -39,7 +39,23 @@ def group_size(cfg: Config) -> int:
     return algorithm_of(cfg).data_source.rows_per_question(cfg.rl.group_size)
 
 
+def check_micro_batches(cfg: Config) -> None:
+    """ConfigError at start-up, rather than at the first step's trace, when rl.num_micro_batches
+    does not split a step's batch (data.batch_size x `group_size` rows) into equal micro-batches
+    of whole units (DPO's pairs stay in one micro-batch)."""
+    rows_per_question, unit = group_size(cfg), algorithm_of(cfg).micro_batch_unit
+    rows, num = cfg.data.batch_size * rows_per_question, cfg.rl.num_micro_batches
+    if rows % (num * unit):
+        fits = [n for n in range(1, rows // unit + 1) if rows % (n * unit) == 0]
+        raise ConfigError(
+            f"rl.num_micro_batches={num} does not split a step's batch of {rows} rows (data.batch_size="
+            f"{cfg.data.batch_size} x {rows_per_question} rows per question for rl.algorithm={cfg.rl.algorithm})"
+            + (" into micro-batches of whole pairs" if unit == 2 else "")
+            + f"; values that do: {', '.join(map(str, fits))}")
+
+
 def train_step(cfg: Config, mesh: Mesh) -> TrainStep:
     """The run's train step on its train mesh."""
+    check_micro_batches(cfg)
     tx, value_tx, _ = optimizers(cfg)
     return make_train_step(cfg, tx, mesh, value_tx=value_tx, group_size=group_size(cfg))

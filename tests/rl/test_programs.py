@@ -227,3 +227,36 @@ def test_a_tool_rollout_runs_the_continuations_the_aot_check_lowers(tmp_path, mo
     rows = cfg.data.batch_size * g
     assert seen["train_step"][1].tool_mask is not None
     assert aot.lower_train_step(cfg, trainer.mesh, rows, prompt_len).as_text() == seen["train_step"][0]
+
+
+@pytest.mark.parametrize("algorithm, batch_size, group_size, num, fits", [
+    ("grpo", 3, 4, 5, [1, 2, 3, 4, 6, 12]),   # 12 rows
+    ("online_rft", 2, 3, 4, [1, 2, 3, 6]),    # 6 rows
+    ("dpo", 3, 8, 2, [1, 3]),                 # 3 pairs: a pair is never split
+    ("sft", 6, 8, 4, [1, 2, 3, 6]),           # one row per question
+])
+def test_micro_batches_that_do_not_split_the_batch_are_refused_at_start_up(algorithm, batch_size, group_size, num, fits):
+    """Refused when the train step is built, naming the rows and the values that do split
+    them; before, the first step's trace failed after its rollout."""
+    from grpo_jax.errors import ConfigError
+    from grpo_jax.rl import programs
+
+    def cfg(n):
+        return config_lib.apply_overrides(config_lib.get_preset("cpu-tiny"), [
+            f"rl.algorithm={algorithm}", f"data.batch_size={batch_size}", f"rl.group_size={group_size}",
+            f"rl.num_micro_batches={n}"]).validate()
+
+    with pytest.raises(ConfigError, match=rf"rl.num_micro_batches={num} does not split .*values that do: "
+                                          + ", ".join(map(str, fits)) + "$"):
+        programs.check_micro_batches(cfg(num))
+    with pytest.raises(ConfigError, match="does not split"):
+        programs.train_step(cfg(num), make_mesh(cfg(num).mesh))
+    rows = batch_size * {"dpo": 2, "sft": 1}.get(algorithm, group_size)
+    unit = 2 if algorithm == "dpo" else 1
+    for n in range(1, rows + 1):  # every value listed splits the rows, and no other does
+        if n in fits:
+            programs.check_micro_batches(cfg(n))
+            assert rows % (n * unit) == 0
+        else:
+            with pytest.raises(ConfigError):
+                programs.check_micro_batches(cfg(n))
