@@ -196,7 +196,17 @@ def user_task(spec: str, **kwargs) -> Task:
                                "the folder that holds it with PYTHONPATH=. (or install it)") from None
     if not hasattr(module, attr):
         raise UnknownNameError(f"task {spec!r}: module {module_name!r} ({module.__file__}) has no {attr!r}")
-    task = getattr(module, attr)(**kwargs)
+    target = getattr(module, attr)
+    # An instance is refused rather than shared: every make_task call (the trainer's, the
+    # evaluation's, chat_task's wrapping) would get and rename the same object.
+    if isinstance(target, Task):
+        raise UnknownNameError(f"task {spec!r}: {module_name}.{attr} is a {type(target).__name__} built at import; "
+                               f"name a function that builds it (def {attr}(): return {type(target).__name__}(...)) "
+                               "or a Task class")
+    if not callable(target):
+        raise UnknownNameError(f"task {spec!r}: {module_name}.{attr} is not a Task class or a function "
+                               f"returning a Task (its type: {type(target).__name__})")
+    task = target(**kwargs)
     if not isinstance(task, Task):
         raise UnknownNameError(f"task {spec!r}: {module_name}.{attr}() gave a {type(task).__name__}, not a "
                                "grpo_jax.tasks.Task (e.g. a grpo_jax.tasks.custom.CustomTask)")

@@ -40,6 +40,10 @@ class Named(CustomTask):
         super().__init__(question, reward)
 
 not_a_task = dict
+
+the_task = CustomTask(question, reward)  # built at import, as people write it
+
+answer_digits = 3
 '''
 
 
@@ -74,6 +78,10 @@ def test_a_function_or_a_class_gives_the_task_named_as_asked(user_module, name):
                          "the folder that holds it with PYTHONPATH=."),
     ("my_task_mod:missing", "task 'my_task_mod:missing': module 'my_task_mod' ("),
     ("my_task_mod:not_a_task", "my_task_mod.not_a_task() gave a dict, not a grpo_jax.tasks.Task"),
+    ("my_task_mod:the_task", "task 'my_task_mod:the_task': my_task_mod.the_task is a CustomTask built at import; "
+                             "name a function that builds it (def the_task(): return CustomTask(...))"),
+    ("my_task_mod:answer_digits", "task 'my_task_mod:answer_digits': my_task_mod.answer_digits is not a Task "
+                                  "class or a function returning a Task (its type: int)"),
 ])
 def test_a_task_that_cannot_be_made_is_named(user_module, spec, message):
     with pytest.raises(UnknownNameError) as err:
