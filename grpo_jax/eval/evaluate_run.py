@@ -42,6 +42,7 @@ from typing import Sequence
 import jax
 
 from grpo_jax.checkpoints import resume_changes
+from grpo_jax.errors import ConfigError
 from grpo_jax.eval import evaluation
 from grpo_jax.tasks import prompts
 from grpo_jax.tasks.prompts import DEEPSEEK_CHAT, is_chat_tokenizer
@@ -127,9 +128,10 @@ def _check_settings(out_dir: str, meta: dict) -> None:
         with open(path, encoding="utf-8") as f:
             old = json.load(f)
         if old != meta:
-            diff = {k: (old.get(k), meta.get(k)) for k in set(old) | set(meta) if old.get(k) != meta.get(k)}
-            raise ValueError(f"{out_dir} holds an evaluation with other settings (saved, new): {diff}; "
-                             "use another --out or delete it")
+            diff = ", ".join(f"{k} {old.get(k)!r} -> {meta.get(k)!r}" for k in sorted(set(old) | set(meta))
+                             if old.get(k) != meta.get(k))
+            raise ConfigError(f"{out_dir} holds an evaluation with other settings ({diff}); "
+                              "use another --out or delete it")
         return
     tmp = path + f".tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:

@@ -12,6 +12,7 @@ import pytest
 from grpo_jax.eval import evaluate_run, evaluation
 from grpo_jax.model import pretrained
 from grpo_jax.config import Config
+from grpo_jax.errors import ConfigError
 from grpo_jax.sampler import Sampler
 from grpo_jax.tasks import get_task
 
@@ -171,7 +172,9 @@ def test_other_settings_in_the_same_folder_are_an_error(smollm2, bench, whole):
     cfg, params, tok = smollm2
     task, examples = bench
     other = evaluate_run.EvalSettings(num_samples=3, chunk_rows=2, prompt="paper")
-    with pytest.raises(ValueError, match="other settings.*num_samples"):
+    # Every difference named, in key order, and the way out; one line from grpo-evaluate (a ConfigError).
+    with pytest.raises(ConfigError, match=r"holds an evaluation with other settings \(max_new_tokens 4 -> 8, "
+                                          r"num_samples 2 -> 3, temperature 1.0 -> 0.7\); use another --out or delete it"):
         evaluate_run.evaluate_shard(sampler_of(cfg, tok, 8), params, tok, task, examples, str(whole[0]), other,
                                     progress=False)
 
