@@ -189,6 +189,12 @@ class MeshConfig:
                               f"got {self.sample_devices}")
 
 
+def multistep_drops(total_steps: int) -> tuple[int, int]:
+    """The train steps (from 0) at which the multistep schedule's rate drops, to ×0.316 and then
+    to ×0.1: 80% and 90% of run.steps. A resume that moves them trains later steps at other rates."""
+    return int(0.8 * total_steps), int(0.9 * total_steps)
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     """AdamW with the paper's multi-step schedule (warmup, ×0.316 at 80%, ×0.1 at 90%).

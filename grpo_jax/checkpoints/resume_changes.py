@@ -9,7 +9,8 @@ every checkpoint it shaped (`before_step`, `describe`).
 
 Keys that change how, how far or how often the same run is computed pass silently (`QUIET`):
 the loop's length and bookkeeping, held-out evaluation, where files are, the device layout, and
-the implementation choices that compute the same numbers. The restore-relevant keys (model
+the implementation choices that compute the same numbers. The loop's length (run.steps) counts
+when it moves the multistep schedule's rate drops for a step still to train. The restore-relevant keys (model
 shape, algorithm) are `checkpointing.config_differences`' and refused before these.
 
 Paths go through epath: a run dir may be gs:// on a pod slice.
@@ -21,6 +22,8 @@ import json
 from typing import Any
 
 from etils import epath
+
+from grpo_jax.config import multistep_drops
 
 CHANGES_FILE = "config_changes.jsonl"
 ALLOW = "run.allow_config_changes"
@@ -37,10 +40,11 @@ QUIET = (
 Change = tuple[str, Any, Any]  # (dotted key, saved value, requested value)
 
 
-def training_changes(saved: dict, requested: dict) -> list[Change]:
+def training_changes(saved: dict, requested: dict, *, step: int) -> list[Change]:
     """The keys, sorted, whose value in the ``requested`` Config dict differs from the ``saved``
-    one and changes what the run trains. A key the saved config lacks (a field newer than the
-    checkpoint) is not compared: its value then is unknown."""
+    one and changes what the run trains after ``step``, the step it resumes from. A key the
+    saved config lacks (a field newer than the checkpoint) is not compared: its value then is
+    unknown. run.steps counts when it moves the multistep schedule's rate for a later step."""
     out = []
     for section in sorted(set(saved) & set(requested) - set(QUIET_SECTIONS)):
         old, new = saved[section], requested[section]
@@ -48,7 +52,25 @@ def training_changes(saved: dict, requested: dict) -> list[Change]:
             key = f"{section}.{name}"
             if key not in QUIET and old[name] != new[name]:
                 out.append((key, old[name], new[name]))
-    return out
+    if _moves_the_schedule(saved, requested, step):
+        out.append(("run.steps", saved["run"]["steps"], requested["run"]["steps"]))
+    return sorted(out)
+
+
+def _moves_the_schedule(saved: dict, requested: dict, step: int) -> bool:
+    """Whether, under the multistep schedule in both configs, some step from ``step`` on lies
+    before, between or after the rate drops (`config.multistep_drops`) otherwise with the
+    requested run.steps than with the saved one. (A changed schedule is a change of its own.)"""
+    try:
+        totals = saved["run"]["steps"], requested["run"]["steps"]
+        schedules = saved["optimizer"]["schedule"], requested["optimizer"]["schedule"]
+    except KeyError:  # a checkpoint older than these fields
+        return False
+    if totals[0] == totals[1] or schedules != ("multistep", "multistep"):
+        return False
+    (old_first, old_second), (new_first, new_second) = map(multistep_drops, totals)
+    phase = lambda s, first, second: (s >= first) + (s >= second)
+    return any(phase(s, old_first, old_second) != phase(s, new_first, new_second) for s in range(step, totals[1]))
 
 
 def _listed(changes: list[Change]) -> str:
@@ -57,7 +79,10 @@ def _listed(changes: list[Change]) -> str:
 
 def refusal(run_dir: str, step: int, changes: list[Change]) -> str:
     """The one-line error of a resume that would change ``changes`` after ``step``."""
-    return (f"{run_dir} trained to step {step} with other settings: {_listed(changes)}. Resume with the saved "
+    why = (" (run.steps places the multistep schedule's rate drops, at 80% and 90% of it: the later steps would "
+           "train at other rates; optimizer.schedule=constant does not depend on it)"
+           if any(key == "run.steps" for key, _, _ in changes) else "")
+    return (f"{run_dir} trained to step {step} with other settings: {_listed(changes)}{why}. Resume with the saved "
             f"values, add {ALLOW}=true to train on with the new ones from step {step} (recorded in "
             f"{CHANGES_FILE}, shown by grpo-evaluate), or start over in a new run.run_dir")
 

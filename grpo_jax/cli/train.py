@@ -109,7 +109,7 @@ def train(cfg: config_lib.Config, *, task=None, tokenizer_vocab: int = 64, progr
     # model.vocab_size comes from the tokenizer, set below; the Trainer checks it again.
     saved = checkpointing.check_run_dir(os.path.join(cfg.run.run_dir, "checkpoints"), cfg.to_dict(),
                                         ignore=("model.vocab_size",))
-    changes = [] if saved is None else resume_changes.training_changes(saved[1], cfg.to_dict())
+    changes = [] if saved is None else resume_changes.training_changes(saved[1], cfg.to_dict(), step=saved[0])
     if changes and not cfg.run.allow_config_changes:
         raise config_lib.ConfigError(resume_changes.refusal(cfg.run.run_dir, saved[0], changes))
     if cfg.rl.reward_model:  # its folder and metadata; the Trainer loads the weights

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from grpo_jax.config import OptimizerConfig
+from grpo_jax.config import OptimizerConfig, multistep_drops
 
 
 def multistep_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
@@ -23,7 +23,7 @@ def multistep_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> o
     """
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-    first, second = int(0.8 * total_steps), int(0.9 * total_steps)
+    first, second = multistep_drops(total_steps)
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)

@@ -20,7 +20,32 @@ def test_only_training_keys_count_and_a_key_the_checkpoint_lacks_is_not_compared
              "mesh": {"ici_fsdp": -1}, "data": {"eval_size": 64}}
     requested = {"rl": {"group_size": 4, "num_micro_batches": 4, "newer_field": 1}, "run": {"steps": 20, "seed": 1},
                  "mesh": {"ici_fsdp": 8}, "data": {"eval_size": 16}}
-    assert resume_changes.training_changes(saved, requested) == [("rl.group_size", 8, 4), ("run.seed", 0, 1)]
+    assert resume_changes.training_changes(saved, requested, step=3) == [("rl.group_size", 8, 4), ("run.seed", 0, 1)]
+
+
+@pytest.mark.parametrize("saved_steps, step, steps", [
+    (20, 20, 40),   # a finished run extended: the rate would go back up to the peak
+    (20, 5, 40),    # cut at step 5, resumed longer: the drops move from 16 and 18 to 32 and 36
+    (20, 5, 21),    # drops at 16 and 18 either way
+    (40, 40, 45),   # every later step past the second drop either way
+    (40, 30, 45),   # step 32 is past the first drop of 40 steps, not of 45
+    (10, 3, 8),     # shorter
+    (1, 1, 2), (2, 2, 3),
+])
+@pytest.mark.parametrize("schedule", ["multistep", "constant"])
+def test_run_steps_counts_exactly_when_a_later_step_would_train_at_another_rate(saved_steps, step, steps, schedule):
+    from grpo_jax.rl.optimizer import multistep_schedule
+
+    saved = {"run": {"steps": saved_steps}, "optimizer": {"schedule": schedule}}
+    requested = {"run": {"steps": steps}, "optimizer": {"schedule": schedule}}
+    # The optimizer's own schedules, step by step, over the steps still to train.
+    moved = schedule == "multistep" and any(
+        float(multistep_schedule(1.0, 0, saved_steps)(s)) != float(multistep_schedule(1.0, 0, steps)(s))
+        for s in range(step, steps))
+    changes = resume_changes.training_changes(saved, requested, step=step)
+    assert changes == ([("run.steps", saved_steps, steps)] if moved else [])
+    if moved:
+        assert "run.steps places the multistep schedule's rate drops" in resume_changes.refusal("r", step, changes)
 
 
 def test_a_changed_resume_is_refused_allowed_and_recorded_then_shown_by_grpo_evaluate(tmp_path, capsys):
