@@ -541,8 +541,10 @@ class RunConfig:
         _positive(self, "steps")
         _positive(self, "keep_checkpoints")
         _positive(self, "max_bad_steps")
-        if self.checkpoint_every < 0 or self.eval_every < 0 or self.log_every < 1:
-            raise ConfigError("run.checkpoint_every/eval_every >= 0 and run.log_every >= 1")
+        for name in ("checkpoint_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"run.{name} must be >= 0 (0: never), got {getattr(self, name)}")
+        _positive(self, "log_every")
 
 
 FILE_TASKS = ("gsm8k", "math")  # the tasks read from data.data_dir

@@ -97,6 +97,9 @@ def test_overrides_are_typed_and_applied_in_order():
     ("rl.max_new_tokens=1000", "leaves no room"),
     ("data.slip=sometimes", "data.slip='sometimes' is not one of"),
     ("num_layers", "not of the form section.field=value"),
+    ("run.eval_every=-1", "run.eval_every must be >= 0 (0: never), got -1"),
+    ("run.checkpoint_every=-2", "run.checkpoint_every must be >= 0 (0: never), got -2"),
+    ("run.log_every=0", "run.log_every must be >= 1, got 0"),
 ])
 def test_bad_overrides_fail_clearly(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("?", r"\?")):
