@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import re
 
 import pytest
 
@@ -102,7 +103,7 @@ def test_overrides_are_typed_and_applied_in_order():
     ("run.log_every=0", "run.log_every must be >= 1, got 0"),
 ])
 def test_bad_overrides_fail_clearly(override, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("?", r"\?")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         config.load_config("cpu-tiny", [override])
 
 
