@@ -17,7 +17,8 @@ In order, each part skipped when its output already exists under --out:
 2. the reward models' data: --rm-questions training questions x --rm-group samples of the
    SFT model at rl.temperature, labelled by the task's rules (the oracle), and the same from
    --rm-held-out validation questions; both kinds are trained on the same labelled samples
-   (<out>/reward_models/{train,held_out}.jsonl); then --mc-samples of the held-out samples
+   (<out>/reward_models/{train,held_out}.jsonl; --rm-held-out-seed draws another held-out set,
+   --rm-data-only stops here); then --mc-samples of the held-out samples
    labelled again by Monte-Carlo completion (`reward_models.progress`, --mc-n continuations
    of each step prefix by the SFT model), against the rule
    (<out>/reward_models/mc_check_s<samples>_n<n>.json);
@@ -82,6 +83,9 @@ TESTBED_RUN = ["run.steps=60", "run.eval_every=10", "run.checkpoint_every=10"]
 RM_ARMS = ("GRPO+OS", "GRPO+PS")
 # --rm-draws 1 keeps the folders of the arithmetic studies; N > 1 adds _draw<d>.
 RM_NAMES = {"outcome": "orm", "process": "prm"}
+# The reward models' data: the seed of the training questions and of their sampling, and the
+# held-out set's default (--rm-held-out-seed; every committed study's held-out set).
+RM_TRAIN_SEED, RM_HELD_OUT_SEED = 5_000_000, 5_000_001
 
 # The claims as (better, worse): judged on the seeds both arms ran.
 CLAIMS = {
@@ -218,8 +222,8 @@ def reward_model_data(cfg, params, task, tok, mesh, out_dir: str, args) -> tuple
 
     os.makedirs(out_dir, exist_ok=True)
     paths = os.path.join(out_dir, "train.jsonl"), os.path.join(out_dir, "held_out.jsonl")
-    for path, split, questions, seed in ((paths[0], "train", args.rm_questions, 5_000_000),
-                                         (paths[1], "validation", args.rm_held_out, 5_000_001)):
+    for path, split, questions, seed in ((paths[0], "train", args.rm_questions, RM_TRAIN_SEED),
+                                         (paths[1], "validation", args.rm_held_out, args.rm_held_out_seed)):
         if os.path.exists(path):
             continue
         examples = task.examples(split, questions, seed)
@@ -313,6 +317,12 @@ def main(argv=None):
     p.add_argument("--rm-questions", type=int, default=256, help="reward-model training questions")
     p.add_argument("--rm-group", type=int, default=16, help="SFT samples per reward-model question")
     p.add_argument("--rm-held-out", type=int, default=128, help="held-out (validation) questions")
+    p.add_argument("--rm-held-out-seed", type=int, default=RM_HELD_OUT_SEED,
+                   help="seed of the held-out questions' draw and of their sampling (sampling call i: seed + 32i; "
+                        f"default {RM_HELD_OUT_SEED}, every committed study's held-out set)")
+    p.add_argument("--rm-data-only", action="store_true",
+                   help="stop once the reward models' labelled samples are written (no Monte-Carlo check, no "
+                        "reward model); with --rm-questions 0 the training file is empty, the held-out set alone")
     p.add_argument("--rm-steps", type=int, default=1500, help="reward-model training steps (train_reward_model.py's default)")
     p.add_argument("--rm-trunk-steps", type=int, default=1500, help="reward-model base-model steps (train_reward_model.py's default)")
     p.add_argument("--rm-loss", choices=["pairwise", "pointwise"], default=None,
@@ -374,7 +384,7 @@ def main(argv=None):
     mc, models, rm_metrics = None, {}, {}
     if not args.rule_arms_only:
         mc, models, rm_metrics = reward_models_and_checks(cfg, params, task, tok, mesh, root, args)
-        if args.reward_models_only:
+        if args.reward_models_only or args.rm_data_only:
             return rm_metrics
     eval_examples = task.examples("test", cfg.data.eval_size, cfg.data.seed)
     if args.rule_arms_only:
@@ -397,8 +407,12 @@ def reward_models_and_checks(cfg, params, task, tok, mesh, root, args):
 
     data = reward_model_data(cfg, params, task, tok, mesh, os.path.join(root, "reward_models"), args)
     mc = None
+    if args.rm_data_only:
+        print(f"[figure5] wrote {data[0]} and {data[1]}")
+        return mc, {}, {}
     if args.mc_samples:
-        mc = mc_check(cfg, params, task, tok, mesh, task.examples("validation", args.rm_held_out, 5_000_001),
+        mc = mc_check(cfg, params, task, tok, mesh,
+                      task.examples("validation", args.rm_held_out, args.rm_held_out_seed),
                       data[1], os.path.join(root, "reward_models", f"mc_check_s{args.mc_samples}_n{args.mc_n}.json"),
                       args.mc_samples, args.mc_n)
         print(f"[figure5] Monte-Carlo progress labels (n = {mc['n']}) vs the rule on {mc['samples']} held-out "

@@ -1,5 +1,5 @@
 """experiments/figure5_sparse.py: which runs are left, the speed test's step, the claims' verdicts,
-the reward models' task and draws."""
+the reward models' task, draws and held-out seed."""
 import json
 import math
 import os
@@ -123,6 +123,38 @@ def test_rm_loss_reaches_both_kinds(monkeypatch, tmp_path):
     assert {argv[argv.index("--validation-fraction") + 1] for argv in calls.values()} == {"0.1"}
     calls = trained_reward_models(monkeypatch, tmp_path / "c", [], draws=1, rm_answer_check=True)
     assert not any("--no-answer-check" in argv for argv in calls.values())
+
+
+def test_rm_held_out_seed_draws_and_samples_the_held_out_set(monkeypatch, tmp_path):
+    """--rm-held-out-seed reaches the held-out questions' draw and their sampling; --rm-data-only
+    stops once the labelled samples are written, before any reward model."""
+    from grpo_jax.rl.reward_models import read_samples
+
+    common = script("common")
+    monkeypatch.setitem(sys.modules, "common", common)  # the script's sibling, not benchmarks'
+    monkeypatch.setattr(common, "tokenizer_for", lambda task, cfg, root, vocab: (None, cfg))
+    monkeypatch.setattr(common, "sft_start", lambda *a, **k: (None, None))  # no SFT: the data step alone
+    seeds, tasks = [], []
+
+    def sample_groups(cfg, params, task, tok, mesh, examples, group, seed):
+        seeds.append(seed)
+        tasks.append(task)
+        return [[f"#{i}"] * group for i in range(len(examples))]
+
+    monkeypatch.setitem(sys.modules, "figure5_premise", types.SimpleNamespace(sample_groups=sample_groups))
+    monkeypatch.setitem(sys.modules, "train_reward_model", None)  # importing it would fail: no training
+    for seed, out in ((None, tmp_path / "old"), (1234, tmp_path / "fresh")):
+        f5.main(["--regime", "modular", "--rm-data-only", "--rm-questions", "0", "--rm-held-out", "40",
+                 "--rm-group", "2", *(["--rm-held-out-seed", str(seed)] if seed else []), "--out", str(out)])
+        assert read_samples(str(out / "reward_models" / "train.jsonl")) == []
+        assert sorted(os.listdir(out / "reward_models")) == ["held_out.jsonl", "train.jsonl"]  # no model
+    assert seeds == [f5.RM_HELD_OUT_SEED, f5.RM_HELD_OUT_SEED + 32, 1234, 1234 + 32]  # 32 questions a call
+    for seed, out in ((f5.RM_HELD_OUT_SEED, tmp_path / "old"), (1234, tmp_path / "fresh")):
+        rows = read_samples(str(out / "reward_models" / "held_out.jsonl"))
+        want = [e.prompt for e in tasks[0].examples("validation", 40, seed) for _ in range(2)]
+        assert [r.prompt for r in rows] == want
+    old = {r.prompt for r in read_samples(str(tmp_path / "old" / "reward_models" / "held_out.jsonl"))}
+    assert old != {r.prompt for r in read_samples(str(tmp_path / "fresh" / "reward_models" / "held_out.jsonl"))}
 
 
 def _run(arm, seed, finals, steps=(0, 10, 20)):
