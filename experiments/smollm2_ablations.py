@@ -93,19 +93,12 @@ def check_same_budget(arms: dict[str, dict[int, dict]]) -> None:
 
 
 def judge(arms: dict[str, dict[int, dict]]) -> dict[str, dict]:
-    """Each claim on the seeds both its arms have (none: left out)."""
-    from grpo_jax.eval.stats import paired_verdict
+    """Each claim on the seeds both its arms have (none: left out): figure5_sparse's judge on
+    the held-out accuracy at the last step."""
+    from figure5_sparse import judge as judge_claims
 
-    out = {}
-    for claim, (better, worse) in CLAIMS.items():
-        seeds = sorted(set(arms.get(better, {})) & set(arms.get(worse, {})))
-        if not seeds:
-            continue
-        gaps = [arms[better][s]["accuracy_after"] - arms[worse][s]["accuracy_after"] for s in seeds]
-        mean, low, high, verdict = paired_verdict(gaps)
-        out[claim] = {"better": better, "worse": worse, "seeds": seeds, "gaps": gaps,
-                      "mean": mean, "low": low, "high": high, "verdict": verdict}
-    return out
+    finals = {arm: {seed: s["accuracy_after"] for seed, s in seeds.items()} for arm, seeds in arms.items()}
+    return judge_claims(finals, CLAIMS)
 
 
 def shortcut_best(arms: dict[str, dict[int, dict]]) -> float | None:

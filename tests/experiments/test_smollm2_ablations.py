@@ -1,10 +1,17 @@
 """experiments/smollm2_ablations.py: the claims' verdicts from finished seeds, paired by seed."""
 import json
+import sys
 
 import pytest
 
 from grpo_jax.errors import DataError
 from tests.cli.test_evaluate import script
+
+
+@pytest.fixture(autouse=True)
+def siblings(monkeypatch):
+    """The script imports figure5_sparse (its claims' judge) as a sibling, as it runs from experiments/."""
+    monkeypatch.setitem(sys.modules, "figure5_sparse", script("figure5_sparse"))
 
 
 def write_seed(root, arm_folder, seed, curve, *, steps=20, shortcut=0.12):
