@@ -16,8 +16,32 @@ too: with it, the two processes of tests/parallel/test_multihost.py's SIGTERM te
 mismatched collectives (gloo) in every full run of that file.
 What each saved, and what it cost: benchmarks/NOTES.md, "The test suite's time".
 """
+import contextlib
+import functools
+
 FAST_COMPILE = " ".join([
     "--xla_backend_optimization_level=0",
     "--xla_cpu_use_fusion_emitters=false",
     "--xla_cpu_parallel_codegen_split_count=1",
 ])
+
+
+@contextlib.contextmanager
+def optimised():
+    """``jax.jit`` calls made inside compile with LLVM's optimisation on, whatever XLA_FLAGS say.
+
+    For the few fixtures that run one program for hundreds of steps (reward models trained to a
+    learning threshold): unoptimised machine code runs a small model's training step about 4x
+    slower, which there costs more than the compile saves (benchmarks/NOTES.md, "The test
+    suite's time"). The option reaches XLA per program (jax.jit's compiler_options), so the
+    rest of the process keeps FAST_COMPILE; the programs are the same, only their machine code
+    is faster.
+    """
+    import jax  # here: conftest imports this module before it sets what jax reads at import
+
+    plain = jax.jit
+    jax.jit = functools.partial(plain, compiler_options={"xla_backend_optimization_level": 2})
+    try:
+        yield
+    finally:
+        jax.jit = plain

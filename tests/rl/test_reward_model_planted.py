@@ -15,6 +15,7 @@ from grpo_jax.config import ModelConfig
 from grpo_jax.rl import reward_models as rm_lib
 from grpo_jax.rl.reward_models import LabelledSample
 from grpo_jax.text.tokenizer import train_sentencepiece
+from tests.xla_flags import optimised
 
 LETTERS = "abcdefgh"
 
@@ -57,16 +58,18 @@ def test_the_planted_mark_is_one_token_of_its_own(tok):
 def test_an_orm_ranks_every_held_out_pair_of_planted_data(tok, cfg):
     train, held_out = planted(512, 1), planted(128, 2)
     for kind_loss in ("pairwise", "pointwise"):
-        rm, history = rm_lib.train_reward_model(cfg, tok, train, kind="outcome", loss=kind_loss, steps=250,
-                                                batch_size=32, seed=0, progress=False)
+        with optimised():
+            rm, history = rm_lib.train_reward_model(cfg, tok, train, kind="outcome", loss=kind_loss, steps=250,
+                                                    batch_size=32, seed=0, progress=False)
         assert rm_lib.pairwise_accuracy(rm, held_out) == 1.0, kind_loss
         assert history[-1]["accuracy"] == 1.0, kind_loss
 
 
 def test_a_prm_labels_every_held_out_step_of_planted_data(tok, cfg):
     train, held_out = planted(512, 3), planted(128, 4)
-    rm, _ = rm_lib.train_reward_model(cfg, tok, train, kind="process", steps=250, batch_size=32, seed=0,
-                                      progress=False)
+    with optimised():
+        rm, _ = rm_lib.train_reward_model(cfg, tok, train, kind="process", steps=250, batch_size=32, seed=0,
+                                          progress=False)
     accuracy, majority = rm_lib.step_accuracy(rm, held_out)
     assert majority < 0.8  # the labels are not one class: accuracy 1.0 means reading the mark
     assert accuracy == 1.0

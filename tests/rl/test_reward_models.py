@@ -25,6 +25,7 @@ from grpo_jax.model.transformer import add_value_head, init_params
 from grpo_jax.rl.reward_models import LabelledSample, ReplayBuffer, RewardModel
 from grpo_jax.tasks.arithmetic import ArithmeticTask, tokenizer_corpus
 from grpo_jax.text.tokenizer import train_sentencepiece
+from tests.xla_flags import optimised
 
 TASK_KW = dict(num_operands=3, max_digits=1, operations="+")
 TRUNK_STEPS, ORM_STEPS, PRM_STEPS = 500, 300, 500
@@ -56,8 +57,9 @@ def data(task):
 @pytest.fixture(scope="module")
 def trunk(task, tok, cfg):
     docs = [ex.prompt + sol for ex, sol in task.sft_examples("train", 2000, seed=0)]
-    params, history = rm_lib.pretrain_trunk(cfg, tok, docs, steps=TRUNK_STEPS, batch_size=32, lr=3e-3,
-                                            progress=False)
+    with optimised():
+        params, history = rm_lib.pretrain_trunk(cfg, tok, docs, steps=TRUNK_STEPS, batch_size=32, lr=3e-3,
+                                                progress=False)
     assert "value_head" not in params
     assert np.mean([h["loss"] for h in history[-20:]]) < 0.5 * history[0]["loss"]
     return params
@@ -65,17 +67,19 @@ def trunk(task, tok, cfg):
 
 @pytest.fixture(scope="module")
 def orm(cfg, tok, data, trunk):
-    model, history = rm_lib.train_reward_model(cfg, tok, data[0], kind="outcome", loss="pairwise",
-                                               steps=ORM_STEPS, batch_size=32, lr=3e-4,
-                                               init_params=trunk, progress=False)
+    with optimised():
+        model, history = rm_lib.train_reward_model(cfg, tok, data[0], kind="outcome", loss="pairwise",
+                                                   steps=ORM_STEPS, batch_size=32, lr=3e-4,
+                                                   init_params=trunk, progress=False)
     return model, history
 
 
 @pytest.fixture(scope="module")
 def prm(cfg, tok, data, trunk):
-    model, history = rm_lib.train_reward_model(cfg, tok, data[0], kind="process", steps=PRM_STEPS,
-                                               batch_size=32, lr=3e-4, init_params=trunk,
-                                               progress=False)
+    with optimised():
+        model, history = rm_lib.train_reward_model(cfg, tok, data[0], kind="process", steps=PRM_STEPS,
+                                                   batch_size=32, lr=3e-4, init_params=trunk,
+                                                   progress=False)
     return model, history
 
 
@@ -302,8 +306,9 @@ def test_a_prm_trained_on_progress_labels_ranks_right_outputs_above_wrong_ones(t
     samples = rm_lib.label_completions(task, [ex] * len(texts), texts)
     small = ModelConfig(vocab_size=tok.vocab_size, embed_dim=32, num_layers=1, num_heads=2, num_kv_heads=1,
                         head_dim=16, mlp_dim=64, max_seq_len=48)
-    model, _ = rm_lib.train_reward_model(small, tok, samples, kind="process", steps=300, batch_size=32,
-                                         lr=3e-3, progress=False)
+    with optimised():
+        model, _ = rm_lib.train_reward_model(small, tok, samples, kind="process", steps=300, batch_size=32,
+                                             lr=3e-3, progress=False)
     group = {"7+5=12\n12+8=20\nA: 20\n": True, "7+5=11\n11+8=20\nA: 20\n": True,
              "7+5=13\n13+8=20\nA: 20\n": True, "7+5=11\n11+8=19\nA: 19\n": False,
              "7+5=13\n13+8=21\nA: 21\n": False, "7+5=2\n2+8=10\nA: 10\n": False}
