@@ -41,6 +41,8 @@ FEWER = [("run.steps=20", "run.steps=1"), ("rl.group_size=4", "rl.group_size=2")
 # on one v5p host; the 7B preset on v5p-128 compiles for tens of minutes here.
 TINY = "model.num_layers=1 data.batch_size=2 rl.group_size=2 data.eval_size=2 rl.max_new_tokens=8"
 ON_CPU = [("--preset deepseekmath-rl-7b-v5p-128", f"--preset cpu-tiny {TINY}"), ("--slice v5p-128", "--slice v5p-8")]
+# The compile check's prompt rows of 16 tokens, not 256: the same programs, a quarter less compile.
+SHORT_PROMPTS = ["--prompt-len", "16"]
 # Lines that are not this project's commands: the clone itself (we are in one), activating
 # the venv the suite already runs in, and gcloud's own commands.
 NOT_OURS = ("git clone ", "source .venv/bin/activate", "gcloud ")
@@ -149,6 +151,7 @@ def test_part_b_dry_runs_and_compiles_cpu_tiny(tmp_path):
         argv[0] = sys.executable
         if argv[1] == "launch/compile.py":
             compiled.append(shlex.join(argv[1:]))
+            argv += SHORT_PROMPTS
         else:
             # --dry-run before any `--`: the rest belongs to the experiment.
             at = argv.index("--") if "--" in argv else len(argv)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from tests.checkpoint_files import damage
+from tests.xla_flags import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -20,7 +21,7 @@ TINY_RUN = ["rl.algorithm=sft", "run.steps=1", "run.checkpoint_every=1", "run.ev
 
 
 def _run(argv, env, devices=1):
-    env = {**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    env = {**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"}
     return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
 

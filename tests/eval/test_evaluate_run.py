@@ -15,6 +15,7 @@ from grpo_jax.config import Config
 from grpo_jax.errors import ConfigError
 from grpo_jax.sampler import Sampler
 from grpo_jax.tasks import get_task
+from tests.xla_flags import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -192,8 +193,9 @@ def test_two_processes_give_the_same_records_as_one(bench, whole, tmp_path):
     --merge-only: the per-question records equal the single-process run's."""
     _one_dataset(bench)
     out = tmp_path / "out"
-    # One CPU device per process (no fake 8-device mesh): the single-process run's program.
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    # One CPU device per process (no fake 8-device mesh): the single-process run's program,
+    # compiled as the suite compiles it.
+    env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), "--model", "smollm2-135m",
            "--task", "gsm8k", "--data-dir", os.path.join(FIXTURES, "gsm8k"), "--k", "2",
            "--temperature", "1.0", "--max-new-tokens", "4", "--chunk-rows", "2", "--prompt", "paper",
