@@ -56,9 +56,12 @@ def moving_average(rows: np.ndarray, window: int) -> np.ndarray:
 
 def plot_runs(curves: Mapping[str, Sequence[Sequence[float]]], steps: Sequence[float], path: str, *,
               ylabel: str, title: str = "", xlabel: str = "step", logx: bool = False,
-              bars: Mapping[str, float] | None = None, bar_label: str = "", smooth: int = 1) -> str:
+              bars: Mapping[str, float] | None = None, bar_label: str = "", smooth: int = 1,
+              references: Mapping[str, float] | None = None) -> str:
     """Mean over seeds with its 95% Student-t interval as a band (`stats.t_band`), one line
     per method. curves[name] = [seed][point].
+    `references` (label -> value) are dashed horizontal lines, such as a bar to clear: not runs,
+    so their labels carry no seed count.
     `bars` (one value per method, e.g. peak memory) adds a bar panel on the right in the
     same colours. `smooth` > 1 plots each seed's trailing moving average over that many
     points (noisy per-step rewards) before the mean and band are taken."""
@@ -73,6 +76,8 @@ def plot_runs(curves: Mapping[str, Sequence[Sequence[float]]], steps: Sequence[f
         colors[name] = line.get_color()
         if arr.shape[0] > 1:
             ax.fill_between(steps, low, high, alpha=0.2, color=line.get_color())
+    for name, value in (references or {}).items():
+        ax.axhline(value, linestyle="--", color="gray", label=name)
     if bars:
         bx = axes[0][1]
         names = list(bars)

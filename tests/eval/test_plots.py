@@ -40,3 +40,17 @@ def test_moving_average_is_trailing_mean():
     expected = np.array([[1.0, 1.5, 2.0, 3.0, 4.0], [0.0, 0.0, 10 / 3, 10 / 3, 10 / 3]])
     np.testing.assert_allclose(moving_average(rows, 3), expected)
     np.testing.assert_array_equal(moving_average(rows, 1), rows)
+
+
+def test_references_are_dashed_lines_whose_labels_carry_no_seed_count(tmp_path, monkeypatch):
+    """A bar to clear is not a run: drawn as a run it was labelled "(n=1)"."""
+    from grpo_jax.eval import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plot_runs({"GRPO": [[0.1, 0.5], [0.2, 0.4]]}, [0, 10], str(tmp_path / "r.png"), ylabel="accuracy",
+              references={"bar": 0.22})
+    ax = figures[0].axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["GRPO (n=2)", "bar"]
+    bar = ax.get_lines()[-1]
+    assert bar.get_linestyle() == "--" and list(bar.get_ydata()) == [0.22, 0.22]

@@ -28,7 +28,9 @@ def write_seed(root, arm_folder, seed, curve, *, steps=20, shortcut=0.12):
 
 def test_claims_are_paired_by_seed_on_the_seeds_both_arms_have(tmp_path, monkeypatch):
     ablations = script("smollm2_ablations")
-    monkeypatch.setattr("grpo_jax.eval.plots.plot_runs", lambda curves, steps, path, **kw: path)
+    plotted = []
+    monkeypatch.setattr("grpo_jax.eval.plots.plot_runs",
+                        lambda curves, steps, path, **kw: plotted.append((curves, kw)) or path)
     grpo = {0: 0.40, 1: 0.30, 2: 0.50}
     online = {0: 0.30, 1: 0.25, 2: 0.35, 3: 0.90}  # seed 3 has no GRPO twin: left out of (c)
     for seed, final in grpo.items():
@@ -46,6 +48,10 @@ def test_claims_are_paired_by_seed_on_the_seeds_both_arms_have(tmp_path, monkeyp
     assert claim["verdict"] == "not resolved"  # the interval [-0.024, 0.224] holds 0
     assert set(out["claims"]) == {"(c) GRPO+OS beats Online RFT"}  # no RFT, no GRPO+PS seeds: no claims on them
     assert out["shortcut_best"] == 0.12
+    # The bar (best shortcut + 10 points) is a reference line, not an arm with seeds.
+    curves, kw = plotted[0]
+    assert set(curves) == {"GRPO+OS", "Online RFT"}
+    assert kw["references"] == {"bar: best shortcut + 10 points": pytest.approx(0.22)}
     assert json.loads((tmp_path / "out" / "ablations.json").read_text())["seeds"] == {
         "GRPO+OS": [0, 1, 2], "Online RFT": [0, 1, 2, 3]}
 
